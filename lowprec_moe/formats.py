@@ -37,6 +37,13 @@ NVFP4_GEMM_FACTOR = NVFP4_AMAX_DIVISOR * NVFP4_AMAX_DIVISOR  # 7225344
 
 #: fp32(1/6) as raw bits; the block-scale formula multiplies by exactly this value.
 FP32_ONE_SIXTH_BITS = 0x3E2AAAAB
+#: fp32(1/2688) (correctly rounded) as raw bits; NVFP4 dequantization multiplies by it.
+FP32_INV_NVFP4_AMAX_DIVISOR_BITS = 0x39C30C31
+#: fp32(1/7225344) (correctly rounded) as raw bits; the NVFP4 GEMM epilogue multiplies by it.
+FP32_INV_NVFP4_GEMM_FACTOR_BITS = 0x34149B93
+#: fp32(1/448) and fp32(1/57344) as raw bits; the MXFP8 scale rule multiplies by them.
+FP32_INV_E4M3_MAX_BITS = 0x3B124925
+FP32_INV_E5M2_MAX_BITS = 0x37924925
 
 # --------------------------------------------------------------------------------------------
 # Block sizes
@@ -52,7 +59,9 @@ E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 # --------------------------------------------------------------------------------------------
 # E4M3 / E5M2 byte facts
+#: canonical NaN bytes written by the quantizers (the sign of a NaN input is not kept).
 E4M3_NAN_CODE = 0x7F
+E5M2_NAN_CODE = 0x7F
 E4M3_EXP_BIAS = 7
 E4M3_MANT_BITS = 3
 E5M2_EXP_BIAS = 15
@@ -107,7 +116,20 @@ DEQUANT_DTYPES = ("float32", "bfloat16", "float16")
 
 def fp32_one_sixth() -> np.float32:
     """Return fp32(1/6), the exact value the NVFP4 block-scale formula uses."""
-    return np.array([FP32_ONE_SIXTH_BITS], dtype=np.uint32).view(np.float32)[0]
+    return f32_from_bits(FP32_ONE_SIXTH_BITS)
+
+
+def f32_from_bits(bits: int) -> np.float32:
+    """The float32 whose raw bits are ``bits``."""
+    return np.array([bits], dtype=np.uint32).view(np.float32)[0]
+
+
+def fp8_inv_max(fp8_dtype: str) -> np.float32:
+    """fp32(1 / max) of ``fp8_dtype``, as used by the MXFP8 scale rule."""
+    bits = {"e4m3": FP32_INV_E4M3_MAX_BITS, "e5m2": FP32_INV_E5M2_MAX_BITS}
+    if fp8_dtype not in bits:
+        raise ValueError(f"fp8_dtype={fp8_dtype!r} must be one of {FP8_DTYPES}")
+    return f32_from_bits(bits[fp8_dtype])
 
 
 def fp8_max(fp8_dtype: str) -> float:

@@ -6,7 +6,8 @@ Rules
   +-6. Ties: 0.25->0, 0.75->1, 1.25->1, 1.75->2, 2.5->2, 3.5->4, 5->4. The sign survives on zero
   (-0.0 and -0.1 give code 8). NaN gives code 7 (+6) whatever its sign bit.
 * fp32 -> E4M3 / E5M2 (:func:`f32_to_fp8`): round to nearest even, "satfinite" (values beyond
-  +-max, infinities included, clamp to +-max), NaN stays NaN (E4M3 NaN is 0x7F / 0xFF).
+  +-max, infinities included, clamp to +-max), NaN becomes the canonical NaN byte 0x7F
+  (both E4M3 and E5M2; the sign of a NaN is not kept).
   ``ml_dtypes`` would turn overflow into NaN, so values are clamped first.
 * float64 -> bf16 (:func:`f64_to_bf16`): a single round to nearest even of the float64 value,
   subnormals kept, overflow to inf (no double rounding through float32).
@@ -76,7 +77,9 @@ def f32_to_fp8(y: np.ndarray, fp8_dtype: str = "e4m3") -> np.ndarray:
     y = np.asarray(y, dtype=np.float32)
     with np.errstate(invalid="ignore"):
         clamped = np.clip(y, -mx, mx)  # NaN passes through np.clip unchanged
-    return clamped.astype(F.ml_fp8_dtype(fp8_dtype)).view(np.uint8)
+    out = clamped.astype(F.ml_fp8_dtype(fp8_dtype)).view(np.uint8)
+    nan_code = F.E4M3_NAN_CODE if fp8_dtype == "e4m3" else F.E5M2_NAN_CODE
+    return np.where(np.isnan(y), np.uint8(nan_code), out).astype(np.uint8)
 
 
 def fp8_to_f32(b: np.ndarray, fp8_dtype: str = "e4m3") -> np.ndarray:

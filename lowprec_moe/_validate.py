@@ -1,0 +1,132 @@
+"""Validation at the public boundary (SPEC section 9).
+
+Every public entry point calls these helpers once, before any work, so that both backends raise
+the same exception type with a message naming the offending argument and value.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from . import formats as F
+from .backend import get_xp, is_cupy_array
+
+_FLOAT_DTYPE_NAMES = ("float32", "float16", "bfloat16")
+
+
+def dtype_name(dtype) -> str:
+    """Canonical name of a NumPy / CuPy dtype (``bfloat16`` for ml_dtypes' bfloat16)."""
+    return np.dtype(dtype).name
+
+
+def check_array(name: str, a, *, min_rank: int = 2) -> None:
+    """Require a NumPy or CuPy array of a supported float dtype and rank >= ``min_rank``."""
+    if not (isinstance(a, np.ndarray) or is_cupy_array(a)):
+        raise TypeError(f"{name} must be a numpy or cupy array, got {type(a).__name__}")
+    if dtype_name(a.dtype) not in _FLOAT_DTYPE_NAMES:
+        raise TypeError(f"{name}.dtype={dtype_name(a.dtype)} is not supported; "
+                        f"use one of {', '.join(_FLOAT_DTYPE_NAMES)}")
+    if a.ndim < min_rank:
+        raise ValueError(f"{name} must have rank >= {min_rank}, got shape {tuple(a.shape)}")
+
+
+def as_2d(a):
+    """View an array of rank >= 2 as ``[M, K]`` with ``M = prod(shape[:-1])`` (C-contiguous)."""
+    xp = get_xp(a)
+    a = xp.ascontiguousarray(a)
+    return a.reshape(-1, a.shape[-1])
+
+
+def check_format(fmt) -> str:
+    if fmt not in F.FORMATS:
+        raise ValueError(f"format={fmt!r} must be one of {F.FORMATS}")
+    return fmt
+
+
+def check_fp8_dtype(fp8_dtype) -> str:
+    if fp8_dtype not in F.FP8_DTYPES:
+        raise ValueError(f"fp8_dtype={fp8_dtype!r} must be one of {F.FP8_DTYPES}")
+    return fp8_dtype
+
+
+def block_size(fmt: str) -> int:
+    return F.NVFP4_BLOCK if fmt == "nvfp4" else F.MXFP8_BLOCK
+
+
+def check_k(k: int, fmt: str) -> None:
+    b = block_size(fmt)
+    if k % b:
+        raise ValueError(f"K={k} must be a multiple of {b} for {fmt}")
+
+
+def check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed={seed!r} must be an int")
+    seed = int(seed)
+    if not 0 <= seed < 2**64:
+        raise ValueError(f"seed={seed} must be in [0, 2**64)")
+    return seed
+
+
+def check_options(fmt: str, *, rowwise, columnwise, row_scaled, block_2d, rht,
+                  stochastic_rounding, fp8_dtype, dtype) -> None:
+    """Check a combination of quantization options (raises ValueError naming the conflict)."""
+    if not rowwise and not columnwise:
+        raise ValueError("rowwise=False and columnwise=False: nothing to quantize")
+    if fmt == "mxfp8":
+        for opt, val in (("row_scaled", row_scaled), ("rht", rht),
+                         ("stochastic_rounding", stochastic_rounding)):
+            if val:
+                raise ValueError(f"{opt}=True is an nvfp4 option; it is not supported for mxfp8")
+        check_fp8_dtype(fp8_dtype)
+    else:
+        if fp8_dtype != "e4m3":
+            raise ValueError(f"fp8_dtype={fp8_dtype!r} applies to mxfp8 only; nvfp4 scales are e4m3")
+        if row_scaled:
+            for opt, val in (("block_2d", block_2d), ("rht", rht),
+                             ("stochastic_rounding", stochastic_rounding)):
+                if val:
+                    raise ValueError(f"row_scaled=True cannot be combined with {opt}=True")
+        if rht and dtype_name(dtype) != "bfloat16":
+            raise ValueError(f"rht=True requires bfloat16 input, got dtype={dtype_name(dtype)}")
+
+
+def check_splits(splits, m_total: int) -> tuple[int, ...]:
+    """Validate expert split sizes: host ints, non-negative, summing to ``m_total``."""
+    if is_cupy_array(splits):
+        raise TypeError("splits must be host integers (list, tuple or numpy array), got a cupy "
+                        "array; reading it would need a device-to-host copy")
+    try:
+        arr = np.asarray(splits)
+    except Exception:  # pragma: no cover - exotic inputs
+        raise TypeError(f"splits={splits!r} must be a sequence of ints") from None
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise TypeError(f"splits={splits!r} must be a 1-D sequence of ints")
+    if arr.size == 0:
+        raise ValueError("splits=[] must name at least one group")
+    if (arr < 0).any():
+        raise ValueError(f"splits={arr.tolist()} must be non-negative")
+    if int(arr.sum()) != m_total:
+        raise ValueError(f"splits={arr.tolist()} sum to {int(arr.sum())}, expected M={m_total}")
+    return tuple(int(s) for s in arr)
+
+
+def check_finite(name: str, a) -> None:
+    xp = get_xp(a)
+    if not bool(xp.isfinite(a.astype(xp.float32)).all()):
+        raise ValueError(f"{name} contains NaN or inf values (check_finite=True)")
+
+
+def check_dequant_dtype(dtype) -> str:
+    name = dtype if isinstance(dtype, str) else dtype_name(dtype)
+    if name not in F.DEQUANT_DTYPES:
+        raise ValueError(f"dtype={dtype!r} must be one of {F.DEQUANT_DTYPES}")
+    return name
+
+
+def check_direction(direction) -> str:
+    if direction not in ("rowwise", "columnwise"):
+        raise ValueError(f"direction={direction!r} must be 'rowwise' or 'columnwise'")
+    return direction

@@ -1,0 +1,404 @@
+"""The one loader of the CUDA sources in ``raw_kernels/``.
+
+Each ``raw_kernels/<name>.cu`` is compiled at run time by NVRTC through ``cupy.RawModule`` and
+memoized per (device, module name, source hash). Kernels include ``lpm_formats.cuh`` and other
+headers of the same directory.
+
+CuPy's on-disk kernel cache is keyed on the ``.cu`` text and the options, not on the headers the
+source includes; :func:`build_options` therefore adds ``-DLPM_SOURCE_HASH=<hash>``, a digest of
+every ``*.cu`` and ``*.cuh`` file, so that a change to any header compiles afresh.
+
+CuPy is imported inside the functions that need it only: importing this module works on a
+machine without CuPy.
+
+Examples
+--------
+>>> from lowprec_moe import kernels
+>>> fn = kernels.get_function("smoke", "lpm_smoke_decode")       # doctest: +SKIP
+>>> fn((1,), (256,), (e2m1_out, e8m0_out))                       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "KERNEL_DIR_ENV",
+    "kernel_dir",
+    "kernel_sources",
+    "source_hash",
+    "arch_flag",
+    "build_options",
+    "get_module",
+    "get_function",
+    "clear_cache",
+]
+
+#: Environment variable that, when set, overrides where the kernel sources are looked for.
+KERNEL_DIR_ENV = "LOWPREC_MOE_KERNEL_DIR"
+
+#: Number of hex digits of the source hash passed to the compiler as ``LPM_SOURCE_HASH``.
+_HASH_DIGITS = 16
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+_lock = threading.Lock()
+_dir_cache: dict[str | None, Path] = {}
+_hash_cache: dict[str, str] = {}
+_modules: dict[tuple[int, str, str], Any] = {}
+_functions: dict[tuple[int, str, str, str], Any] = {}
+
+
+# ---------------------------------------------------------------------------------------------
+# Locating and hashing the sources
+
+
+def _has_sources(path: Path) -> bool:
+    return path.is_dir() and any(path.glob("*.cuh"))
+
+
+def kernel_dir() -> Path:
+    """The directory holding the CUDA sources.
+
+    Looked for, in order: the directory named by the environment variable
+    ``LOWPREC_MOE_KERNEL_DIR``; ``raw_kernels/`` inside the installed package
+    (``lowprec_moe/raw_kernels``); ``raw_kernels/`` at the top of the source tree (next to the
+    ``lowprec_moe`` package directory, as in an editable install or a checkout).
+
+    Returns
+    -------
+    pathlib.Path
+        Absolute path of the directory.
+
+    Raises
+    ------
+    FileNotFoundError
+        If none of the candidates holds ``*.cuh`` files, listing the places looked at.
+    """
+    env = os.environ.get(KERNEL_DIR_ENV) or None
+    with _lock:
+        cached = _dir_cache.get(env)
+    if cached is not None:
+        return cached
+    found = _find_kernel_dir(env)
+    with _lock:
+        _dir_cache[env] = found
+    return found
+
+
+def _find_kernel_dir(env: str | None) -> Path:
+    if env:
+        path = Path(env).expanduser().resolve()
+        if not path.is_dir():
+            raise FileNotFoundError(
+                f"{KERNEL_DIR_ENV}={env!r} is not a directory holding the CUDA kernel sources"
+            )
+        return path
+    pkg = Path(__file__).resolve().parent
+    candidates = [pkg / "raw_kernels", pkg.parent / "raw_kernels"]
+    for cand in candidates:
+        if _has_sources(cand):
+            return cand
+    looked = ", ".join(str(c) for c in candidates)
+    raise FileNotFoundError(f"CUDA kernel sources (*.cuh) not found; looked in: {looked}")
+
+
+def _resolve_dir(directory: str | os.PathLike[str] | None) -> Path:
+    if directory is None:
+        return kernel_dir()
+    path = Path(directory).expanduser().resolve()
+    if not path.is_dir():
+        raise FileNotFoundError(f"directory={str(directory)!r} is not a directory")
+    return path
+
+
+def kernel_sources(directory: str | os.PathLike[str] | None = None) -> list[Path]:
+    """All ``*.cu`` and ``*.cuh`` files of the kernel directory, sorted by name.
+
+    Parameters
+    ----------
+    directory : path-like, optional
+        The directory to list; :func:`kernel_dir` when omitted.
+
+    Returns
+    -------
+    list of pathlib.Path
+    """
+    path = _resolve_dir(directory)
+    files = [p for p in path.iterdir() if p.is_file() and p.suffix in (".cu", ".cuh")]
+    return sorted(files, key=lambda p: p.name)
+
+
+def _compute_hash(path: Path) -> str:
+    h = hashlib.sha256()
+    for f in kernel_sources(path):
+        name = f.name.encode("utf-8")
+        data = f.read_bytes()
+        # Length-prefix both parts so that no two different file sets hash alike.
+        h.update(len(name).to_bytes(8, "little"))
+        h.update(name)
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+def source_hash(directory: str | os.PathLike[str] | None = None) -> str:
+    """SHA-256 over the names and contents of every ``*.cu`` / ``*.cuh`` file, sorted by name.
+
+    Parameters
+    ----------
+    directory : path-like, optional
+        The directory to hash. When omitted, :func:`kernel_dir` is hashed and the result is
+        cached for the process (call :func:`clear_cache` after editing sources in a running
+        process). An explicit directory is always hashed afresh.
+
+    Returns
+    -------
+    str
+        64 lowercase hex digits.
+    """
+    if directory is not None:
+        return _compute_hash(_resolve_dir(directory))
+    path = kernel_dir()
+    key = str(path)
+    with _lock:
+        cached = _hash_cache.get(key)
+    if cached is None:
+        cached = _compute_hash(path)
+        with _lock:
+            _hash_cache[key] = cached
+    return cached
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiler options
+
+
+def _check_cc(compute_capability: Any) -> tuple[int, int]:
+    if not isinstance(compute_capability, (tuple, list)) or len(compute_capability) != 2:
+        raise TypeError(
+            "compute_capability must be a (major, minor) tuple of ints, "
+            f"got {compute_capability!r}"
+        )
+    major, minor = compute_capability
+    for v in (major, minor):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(
+                "compute_capability must be a (major, minor) tuple of ints, "
+                f"got {compute_capability!r}"
+            )
+    if major < 1 or not 0 <= minor <= 9:
+        raise ValueError(
+            f"compute_capability={compute_capability!r} is not a valid CUDA compute capability"
+        )
+    return int(major), int(minor)
+
+
+def arch_flag(compute_capability: tuple[int, int]) -> str:
+    """The NVRTC architecture flag for a compute capability.
+
+    Hopper (9, 0) gets the architecture-specific ``-arch=sm_90a`` (needed for ``wgmma`` and
+    the other sm_90a-only instructions); every other capability gets ``-arch=sm_<major><minor>``
+    (for example ``-arch=sm_100`` for (10, 0)).
+
+    Parameters
+    ----------
+    compute_capability : tuple of int
+        ``(major, minor)``.
+
+    Returns
+    -------
+    str
+    """
+    major, minor = _check_cc(compute_capability)
+    if (major, minor) == (9, 0):
+        return "-arch=sm_90a"
+    return f"-arch=sm_{major}{minor}"
+
+
+def build_options(
+    compute_capability: tuple[int, int],
+    directory: str | os.PathLike[str] | None = None,
+) -> tuple[str, ...]:
+    """NVRTC options for compiling the kernels for one GPU.
+
+    Parameters
+    ----------
+    compute_capability : tuple of int
+        ``(major, minor)`` of the target GPU.
+    directory : path-like, optional
+        The kernel directory (include path and hash input); :func:`kernel_dir` when omitted.
+
+    Returns
+    -------
+    tuple of str
+        ``("-std=c++17", "-I<dir>", "-arch=...", "-DLPM_SOURCE_HASH=<16 hex digits>")``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``compute_capability`` is not a valid ``(major, minor)`` pair.
+    """
+    arch = arch_flag(compute_capability)
+    path = _resolve_dir(directory)
+    digest = source_hash(None if directory is None else path)
+    return (
+        "-std=c++17",
+        f"-I{path}",
+        arch,
+        f"-DLPM_SOURCE_HASH={digest[:_HASH_DIGITS]}",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading modules (needs CuPy and a GPU)
+
+
+def _numbered(source: str) -> str:
+    lines = source.splitlines()
+    width = len(str(len(lines)))
+    return "\n".join(f"{i + 1:>{width}} | {line}" for i, line in enumerate(lines))
+
+
+def _check_name(value: Any, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    if not _IDENTIFIER.fullmatch(value):
+        raise ValueError(f"{what}={value!r} is not a valid identifier")
+    return value
+
+
+def _current_device_id() -> int:
+    import cupy  # noqa: PLC0415
+
+    return int(cupy.cuda.runtime.getDevice())
+
+
+def _compute_capability(device_id: int) -> tuple[int, int]:
+    import cupy  # noqa: PLC0415
+
+    cc = str(cupy.cuda.Device(device_id).compute_capability)  # e.g. "90", "100", "120"
+    return int(cc[:-1]), int(cc[-1])
+
+
+def get_module(name: str) -> Any:
+    """The compiled ``cupy.RawModule`` of ``raw_kernels/<name>.cu`` for the current device.
+
+    Compiled once per (device id, name, source hash) and memoized.
+
+    Parameters
+    ----------
+    name : str
+        File stem of the source, e.g. ``"smoke"`` for ``raw_kernels/smoke.cu``.
+
+    Returns
+    -------
+    cupy.RawModule
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``name`` is not an identifier string.
+    FileNotFoundError
+        If ``raw_kernels/<name>.cu`` does not exist.
+    RuntimeError
+        If NVRTC fails; the message holds the compiler log and the numbered source.
+    """
+    _check_name(name, "name")
+    device_id = _current_device_id()
+    path = kernel_dir()
+    digest = source_hash()
+    key = (device_id, name, digest)
+    with _lock:
+        mod = _modules.get(key)
+    if mod is not None:
+        return mod
+
+    src_path = path / f"{name}.cu"
+    if not src_path.is_file():
+        available = sorted(p.stem for p in path.glob("*.cu"))
+        raise FileNotFoundError(
+            f"kernel source name={name!r} not found: no {src_path.name} in the kernel directory "
+            f"(available: {available})"
+        )
+    source = src_path.read_text(encoding="utf-8")
+    cc = _compute_capability(device_id)
+    options = build_options(cc, path)
+
+    import cupy  # noqa: PLC0415
+    from cupy.cuda.compiler import CompileException  # noqa: PLC0415
+
+    try:
+        mod = cupy.RawModule(code=source, options=options, backend="nvrtc")
+        # RawModule compiles lazily; force it now so errors surface here, with context.
+        mod.compile()
+    except CompileException as exc:
+        raise RuntimeError(
+            f"NVRTC failed to compile {src_path.name} for compute capability "
+            f"{cc[0]}.{cc[1]} with options {' '.join(options)}\n"
+            f"--- compiler log ---\n{exc}\n"
+            f"--- {src_path.name} ---\n{_numbered(source)}"
+        ) from exc
+
+    with _lock:
+        mod = _modules.setdefault(key, mod)
+    return mod
+
+
+def get_function(module_name: str, kernel_name: str) -> Any:
+    """An ``extern "C"`` kernel of ``raw_kernels/<module_name>.cu`` for the current device.
+
+    Parameters
+    ----------
+    module_name : str
+        File stem of the source.
+    kernel_name : str
+        Name of the ``extern "C" __global__`` function.
+
+    Returns
+    -------
+    cupy.RawKernel
+        Call as ``fn(grid, block, args, shared_mem=0)``.
+
+    Raises
+    ------
+    ValueError
+        If the module has no kernel of that name.
+    """
+    _check_name(module_name, "module_name")
+    _check_name(kernel_name, "kernel_name")
+    device_id = _current_device_id()
+    key = (device_id, module_name, source_hash(), kernel_name)
+    with _lock:
+        fn = _functions.get(key)
+    if fn is not None:
+        return fn
+    mod = get_module(module_name)
+    try:
+        fn = mod.get_function(kernel_name)
+    except Exception as exc:  # cupy raises CUDADriverError (CUDA_ERROR_NOT_FOUND)
+        raise ValueError(
+            f"kernel_name={kernel_name!r} not found in raw_kernels/{module_name}.cu "
+            "(is it declared extern \"C\" __global__?)"
+        ) from exc
+    with _lock:
+        fn = _functions.setdefault(key, fn)
+    return fn
+
+
+def clear_cache() -> None:
+    """Forget the cached kernel directory, source hashes, modules and functions.
+
+    Call after editing kernel sources, or changing ``LOWPREC_MOE_KERNEL_DIR``, in a running
+    process (a changed environment variable is noticed anyway).
+    """
+    with _lock:
+        _dir_cache.clear()
+        _hash_cache.clear()
+        _modules.clear()
+        _functions.clear()

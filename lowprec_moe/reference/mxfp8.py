@@ -1,0 +1,116 @@
+"""MXFP8 quantization and dequantization, NumPy reference (SPEC section 3).
+
+Input ``x`` ``[M, K]`` (float32, float16 or bfloat16, upcast exactly), element type E4M3
+(max 448) or E5M2 (max 57344), blocks of 32 elements with one UE8M0 scale each.
+
+Scale exponent (a ceiling, as TE and torchao's RCEIL mode; computed from fp32 bits)::
+
+    v = fp32(block_amax) * fp32(1/max)          (block_amax ignores NaN; an all-NaN block is 0)
+    NaN -> 255; inf -> 254; 0 -> 0
+    else e = biased exponent of v, +1 if its mantissa bits are nonzero
+         (exponent 254 is never increased; a subnormal v <= 2**-127 gives 0, a larger one 1)
+    clamp to [0, 254]
+
+Data: ``q = fp8_satfinite_rne(x * 2**(127 - e))`` with the multiplier built from exponent bits
+(e = 254 gives the subnormal 2**-127). NaN elements give the canonical NaN byte 0x7F; +-inf
+saturate to +-max; -0.0 keeps its sign. Dequantization: ``q * 2**(e - 127)`` in float32.
+
+Rowwise: blocks along K, data ``[M, K]``, scale ``[M, K/32]``. Columnwise: blocks along M, data
+in the same row-major layout ``[Mp, K]`` (``Mp = roundup(M, 32)``, padding rows are zeros),
+scale ``[Mp/32, K]``. 2-D: one block amax per 32x32 tile, shared by both directions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import formats as F
+from .fp import as_float32, e8m0_inverse_f32, e8m0_to_f32, f32_bits, f32_to_fp8, fp8_to_f32
+from .nvfp4 import amax_f32
+
+_B = F.MXFP8_BLOCK
+
+
+def scale_exponent(block_amax: np.ndarray, fp8_dtype: str = "e4m3") -> np.ndarray:
+    """UE8M0 exponent codes (uint8) for float32 block amaxes (the ceiling rule above)."""
+    v = (np.asarray(block_amax, dtype=np.float32) * F.fp8_inv_max(fp8_dtype)).astype(np.float32)
+    bits = f32_bits(v).astype(np.int64)
+    exp = (bits >> F.FP32_MANT_BITS) & F.FP32_EXP_MASK
+    mant = bits & F.FP32_MANT_MASK
+    e = np.where((mant != 0) & (exp < F.E8M0_MAX_FINITE), exp + 1, exp)
+    # subnormal v: v <= 2**-127 (mantissa <= 2**22) gives 0, anything larger rounds up to 1
+    e = np.where(exp == 0, np.where(mant > (1 << (F.FP32_MANT_BITS - 1)), 1, 0), e)
+    e = np.where(np.isinf(v), F.E8M0_MAX_FINITE, e)
+    e = np.where(v == 0, 0, e)
+    e = np.clip(e, 0, F.E8M0_MAX_FINITE)
+    e = np.where(np.isnan(v), F.E8M0_NAN, e)
+    return e.astype(np.uint8)
+
+
+def _quantize_blocks(blocks: np.ndarray, e: np.ndarray, fp8_dtype: str) -> np.ndarray:
+    mult = e8m0_inverse_f32(e)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = (blocks * mult).astype(np.float32)
+    return f32_to_fp8(y, fp8_dtype)
+
+
+def quantize_mxfp8(x: np.ndarray, *, rowwise: bool = True, columnwise: bool = False,
+                   block_2d: bool = False, fp8_dtype: str = "e4m3") -> dict:
+    """Quantize a validated 2-D array to MXFP8.
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        ``[M, K]`` float32 / float16 / bfloat16, ``K % 32 == 0`` (``M % 32 == 0`` with block_2d).
+    rowwise, columnwise : bool
+        Which copies to produce.
+    block_2d : bool
+        32x32 tiles share one scale (weights).
+    fp8_dtype : {"e4m3", "e5m2"}
+        Element type.
+
+    Returns
+    -------
+    dict
+        ``rowwise_data [M, K]``, ``rowwise_scale [M, K/32]``, ``columnwise_data [Mp, K]``,
+        ``columnwise_scale [Mp/32, K]`` (uint8 or None); ``amax_rowwise`` / ``amax_columnwise``
+        are None.
+    """
+    a = as_float32(np.ascontiguousarray(x))
+    m, k = a.shape
+    out = dict(rowwise_data=None, rowwise_scale=None, columnwise_data=None,
+               columnwise_scale=None, amax_rowwise=None, amax_columnwise=None)
+    if block_2d:
+        tiles = a.reshape(m // _B, _B, k // _B, _B)  # empty when m == 0
+        e_tile = scale_exponent(amax_f32(tiles, axis=(1, 3)), fp8_dtype)  # [M/32, K/32]
+    if rowwise:
+        blocks = a.reshape(m, k // _B, _B)
+        e = np.repeat(e_tile, _B, axis=0) if block_2d else scale_exponent(amax_f32(blocks, axis=2), fp8_dtype)
+        data = _quantize_blocks(blocks, e[:, :, None], fp8_dtype).reshape(m, k)
+        out.update(rowwise_data=data, rowwise_scale=e)
+    if columnwise:
+        mp = -(-m // _B) * _B
+        ap = np.zeros((mp, k), dtype=np.float32)
+        ap[:m] = a
+        blocks = ap.reshape(mp // _B, _B, k)
+        e = np.repeat(e_tile, _B, axis=1) if block_2d else scale_exponent(amax_f32(blocks, axis=1), fp8_dtype)
+        data = _quantize_blocks(blocks, e[:, None, :], fp8_dtype).reshape(mp, k)
+        out.update(columnwise_data=data, columnwise_scale=e)
+    return out
+
+
+def dequantize_mxfp8(data: np.ndarray, scale: np.ndarray, *, columnwise: bool = False,
+                     m: int | None = None, fp8_dtype: str = "e4m3") -> np.ndarray:
+    """Dequantize one stored MXFP8 copy to float32 ``[M, K]`` (``q * 2**(e - 127)``).
+
+    Rowwise: ``data [M, K]``, ``scale [M, K/32]``. Columnwise: ``data [Mp, K]``,
+    ``scale [Mp/32, K]``; padding rows are cropped to ``m``.
+    """
+    rows, cols = data.shape
+    vals = fp8_to_f32(data, fp8_dtype)
+    f = e8m0_to_f32(scale)
+    if columnwise:
+        out = (vals.reshape(rows // _B, _B, cols) * f[:, None, :]).reshape(rows, cols)
+        return np.ascontiguousarray(out[: (rows if m is None else m)]).astype(np.float32)
+    out = vals.reshape(rows, cols // _B, _B) * f[:, :, None]
+    return out.reshape(rows, cols).astype(np.float32)

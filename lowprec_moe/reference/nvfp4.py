@@ -1,0 +1,210 @@
+"""NVFP4 quantization and dequantization, NumPy reference (SPEC section 2).
+
+Input ``x`` ``[M, K]`` (float32, float16 or bfloat16; upcast to float32 exactly), ``K % 16 == 0``.
+All arithmetic is IEEE float32 with subnormals (no flush-to-zero).
+
+Global scale (per tensor, or per row when row-scaled)::
+
+    amax  = max |x|                (NaN ignored; an all-NaN or empty tensor gives 0)
+    S_enc = min(2688 / amax, FLT_MAX);  S_enc = 1 if amax == 0 or S_enc == 0 (amax = inf)
+    S_dec = 1 / S_enc
+
+Block scale (16 consecutive elements; one 16x16 tile with ``block_2d``)::
+
+    s     = min(block_amax * (S_enc * fp32(1/6)), FLT_MAX)
+    scale = E4M3 satfinite RNE of s               (0x7F never occurs: s is finite and >= 0)
+
+Elements::
+
+    enc  = min(1 / (float(scale) * S_dec), FLT_MAX)     (scale 0 -> enc = FLT_MAX)
+    code = E2M1(x * enc)   RNE ties-to-even, saturating at +-6, sign kept on zero, NaN -> +6
+           or, with stochastic rounding, the SR rule of SPEC 2.4 (NaN -> +6, +-inf -> +-6).
+
+Packing: byte ``c`` of a row holds element ``2c`` in its low nibble and ``2c+1`` in its high one.
+
+Columnwise storage quantizes ``x^T`` ``[K, Mp]`` (``Mp = roundup(M, 16)``, padded with zeros)
+with the same recipe: data ``[K, Mp/2]``, scale ``[K, Mp/16]``. Per-tensor scaling uses the same
+amax in both directions (with RHT, the columnwise amax is taken after the transform); row-scaled
+uses ``amax_columnwise[k] = max_i |x[i, k]|``.
+
+Dequantization (as TE)::
+
+    value = e2m1(code) * ((float(scale) * amax) * fp32(1/2688))
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import formats as F
+from .fp import as_float32, e2m1_to_f32, e4m3_to_f32, f32_to_e2m1, f32_to_fp8, pack_fp4, unpack_fp4
+from .philox import sr_random_bits
+from .rht import rht_forward, rht_inverse
+
+_FLT_MAX = np.float32(F.FLT_MAX)
+_ONE_SIXTH = F.fp32_one_sixth()
+_INV_2688 = F.f32_from_bits(F.FP32_INV_NVFP4_AMAX_DIVISOR_BITS)
+_B = F.NVFP4_BLOCK
+
+
+def amax_f32(a: np.ndarray, axis=None) -> np.ndarray:
+    """max |a| along ``axis`` ignoring NaN (fmax semantics), starting from 0, as float32."""
+    return np.fmax.reduce(np.abs(a), axis=axis, initial=np.float32(0)).astype(np.float32)
+
+
+def encode_scale(amax: np.ndarray) -> np.ndarray:
+    """``S_enc`` from ``amax`` (float32 array), with the zero / inf / tiny-amax rules."""
+    amax = np.asarray(amax, dtype=np.float32)
+    with np.errstate(divide="ignore", over="ignore"):
+        s_enc = np.float32(F.NVFP4_AMAX_DIVISOR) / amax
+    s_enc = np.minimum(s_enc, _FLT_MAX)
+    return np.where((amax == 0) | (s_enc == 0), np.float32(1), s_enc).astype(np.float32)
+
+
+def _sr_round(y: np.ndarray, rbits: np.ndarray) -> np.ndarray:
+    """Stochastically round float32 ``y`` to E2M1 codes with random words ``rbits``."""
+    a = np.abs(y)
+    u = (rbits & np.uint32(0xFF)).astype(np.float32) * np.float32(1.0 / 256.0)
+
+    def step(v):
+        return np.where(v < 2, np.float32(0.5), np.where(v < 4, np.float32(1.0), np.float32(2.0)))
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        t = (a + u * step(a)).astype(np.float32)
+        st = step(t)
+        q = np.minimum(np.floor(t / st) * st, np.float32(F.FP4_MAX)).astype(np.float32)
+    code = f32_to_e2m1(q) | (np.signbit(y).astype(np.uint8) << 3)
+    return np.where(np.isnan(y), np.uint8(F.E2M1_MAX_CODE), code).astype(np.uint8)
+
+
+def quantize_matrix(a: np.ndarray, amax: np.ndarray, *, block_2d: bool = False,
+                    sr_bits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Quantize the rows of a float32 matrix with 16-element blocks.
+
+    Parameters
+    ----------
+    a : numpy.ndarray
+        float32 ``[R, C]``, ``C % 16 == 0`` (and ``R % 16 == 0`` when ``block_2d``).
+    amax : numpy.ndarray
+        float32 global amax, shape ``(1,)`` (per tensor) or ``(R,)`` (per row).
+    block_2d : bool
+        One block amax per 16x16 tile instead of per 16 elements of a row.
+    sr_bits : numpy.ndarray, optional
+        uint32 ``[R, C]`` random words; when given, elements are stochastically rounded.
+
+    Returns
+    -------
+    data : numpy.ndarray
+        uint8 ``[R, C/2]`` packed E2M1 codes.
+    scale : numpy.ndarray
+        uint8 ``[R, C/16]`` E4M3 block scales.
+    """
+    rows, cols = a.shape
+    nb = cols // _B
+    if rows == 0 or cols == 0:
+        return np.zeros((rows, cols // 2), np.uint8), np.zeros((rows, nb), np.uint8)
+    s_enc = encode_scale(amax).reshape(-1, 1)  # (1,1) or (R,1)
+    s_dec = (np.float32(1) / s_enc).astype(np.float32)
+    blocks = a.reshape(rows, nb, _B)
+    if block_2d:
+        tiles = a.reshape(rows // _B, _B, nb, _B)
+        bamax = amax_f32(tiles, axis=(1, 3))  # [R/16, nb]
+        bamax = np.repeat(bamax, _B, axis=0)
+    else:
+        bamax = amax_f32(blocks, axis=2)  # [R, nb]
+    with np.errstate(over="ignore"):
+        s = bamax * (s_enc * _ONE_SIXTH).astype(np.float32)
+    s = np.minimum(s.astype(np.float32), _FLT_MAX)
+    scale = f32_to_fp8(s, "e4m3")
+    with np.errstate(divide="ignore", over="ignore"):
+        enc = np.float32(1) / (e4m3_to_f32(scale) * s_dec).astype(np.float32)
+    enc = np.minimum(enc.astype(np.float32), _FLT_MAX)
+    with np.errstate(invalid="ignore", over="ignore"):
+        y = (blocks * enc[:, :, None]).astype(np.float32).reshape(rows, cols)
+    codes = f32_to_e2m1(y) if sr_bits is None else _sr_round(y, sr_bits)
+    return pack_fp4(codes), scale
+
+
+def dequantize_matrix(data: np.ndarray, scale: np.ndarray, amax: np.ndarray) -> np.ndarray:
+    """Dequantize packed NVFP4 rows to float32 ``[R, C]`` (TE's formula, with amax)."""
+    rows, cols = data.shape[0], data.shape[1] * 2
+    vals = e2m1_to_f32(unpack_fp4(data))
+    amax = np.asarray(amax, dtype=np.float32).reshape(-1, 1)
+    f = ((e4m3_to_f32(scale) * amax).astype(np.float32) * _INV_2688).astype(np.float32)
+    out = vals.reshape(rows, cols // _B, _B) * f[:, :, None]
+    return out.reshape(rows, cols).astype(np.float32)
+
+
+def quantize_nvfp4(x: np.ndarray, *, rowwise: bool = True, columnwise: bool = False,
+                   row_scaled: bool = False, block_2d: bool = False, rht: bool = False,
+                   stochastic_rounding: bool = False, seed: int = 0, member: int = 0) -> dict:
+    """Quantize a validated 2-D array to NVFP4 (see the module docstring for the rules).
+
+    Parameters
+    ----------
+    x : numpy.ndarray
+        ``[M, K]`` float32 / float16 / bfloat16, ``K % 16 == 0``; ``M % 16 == 0`` with block_2d.
+    rowwise, columnwise : bool
+        Which copies to produce.
+    row_scaled : bool
+        Per-row (rowwise) / per-column (columnwise) amax instead of one per tensor.
+    block_2d : bool
+        16x16 tiles share one block amax (weights).
+    rht : bool
+        Apply the random Hadamard transform to the columnwise copy (bf16 input).
+    stochastic_rounding : bool
+        Round elements stochastically with the Philox stream of ``(seed, member, direction)``.
+    seed, member : int
+        Stochastic-rounding key and member index.
+
+    Returns
+    -------
+    dict
+        ``rowwise_data [M, K/2]``, ``rowwise_scale [M, K/16]``, ``columnwise_data [K, Mp/2]``,
+        ``columnwise_scale [K, Mp/16]`` (uint8, or None when not requested), ``amax_rowwise``,
+        ``amax_columnwise`` (float32 ``(1,)``, or ``(M,)`` / ``(K,)`` when row-scaled).
+    """
+    a = as_float32(np.ascontiguousarray(x))
+    m, k = a.shape
+    out = dict(rowwise_data=None, rowwise_scale=None, columnwise_data=None,
+               columnwise_scale=None, amax_rowwise=None, amax_columnwise=None)
+    if row_scaled:
+        amax_row = amax_f32(a, axis=1) if m else np.zeros(0, np.float32)
+        amax_col = amax_f32(a, axis=0)
+    else:
+        amax_row = amax_f32(a).reshape(1)
+        amax_col = amax_row
+    if rowwise:
+        bits = sr_random_bits(seed, member, 0, (m, k)) if stochastic_rounding else None
+        d, s = quantize_matrix(a, amax_row, block_2d=block_2d, sr_bits=bits)
+        out.update(rowwise_data=d, rowwise_scale=s, amax_rowwise=amax_row)
+    if columnwise:
+        mp = -(-m // _B) * _B
+        at = np.zeros((k, mp), dtype=np.float32)
+        at[:, :m] = a.T
+        if rht:
+            at = rht_forward(at).astype(np.float32)
+            amax_col = amax_f32(at).reshape(1)
+        bits = sr_random_bits(seed, member, 1, (k, mp)) if stochastic_rounding else None
+        d, s = quantize_matrix(at, amax_col, block_2d=block_2d, sr_bits=bits)
+        out.update(columnwise_data=d, columnwise_scale=s, amax_columnwise=amax_col)
+        if not rowwise:
+            out["amax_rowwise"] = None
+    return out
+
+
+def dequantize_nvfp4(data: np.ndarray, scale: np.ndarray, amax: np.ndarray, *,
+                     columnwise: bool = False, m: int | None = None, rht: bool = False) -> np.ndarray:
+    """Dequantize one stored NVFP4 copy to float32 ``[M, K]``.
+
+    Rowwise: ``data [M, K/2]``, ``amax`` ``(1,)`` or ``(M,)``. Columnwise: ``data [K, Mp/2]``,
+    ``amax`` ``(1,)`` or ``(K,)``; the result is transposed back, padding rows are cropped to
+    ``m`` and, with ``rht``, the inverse transform is applied first.
+    """
+    vals = dequantize_matrix(data, scale, amax)
+    if not columnwise:
+        return vals
+    if rht:
+        vals = rht_inverse(vals)
+    vals = vals.T
+    return np.ascontiguousarray(vals[: (vals.shape[0] if m is None else m)])
