@@ -1,0 +1,70 @@
+"""Shared fixtures: the ``xp`` backend fixture and byte-exact comparison helpers.
+
+Tests written once run on both backends through ``xp``: the NumPy run always happens, the CuPy
+run is marked ``gpu`` and skips cleanly when CuPy or a GPU is missing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def _gpu_ok() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+GPU_AVAILABLE = _gpu_ok()
+requires_gpu = pytest.mark.skipif(not GPU_AVAILABLE, reason="needs CuPy and a CUDA GPU")
+
+
+@pytest.fixture(params=[pytest.param("numpy", id="cpu"),
+                        pytest.param("cupy", id="gpu", marks=[pytest.mark.gpu, requires_gpu])])
+def xp(request):
+    """The array module under test: numpy, or cupy (gpu-marked, skipped without a GPU)."""
+    if request.param == "numpy":
+        return np
+    import cupy
+
+    return cupy
+
+
+def to_host(a):
+    """A NumPy copy of a NumPy or CuPy array (tests only)."""
+    if a is None or isinstance(a, np.ndarray):
+        return a
+    return a.get()
+
+
+def assert_bytes_equal(actual, expected, what: str = "") -> None:
+    """Assert two arrays hold the same bytes; report the first mismatching index."""
+    a, e = to_host(actual), to_host(expected)
+    assert (a is None) == (e is None), f"{what}: one side is None"
+    if a is None:
+        return
+    assert a.shape == e.shape, f"{what}: shape {a.shape} != {e.shape}"
+    av = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+    ev = np.ascontiguousarray(e).view(np.uint8).reshape(-1)
+    if not np.array_equal(av, ev):
+        bad = np.flatnonzero(av != ev)
+        i = int(bad[0])
+        itemsize = a.dtype.itemsize
+        elem = np.unravel_index(i // itemsize, a.shape) if a.size else ()
+        raise AssertionError(
+            f"{what}: {bad.size} mismatching bytes; first at byte {i} (element {elem}): "
+            f"got 0x{int(av[i]):02x}, expected 0x{int(ev[i]):02x}")
+
+
+QT_FIELDS = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale",
+             "amax_rowwise", "amax_columnwise")
+
+
+def assert_quantized_equal(a, b, what: str = "") -> None:
+    """Byte-compare every stored array of two QuantizedTensor / GroupedTensor objects."""
+    for f in QT_FIELDS:
+        assert_bytes_equal(getattr(a, f), getattr(b, f), f"{what} {f}")
