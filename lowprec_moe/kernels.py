@@ -274,8 +274,13 @@ def _check_name(value: Any, what: str) -> str:
 
 
 def _current_device_id() -> int:
-    import cupy  # noqa: PLC0415
-
+    try:
+        import cupy  # noqa: PLC0415
+    except ImportError as exc:
+        raise ImportError(
+            "the CUDA kernels need CuPy and a CUDA GPU; install the GPU extra "
+            "(pip install 'lowprec-moe[gpu]')"
+        ) from exc
     return int(cupy.cuda.runtime.getDevice())
 
 

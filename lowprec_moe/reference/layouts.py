@@ -184,7 +184,9 @@ def swizzle_scales_np(scale: np.ndarray, *, transpose: bool = False) -> np.ndarr
 
 
 def unswizzle_scales_np(buf: np.ndarray, shape, *, transpose: bool = False) -> np.ndarray:
-    """Recover a compact scale matrix from its swizzled buffer (inverse of :func:`swizzle_scales_np`).
+    """Recover a compact scale matrix from its swizzled buffer.
+
+    Inverse of :func:`swizzle_scales_np`.
 
     Parameters
     ----------

@@ -1,0 +1,516 @@
+"""lowprec_moe.kernels: locating, hashing and compiling raw_kernels/.
+
+CPU tests cover option building, hashing, directory discovery and importing without CuPy. The
+``gpu`` tests compile the real sources through NVRTC and check the non-flushing fp32 helpers,
+the decoders and Philox of lpm_formats.cuh against NumPy.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lowprec_moe import kernels
+
+REPO = Path(__file__).resolve().parent.parent
+RAW = REPO / "raw_kernels"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_caches(monkeypatch):
+    monkeypatch.delenv(kernels.KERNEL_DIR_ENV, raising=False)
+    kernels.clear_cache()
+    yield
+    kernels.clear_cache()
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.fixture
+def src_dir(tmp_path):
+    d = tmp_path / "kern"
+    d.mkdir()
+    _write(d / "lpm_formats.cuh", "constexpr int LPM_X = 1;\n")
+    _write(d / "a.cu", '#include "lpm_formats.cuh"\nextern "C" __global__ void k() {}\n')
+    return d
+
+
+# ------------------------------------------------------------------------------------------
+# Discovery
+
+
+def test_kernel_dir_finds_source_tree():
+    d = kernels.kernel_dir()
+    assert d.is_absolute()
+    assert (d / "lpm_formats.cuh").is_file()
+    assert (d / "smoke.cu").is_file()
+
+
+def test_kernel_dir_env_override(monkeypatch, src_dir):
+    monkeypatch.setenv(kernels.KERNEL_DIR_ENV, str(src_dir))
+    assert kernels.kernel_dir() == src_dir.resolve()
+    monkeypatch.setenv(kernels.KERNEL_DIR_ENV, str(src_dir / "missing"))
+    with pytest.raises(FileNotFoundError, match="missing"):
+        kernels.kernel_dir()
+
+
+def _load_copy(pkg_root: Path):
+    """Import a copy of kernels.py placed at pkg_root/lowprec_moe/kernels.py."""
+    (pkg_root / "lowprec_moe").mkdir(parents=True, exist_ok=True)
+    target = pkg_root / "lowprec_moe" / "kernels.py"
+    shutil.copy(Path(kernels.__file__), target)
+    spec = importlib.util.spec_from_file_location("_lpm_kernels_copy", target)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_kernel_dir_installed_layout(tmp_path):
+    # installed wheel: lowprec_moe/raw_kernels/ inside the package wins
+    root = tmp_path / "site"
+    mod = _load_copy(root)
+    inside = root / "lowprec_moe" / "raw_kernels"
+    inside.mkdir()
+    _write(inside / "lpm_formats.cuh", "// x\n")
+    outside = root / "raw_kernels"
+    outside.mkdir()
+    _write(outside / "lpm_formats.cuh", "// y\n")
+    assert mod.kernel_dir() == inside.resolve()
+
+
+def test_kernel_dir_source_layout(tmp_path):
+    root = tmp_path / "checkout"
+    mod = _load_copy(root)
+    outside = root / "raw_kernels"
+    outside.mkdir()
+    _write(outside / "lpm_formats.cuh", "// y\n")
+    assert mod.kernel_dir() == outside.resolve()
+
+
+def test_kernel_dir_not_found(tmp_path):
+    mod = _load_copy(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="raw_kernels"):
+        mod.kernel_dir()
+
+
+# ------------------------------------------------------------------------------------------
+# Hashing
+
+
+def test_source_hash_format_and_determinism(src_dir):
+    h = kernels.source_hash(src_dir)
+    assert re.fullmatch(r"[0-9a-f]{64}", h)
+    assert kernels.source_hash(src_dir) == h
+    assert kernels.source_hash(str(src_dir)) == h
+
+
+def test_source_hash_changes_when_header_changes(src_dir):
+    before = kernels.source_hash(src_dir)
+    _write(src_dir / "lpm_formats.cuh", "constexpr int LPM_X = 2;\n")
+    assert kernels.source_hash(src_dir) != before
+
+
+def test_source_hash_changes_when_kernel_changes_or_is_added(src_dir):
+    h0 = kernels.source_hash(src_dir)
+    _write(src_dir / "a.cu", "// changed\n")
+    h1 = kernels.source_hash(src_dir)
+    _write(src_dir / "b.cu", "// new\n")
+    h2 = kernels.source_hash(src_dir)
+    assert len({h0, h1, h2}) == 3
+
+
+def test_source_hash_sees_names(src_dir):
+    h0 = kernels.source_hash(src_dir)
+    (src_dir / "a.cu").rename(src_dir / "c.cu")
+    assert kernels.source_hash(src_dir) != h0
+
+
+def test_source_hash_ignores_other_files(src_dir):
+    h0 = kernels.source_hash(src_dir)
+    _write(src_dir / "notes.txt", "hello\n")
+    _write(src_dir / "gen.py", "x = 1\n")
+    (src_dir / "sub").mkdir()
+    _write(src_dir / "sub" / "x.cuh", "// nested files are not part of the set\n")
+    assert kernels.source_hash(src_dir) == h0
+
+
+def test_source_hash_independent_of_creation_order(tmp_path):
+    d1, d2 = tmp_path / "d1", tmp_path / "d2"
+    d1.mkdir()
+    d2.mkdir()
+    for d, order in ((d1, ("x.cu", "y.cuh")), (d2, ("y.cuh", "x.cu"))):
+        for name in order:
+            _write(d / name, f"// {name}\n")
+    assert kernels.source_hash(d1) == kernels.source_hash(d2)
+
+
+def test_source_hash_default_dir_is_cached_until_cleared(monkeypatch, src_dir):
+    monkeypatch.setenv(kernels.KERNEL_DIR_ENV, str(src_dir))
+    h0 = kernels.source_hash()
+    assert h0 == kernels.source_hash(src_dir)
+    _write(src_dir / "lpm_formats.cuh", "constexpr int LPM_X = 3;\n")
+    assert kernels.source_hash() == h0  # cached for the process
+    kernels.clear_cache()
+    assert kernels.source_hash() == kernels.source_hash(src_dir) != h0
+
+
+def test_kernel_sources_lists_cu_and_cuh_sorted(src_dir):
+    _write(src_dir / "0.cu", "\n")
+    names = [p.name for p in kernels.kernel_sources(src_dir)]
+    assert names == ["0.cu", "a.cu", "lpm_formats.cuh"]
+
+
+def test_real_sources_hash():
+    names = {p.name for p in kernels.kernel_sources()}
+    assert {"lpm_formats.cuh", "smoke.cu"} <= names
+    assert kernels.source_hash() == kernels.source_hash(RAW)
+
+
+# ------------------------------------------------------------------------------------------
+# Options
+
+
+@pytest.mark.parametrize(
+    "cc, flag",
+    [
+        ((9, 0), "-arch=sm_90a"),
+        ((8, 0), "-arch=sm_80"),
+        ((8, 9), "-arch=sm_89"),
+        ((10, 0), "-arch=sm_100"),
+        ((12, 0), "-arch=sm_120"),
+        ([9, 0], "-arch=sm_90a"),
+    ],
+)
+def test_arch_flag(cc, flag):
+    assert kernels.arch_flag(cc) == flag
+
+
+def test_build_options(src_dir):
+    opts = kernels.build_options((9, 0), src_dir)
+    assert isinstance(opts, tuple) and all(isinstance(o, str) for o in opts)
+    digest = kernels.source_hash(src_dir)
+    assert opts == (
+        "-std=c++17",
+        f"-I{src_dir.resolve()}",
+        "-arch=sm_90a",
+        f"-DLPM_SOURCE_HASH={digest[:16]}",
+    )
+
+
+def test_build_options_default_dir():
+    opts = kernels.build_options((10, 0))
+    assert f"-I{kernels.kernel_dir()}" in opts
+    assert "-arch=sm_100" in opts
+    assert f"-DLPM_SOURCE_HASH={kernels.source_hash()[:16]}" in opts
+
+
+def test_build_options_change_with_header(src_dir):
+    before = kernels.build_options((9, 0), src_dir)
+    _write(src_dir / "lpm_formats.cuh", "constexpr int LPM_X = 7;\n")
+    after = kernels.build_options((9, 0), src_dir)
+    assert before[-1] != after[-1]
+    assert before[:-1] == after[:-1]
+
+
+@pytest.mark.parametrize("bad", [(9,), "90", 90, (9.0, 0), (True, 0), (9, 0, 0), None])
+def test_build_options_bad_type(bad):
+    with pytest.raises(TypeError, match="compute_capability"):
+        kernels.build_options(bad)
+
+
+@pytest.mark.parametrize("bad", [(0, 0), (-1, 0), (9, 10), (9, -1)])
+def test_build_options_bad_value(bad):
+    with pytest.raises(ValueError, match="compute_capability"):
+        kernels.build_options(bad)
+
+
+def test_build_options_missing_dir(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        kernels.build_options((9, 0), tmp_path / "nope")
+
+
+# ------------------------------------------------------------------------------------------
+# Names are validated before CuPy is touched
+
+
+@pytest.mark.parametrize("bad", ["", "../smoke", "smoke.cu", "a b", "1abc", "x/y"])
+def test_get_module_bad_name(bad):
+    with pytest.raises(ValueError, match="not a valid identifier"):
+        kernels.get_module(bad)
+
+
+def test_get_module_name_type():
+    with pytest.raises(TypeError, match="name must be a str"):
+        kernels.get_module(3)
+    with pytest.raises(TypeError, match="kernel_name must be a str"):
+        kernels.get_function("smoke", None)
+
+
+# ------------------------------------------------------------------------------------------
+# Import without CuPy
+
+
+_NO_CUPY = r"""
+import sys, importlib.abc
+
+class _Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "cupy" or name.startswith("cupy.") or name.startswith("cupy_backends"):
+            raise ImportError("cupy is blocked for this test")
+        return None
+
+sys.meta_path.insert(0, _Block())
+import lowprec_moe.kernels as k
+import lowprec_moe.backend as b
+assert "cupy" not in sys.modules
+assert b.cupy_available() is False
+opts = k.build_options((9, 0))
+assert opts[2] == "-arch=sm_90a", opts
+assert len(k.source_hash()) == 64
+assert k.kernel_dir().name in ("raw_kernels",)
+try:
+    k.get_module("smoke")
+except ImportError:
+    pass
+else:
+    raise SystemExit("get_module without cupy should raise ImportError")
+print("ok")
+"""
+
+
+def test_import_without_cupy():
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_CUPY],
+        cwd=str(REPO),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().endswith("ok")
+
+
+def test_importing_kernels_does_not_import_cupy():
+    code = (
+        "import sys; import lowprec_moe.kernels, lowprec_moe.backend; "
+        "print('cupy' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+# ------------------------------------------------------------------------------------------
+# GPU: compile and run
+
+
+def _gpu_ok() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:
+        return False
+
+
+requires_gpu = pytest.mark.skipif(not _gpu_ok(), reason="needs CuPy and a CUDA GPU")
+gpu = [pytest.mark.gpu, requires_gpu]
+
+
+def _f32(bits):
+    return np.asarray(bits, dtype=np.uint32).view(np.float32)
+
+
+def _bits(x):
+    return np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_smoke_module_compiles_and_is_memoized():
+    m1 = kernels.get_module("smoke")
+    m2 = kernels.get_module("smoke")
+    assert m1 is m2
+    f1 = kernels.get_function("smoke", "lpm_smoke_decode")
+    assert kernels.get_function("smoke", "lpm_smoke_decode") is f1
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_missing_module_and_kernel():
+    with pytest.raises(FileNotFoundError, match="no_such_module"):
+        kernels.get_module("no_such_module")
+    with pytest.raises(ValueError, match="no_such_kernel"):
+        kernels.get_function("smoke", "no_such_kernel")
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_compile_error_is_runtime_error_with_log_and_source(monkeypatch, tmp_path):
+    d = tmp_path / "k"
+    d.mkdir()
+    shutil.copy(RAW / "lpm_formats.cuh", d / "lpm_formats.cuh")
+    _write(
+        d / "broken.cu",
+        """\
+        #include "lpm_formats.cuh"
+        extern "C" __global__ void broken(float* x) {
+            x[0] = this_is_not_declared;
+        }
+        """,
+    )
+    monkeypatch.setenv(kernels.KERNEL_DIR_ENV, str(d))
+    with pytest.raises(RuntimeError) as info:
+        kernels.get_module("broken")
+    msg = str(info.value)
+    assert "broken.cu" in msg
+    assert "this_is_not_declared" in msg  # from the compiler log and the source
+    assert "3 |     x[0] = this_is_not_declared;" in msg  # numbered source line
+    assert "-DLPM_SOURCE_HASH=" in msg
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_sm90a_features_compile_on_hopper(monkeypatch, tmp_path):
+    import cupy
+
+    cc = str(cupy.cuda.Device().compute_capability)
+    if cc != "90":
+        pytest.skip(f"compute capability {cc} is not 9.0")
+    d = tmp_path / "k"
+    d.mkdir()
+    shutil.copy(RAW / "lpm_formats.cuh", d / "lpm_formats.cuh")
+    _write(
+        d / "wg.cu",
+        """\
+        #include "lpm_formats.cuh"
+        extern "C" __global__ void wg(int* out) {
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+            out[threadIdx.x] = 1;
+        }
+        """,
+    )
+    monkeypatch.setenv(kernels.KERNEL_DIR_ENV, str(d))
+    fn = kernels.get_function("wg", "wg")
+    out = cupy.zeros(128, dtype=cupy.int32)
+    fn((1,), (128,), (out,))
+    assert int(out.sum()) == 128
+
+
+def _special_floats():
+    # normals, subnormals (both signs), zeros, infinities, NaN, extremes
+    bits = [
+        0x00000001, 0x80000001, 0x007FFFFF, 0x00400000, 0x00800000, 0x00000000, 0x80000000,
+        0x7F800000, 0xFF800000, 0x7FC00000, 0x7F7FFFFF, 0x3F800000, 0xBF800000, 0x3E2AAAAB,
+        0x00000003, 0x0000FFFF, 0x01000000, 0x7E000000,
+    ]
+    return _f32(bits)
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_fp32_helpers_do_not_flush_subnormals():
+    import cupy
+
+    rng = np.random.default_rng(0)
+    special = _special_floats()
+    a = np.concatenate([np.repeat(special, special.size), rng.standard_normal(4096, np.float32),
+                        (rng.standard_normal(4096) * 1e-39).astype(np.float32)])
+    b = np.concatenate([np.tile(special, special.size), rng.standard_normal(4096, np.float32),
+                        (rng.standard_normal(4096) * 1e-3).astype(np.float32)])
+    n = a.size
+    out = cupy.zeros(8 * n, dtype=cupy.float32)
+    fn = kernels.get_function("smoke", "lpm_smoke_fp32_ops")
+    fn(((n + 255) // 256,), (256,), (cupy.asarray(a), cupy.asarray(b), out, np.int64(n)))
+    got = out.get().reshape(n, 8)
+    with np.errstate(all="ignore"):
+        expected = np.stack(
+            [a * b, a + b, a - b, a / b, np.float32(1) / a, np.fmax(a, b), np.fmin(a, b),
+             np.abs(a)], axis=1).astype(np.float32)
+    names = ["mul", "add", "sub", "div", "rcp", "fmax", "fmin", "fabs"]
+    for j, name in enumerate(names):
+        g, e = got[:, j], expected[:, j]
+        both_nan = np.isnan(g) & np.isnan(e)
+        same = (_bits(g) == _bits(e)) | both_nan
+        if name in ("fmax", "fmin"):
+            # the sign of a zero result of max(+0, -0) is unspecified by IEEE 754 maxNum; PTX
+            # orders -0 < +0, NumPy returns either operand. Values compare equal.
+            same |= (g == 0) & (e == 0)
+        bad = np.flatnonzero(~same)
+        assert bad.size == 0, (
+            f"{name}: {bad.size} mismatches, first a={a[bad[0]]!r} b={b[bad[0]]!r} "
+            f"got={g[bad[0]]!r} expected={e[bad[0]]!r}")
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_fmax_orders_signed_zeros():
+    import cupy
+
+    a = np.array([0.0, -0.0, -0.0, 0.0], np.float32)
+    b = np.array([-0.0, 0.0, -0.0, 0.0], np.float32)
+    out = cupy.zeros(8 * a.size, dtype=cupy.float32)
+    kernels.get_function("smoke", "lpm_smoke_fp32_ops")(
+        (1,), (32,), (cupy.asarray(a), cupy.asarray(b), out, np.int64(a.size)))
+    got = out.get().reshape(a.size, 8)
+    assert np.signbit(got[:, 5]).tolist() == [False, False, True, False]  # fmax
+    assert np.signbit(got[:, 6]).tolist() == [True, True, True, False]  # fmin
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_decoders_match_ml_dtypes():
+    import cupy
+    import ml_dtypes
+
+    e2m1 = cupy.zeros(256, dtype=cupy.float32)
+    e8m0 = cupy.zeros(256, dtype=cupy.float32)
+    kernels.get_function("smoke", "lpm_smoke_decode")((1,), (256,), (e2m1, e8m0))
+    codes = np.arange(256, dtype=np.uint8)
+    exp_e2m1 = (codes & 15).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    assert np.array_equal(_bits(e2m1.get()), _bits(exp_e2m1))  # includes -0 for code 8
+    exp_e8m0 = codes.view(ml_dtypes.float8_e8m0fnu).astype(np.float32)
+    g = e8m0.get()
+    assert np.isnan(g[255]) and np.isnan(exp_e8m0[255])
+    assert np.array_equal(_bits(g[:255]), _bits(exp_e8m0[:255]))
+    assert _bits(g[:1])[0] == 0x00400000  # 2^-127, a subnormal
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_philox_device_matches_known_answers_and_python():
+    import cupy
+
+    spec = importlib.util.spec_from_file_location("_lpm_test_formats",
+                                                  Path(__file__).with_name("test_formats.py"))
+    tf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tf)
+    PHILOX_KAT, philox4x32_10_py = tf.PHILOX_KAT, tf.philox4x32_10_py
+
+    rng = np.random.default_rng(1)
+    rows = [list(c) + list(k) for c, k, _ in PHILOX_KAT]
+    rows += rng.integers(0, 2**32, size=(61, 6), dtype=np.uint64).tolist()
+    ck = np.asarray(rows, dtype=np.uint32)
+    n = ck.shape[0]
+    out = cupy.zeros(4 * n, dtype=cupy.uint32)
+    kernels.get_function("smoke", "lpm_smoke_philox")((1,), (128,), (cupy.asarray(ck), out,
+                                                                     np.int64(n)))
+    got = out.get().reshape(n, 4)
+    for i, (c, k, expected) in enumerate(PHILOX_KAT):
+        assert tuple(int(v) for v in got[i]) == expected
+    for i in range(n):
+        row = [int(v) for v in ck[i]]
+        assert tuple(int(v) for v in got[i]) == philox4x32_10_py(row[:4], row[4:])
