@@ -12,14 +12,19 @@ from . import formats
 from .grouped_tensor import GroupedTensor
 from .quantized_tensor import QuantizedTensor, dequantize, quantize
 from .swizzle import swizzle_scales, unswizzle_scales
+from .io import load, save
+from .recipe import Recipe
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GroupedTensor",
     "QuantizedTensor",
+    "Recipe",
     "dequantize",
     "formats",
+    "load",
+    "save",
     "quantize",
     "swizzle_scales",
     "unswizzle_scales",

@@ -1,0 +1,37 @@
+"""Checkpoint I/O: save and load quantized tensors; read and write .npy / .npz / .safetensors.
+
+>>> import lowprec_moe as lpm
+>>> from lowprec_moe import io as lpm_io
+>>> q = lpm.quantize(x, "nvfp4", columnwise=True)                    # doctest: +SKIP
+>>> lpm_io.save("w.safetensors", {"w": q, "bias": b})                # doctest: +SKIP
+>>> lpm_io.load("w.safetensors")["w"]                                # doctest: +SKIP
+QuantizedTensor(format='nvfp4', ...)
+
+Files are validated before their data is touched (headers, dtypes, shapes, byte counts; pickled
+objects are refused, never unpickled) and read through memory maps; outputs are written to a
+temporary file in the destination directory and renamed into place. See
+:mod:`lowprec_moe.io.checkpoint` for the array names (compatible with ModelOpt NVFP4
+checkpoints) and :mod:`lowprec_moe.io.convert` for the file-to-file operations behind the CLI.
+"""
+
+from ._common import CheckpointError
+from .arrays import ArrayWriter, file_kind, open_arrays
+from .checkpoint import Checkpoint, CheckpointWriter, array_names, load, open_checkpoint, save
+from .convert import ConvertReport, dequantize_file, inspect_file, quantize_file
+
+__all__ = [
+    "ArrayWriter",
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointWriter",
+    "ConvertReport",
+    "array_names",
+    "dequantize_file",
+    "file_kind",
+    "inspect_file",
+    "load",
+    "open_arrays",
+    "open_checkpoint",
+    "quantize_file",
+    "save",
+]
