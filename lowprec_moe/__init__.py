@@ -13,16 +13,23 @@ from .grouped_tensor import GroupedTensor
 from .quantized_tensor import QuantizedTensor, dequantize, quantize
 from .swizzle import swizzle_scales, unswizzle_scales
 from .io import load, save
+from .linear import (GroupedLinear, GroupedLinearContext, GroupedLinearGrads,
+                     grouped_linear_backward, grouped_linear_forward)
 from .recipe import Recipe
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "GroupedLinear",
+    "GroupedLinearContext",
+    "GroupedLinearGrads",
     "GroupedTensor",
     "QuantizedTensor",
     "Recipe",
     "dequantize",
     "formats",
+    "grouped_linear_backward",
+    "grouped_linear_forward",
     "load",
     "save",
     "quantize",

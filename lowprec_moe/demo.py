@@ -1,8 +1,13 @@
-"""``lowprec-moe demo``: quantize / dequantize round trips of random data, as a table.
+"""``lowprec-moe demo``: quantize / dequantize round trips and GroupedLinear steps, as tables.
 
-Each row quantizes one random bfloat16 matrix with one recipe, dequantizes the copy it produced
-and reports the storage size, the signal-to-noise ratio, the largest error relative to the
-tensor's amax and the round-trip time.
+Round trips: each row quantizes one random bfloat16 matrix with one recipe, dequantizes the copy
+it produced and reports the storage size, the signal-to-noise ratio, the largest error relative to
+the tensor's amax and the round-trip time.
+
+GroupedLinear: each row runs one forward + backward of a small MoE layer (random bfloat16 tokens,
+weights, bias and output gradient; skewed routing with an empty expert) with one recipe, and
+reports the relative error (Frobenius) of y, dx and dW against float64 products of the
+unquantized inputs, and the time of the step (all quantization included).
 """
 
 from __future__ import annotations
@@ -70,8 +75,12 @@ def _random_input(m: int, k: int, seed: int) -> np.ndarray:
 
 
 def run_demo(device: str = "auto", *, m: int = 256, k: int = 1024, seed: int = 0,
-             repeats: int = 3, file: IO[str] | None = None) -> list[dict[str, Any]]:
+             repeats: int = 3, file: IO[str] | None = None,
+             linear: bool = True) -> list[dict[str, Any]]:
     """Print a table of quantize + dequantize round trips and return its rows.
+
+    With ``linear`` (the default) a second table follows: one GroupedLinear forward + backward
+    per recipe (:func:`run_linear_demo`, same device, seed and repeats).
 
     Parameters
     ----------
@@ -148,6 +157,9 @@ def run_demo(device: str = "auto", *, m: int = 256, k: int = 1024, seed: int = 0
         rows.append(row)
 
     _print_table(rows, dev, m, k, input_bytes, out)
+    if linear:
+        print(file=out)
+        run_linear_demo(device, seed=seed, repeats=repeats, file=out)
     return rows
 
 
@@ -180,3 +192,159 @@ def _print_table(rows, dev, m, k, input_bytes, out) -> None:
     for r in rows:
         if r["error"] is not None:
             print(f"n/a: {r['format']} {r['options']}: {r['error']}", file=out)
+
+
+# ============================================================================================
+# GroupedLinear section
+
+
+def _linear_recipes():
+    from .recipe import Recipe
+
+    return (
+        ("bf16", Recipe.bf16()),
+        ("mxfp8 e4m3", Recipe.mxfp8()),
+        ("mxfp8 hybrid (dy e5m2)", Recipe.mxfp8(fp8_format="hybrid")),
+        ("nvfp4 (RHT + SR)", Recipe.nvfp4()),
+        ("nvfp4 row-scaled", Recipe.nvfp4(row_scaled_activation=True)),
+    )
+
+
+#: default (experts, tokens, in features, out features) per device
+LINEAR_SHAPES = {"cpu": (8, 512, 256, 128), "gpu": (8, 4096, 1024, 512)}
+
+
+def demo_splits(tokens: int, experts: int) -> list[int]:
+    """Skewed routing: shares proportional to experts-1, ..., 1, 0 (the last expert is empty)."""
+    if experts == 1:
+        return [tokens]
+    w = np.arange(experts - 1, -1, -1, dtype=np.float64)
+    s = np.floor(tokens * w / w.sum()).astype(np.int64)
+    s[0] += tokens - int(s.sum())
+    return [int(v) for v in s]
+
+
+def _rel_err(got, ref: np.ndarray) -> float:
+    from .backend import asnumpy_explicit
+
+    g = asnumpy_explicit(got).astype(np.float64)
+    den = float(np.linalg.norm(ref))
+    return float(np.linalg.norm(g - ref)) / den if den else float(np.linalg.norm(g))
+
+
+def run_linear_demo(device: str = "auto", *, experts: int | None = None,
+                    tokens: int | None = None, k: int | None = None, n: int | None = None,
+                    seed: int = 0, repeats: int = 3,
+                    file: IO[str] | None = None) -> list[dict[str, Any]]:
+    """Print a table of GroupedLinear forward + backward steps, one per recipe; return its rows.
+
+    Parameters
+    ----------
+    device : {"auto", "cpu", "gpu"}
+    experts, tokens, k, n : int, optional
+        Layer shape (``k`` in, ``n`` out features, multiples of 32); defaults from
+        :data:`LINEAR_SHAPES` for the device.
+    seed : int
+        Seed of the random inputs.
+    repeats : int
+        Timed steps per recipe (after one warm-up); the median is reported.
+    file : text stream, optional
+
+    Returns
+    -------
+    list of dict
+        Keys ``recipe``, ``shape`` ``(experts, tokens, k, n)``, ``err_y``, ``err_dx``,
+        ``err_dw``, ``time_ms`` and ``error`` (None, or why the row could not run).
+    """
+    import ml_dtypes
+
+    from .linear import grouped_linear_backward, grouped_linear_forward
+
+    out = file if file is not None else sys.stdout
+    dev, xp = _select_device(device)
+    defaults = LINEAR_SHAPES[dev]
+    experts, tokens, k, n = (d if v is None else v
+                             for v, d in zip((experts, tokens, k, n), defaults))
+    for name, v in (("experts", experts), ("tokens", tokens), ("k", k), ("n", n)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name}={v!r} must be a positive int")
+    for name, v in (("k", k), ("n", n)):
+        if v % 32:
+            raise ValueError(f"{name}={v} must be a multiple of 32")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} must be a positive int")
+    splits = demo_splits(tokens, experts)
+
+    bf16 = ml_dtypes.bfloat16
+    rng = np.random.default_rng(seed)
+    host = {
+        "x": rng.standard_normal((tokens, k)) * 10.0 ** rng.uniform(-1, 1, (tokens, 1)),
+        "w": rng.standard_normal((experts, n, k)) / np.sqrt(k),
+        "b": 0.1 * rng.standard_normal((experts, n)),
+        "dy": rng.standard_normal((tokens, n)) / np.sqrt(tokens),
+    }
+    host = {key: v.astype(np.float32).astype(bf16) for key, v in host.items()}
+    f64 = {key: v.astype(np.float64) for key, v in host.items()}
+    offs = np.concatenate([[0], np.cumsum(splits)])
+    ref_y, ref_dx = np.empty((tokens, n)), np.empty((tokens, k))
+    ref_dw = np.zeros((experts, n, k))
+    for g in range(experts):
+        s = slice(offs[g], offs[g + 1])
+        ref_y[s] = f64["x"][s] @ f64["w"][g].T + f64["b"][g]
+        ref_dx[s] = f64["dy"][s] @ f64["w"][g]
+        ref_dw[g] = f64["dy"][s].T @ f64["x"][s]
+    dvc = {key: (xp.asarray(v) if xp is not np else v) for key, v in host.items()}
+
+    def step(recipe, seed_):
+        y, ctx = grouped_linear_forward(dvc["x"], splits, dvc["w"], dvc["b"], recipe=recipe,
+                                        seed=seed_)
+        return y, grouped_linear_backward(dvc["dy"], ctx)
+
+    rows: list[dict[str, Any]] = []
+    for label, recipe in _linear_recipes():
+        row: dict[str, Any] = {"recipe": label, "shape": (experts, tokens, k, n), "err_y": None,
+                               "err_dx": None, "err_dw": None, "time_ms": None, "error": None}
+        try:
+            y, grads = step(recipe, 0)  # warm-up (and kernel compilation on the GPU)
+            _sync(xp)
+            times = []
+            for r in range(repeats):
+                t0 = time.perf_counter()
+                step(recipe, r + 1)
+                _sync(xp)
+                times.append(time.perf_counter() - t0)
+        except NotImplementedError as exc:
+            row["error"] = str(exc).split(";")[0]
+            rows.append(row)
+            continue
+        row["err_y"] = _rel_err(y, ref_y)
+        row["err_dx"] = _rel_err(grads.dx, ref_dx)
+        row["err_dw"] = _rel_err(grads.dweight, ref_dw)
+        row["time_ms"] = 1e3 * float(np.median(times))
+        rows.append(row)
+
+    head = ("recipe", "rel err y", "rel err dx", "rel err dW", "fwd+bwd ms")
+    lines = []
+    for r in rows:
+        if r["error"] is not None:
+            lines.append((r["recipe"], "-", "-", "-", "n/a"))
+        else:
+            lines.append((r["recipe"], f"{r['err_y']:.3e}", f"{r['err_dx']:.3e}",
+                          f"{r['err_dw']:.3e}", f"{r['time_ms']:.2f}"))
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(head)]
+
+    def fmt(cells):
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+
+    print(f"GroupedLinear forward + backward on {dev}: {experts} experts, {tokens} tokens "
+          f"routed as {splits}, {k} -> {n}, bfloat16; errors vs float64 of the unquantized "
+          f"inputs", file=out)
+    print(fmt(head), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for line in lines:
+        print(fmt(line), file=out)
+    for r in rows:
+        if r["error"] is not None:
+            print(f"n/a: {r['recipe']}: {r['error']}", file=out)
+    return rows

@@ -38,8 +38,27 @@ class Recipe:
     stochastic_rounding: bool = False
 
     def __post_init__(self):
+        # The builders below are the intended way in; a direct ``Recipe(...)`` is checked too so
+        # that no conflicting combination reaches the layers.
         if self.name not in _NAMES:
             raise ValueError(f"recipe name={self.name!r} must be one of {_NAMES}")
+        if self.fp8_format not in ("e4m3", "hybrid"):
+            raise ValueError(f"fp8_format={self.fp8_format!r} must be 'e4m3' or 'hybrid'")
+        if self.name != "mxfp8" and self.fp8_format != "e4m3":
+            raise ValueError(f"fp8_format={self.fp8_format!r} is an mxfp8 option; it does not "
+                             f"apply to the {self.name} recipe")
+        if self.name != "nvfp4":
+            for opt in ("row_scaled_activation", "rht", "stochastic_rounding"):
+                if getattr(self, opt):
+                    raise ValueError(f"{opt}=True is an nvfp4 option; it does not apply to the "
+                                     f"{self.name} recipe")
+        if self.name == "bf16" and self.weight_2d:
+            raise ValueError("weight_2d=True does not apply to the bf16 recipe (no quantization)")
+        if self.row_scaled_activation:
+            for opt in ("rht", "stochastic_rounding"):
+                if getattr(self, opt):
+                    raise ValueError(f"row_scaled_activation=True cannot be combined with "
+                                     f"{opt}=True")
 
     # ------------------------------------------------------------------------------- builders
     @staticmethod

@@ -1,0 +1,483 @@
+"""GroupedLinear forward + backward step on the GPU, per recipe, vs a torch bf16 step.
+
+Usage::
+
+    python benchmarks/bench_linear.py                 # every SPEC section 10 shape
+    python benchmarks/bench_linear.py --quick         # reduced run (< 2 min, kernels cached)
+    python benchmarks/bench_linear.py --cases qwen-fc1,memory-bound --recipes bf16,nvfp4
+    python benchmarks/bench_linear.py --json results.json
+
+One *step* is what a training iteration runs for the layer, all quantization included:
+``grouped_linear_forward`` (quantize x and W, fprop) then ``grouped_linear_backward``
+(quantize dy, dgrad, wgrad), inputs bfloat16, no bias. Ours runs on CuPy; the peer, when torch is
+importable, is ``y = torch._grouped_mm(x, W^T, offs)`` with ``y.backward(dy)`` (bf16, cuBLAS;
+falls back to three explicit ``_grouped_mm`` calls). torch is imported here only; it is never a
+dependency of the library.
+
+Timing: random data (never zeros), warm-up steps (the first one compiles the kernels), then timed
+steps between CUDA events (``cupy.cuda.Event`` for ours, ``torch.cuda.Event`` for torch); the
+median is reported, as ms, TFLOP/s (``6 M N K`` per step), effective GB/s (bf16 bytes of x, W, y,
+dy, dx, dW moved once) and ``vs torch`` = torch ms / our ms (> 1: faster than the torch bf16
+step, the SPEC target). ``err y`` is the relative error (Frobenius) of the recipe's y against our
+bf16 recipe on the same data, a sanity check of the kernels. Every case runs in its own
+try / except: an error is printed and the run goes on.
+
+``--device cpu`` runs the same harness on the NumPy reference (tiny shapes only: a smoke test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+try:
+    import lowprec_moe as lpm
+except ImportError:  # running from a checkout that is not installed
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import lowprec_moe as lpm
+
+import ml_dtypes
+
+BF16 = ml_dtypes.bfloat16
+
+RECIPES = {
+    "bf16": lpm.Recipe.bf16(),
+    "mxfp8": lpm.Recipe.mxfp8(),
+    "mxfp8-hybrid": lpm.Recipe.mxfp8(fp8_format="hybrid"),
+    "nvfp4": lpm.Recipe.nvfp4(),  # RHT + stochastic rounding, 16x16 weight blocks
+    "nvfp4-row-scaled": lpm.Recipe.nvfp4(row_scaled_activation=True),
+}
+
+
+@dataclass
+class Case:
+    name: str
+    splits: list
+    k: int
+    n: int
+    note: str = ""
+
+    @property
+    def experts(self) -> int:
+        return len(self.splits)
+
+    @property
+    def m(self) -> int:
+        return int(sum(self.splits))
+
+
+def skewed_splits(experts: int, tokens: int, empty: int, align: int = 128, seed: int = 0):
+    """Zipf-like token counts (multiples of ``align``, so torch accepts them too) with ``empty``
+    experts spread over the index range; sums to ``tokens``."""
+    rng = np.random.default_rng(seed)
+    live = experts - empty
+    w = 1.0 / np.arange(1, live + 1) ** 1.2
+    rng.shuffle(w)
+    units = tokens // align
+    s = np.maximum(1, np.floor(units * w / w.sum())).astype(np.int64)
+    s[int(np.argmax(s))] += units - int(s.sum())
+    out = np.zeros(experts, dtype=np.int64)
+    empty_idx = set(np.linspace(0, experts - 1, empty).round().astype(int).tolist())
+    live_idx = [i for i in range(experts) if i not in empty_idx]
+    out[live_idx] = s * align
+    return [int(v) for v in out]
+
+
+def spec_cases(scale: float = 1.0) -> list[Case]:
+    """SPEC section 10 shapes; ``scale`` < 1 shrinks the tokens per expert (not below 16)."""
+    def per(e, t):
+        t = max(16, int(round(t * scale / 16)) * 16)
+        return [t] * e
+
+    skew_tokens = max(2048, int(32768 * scale) // 128 * 128)
+    return [
+        Case("deepseek-fc1", per(8, 8192), 7168, 2048, "DeepSeek-V3-like E=8, M=65536"),
+        Case("deepseek-fc2", per(8, 8192), 2048, 7168, "DeepSeek-V3-like E=8, M=65536"),
+        Case("qwen-fc1", per(16, 2560), 4096, 2048, "Qwen3.5-like E=16 x 2560"),
+        Case("qwen-fc2", per(16, 2560), 1024, 4096, "Qwen3.5-like E=16 x 2560"),
+        Case("fine-grained", per(128, 512), 2048, 1536, "E=128 x 512"),
+        Case("memory-bound", [16] * 128, 2048, 1536, "E=128 x 16 tokens"),
+        Case("skewed", skewed_splits(16, skew_tokens, empty=4), 4096, 2048,
+             "E=16, zipf-like split, 4 empty experts"),
+    ]
+
+
+def smoke_cases() -> list[Case]:
+    """Tiny shapes for ``--device cpu`` (the NumPy reference)."""
+    return [Case("tiny", [64, 0, 96, 32], 128, 64, "CPU smoke test"),
+            Case("tiny-skewed", skewed_splits(6, 512, empty=2, align=16), 64, 96, "CPU smoke")]
+
+
+# ============================================================================================
+# timing
+
+
+class Backend:
+    """Array module, random data and timers of one device."""
+
+    def __init__(self, device: str):
+        self.gpu = device == "gpu"
+        if self.gpu:
+            import cupy
+
+            self.xp = cupy
+            props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+            name = props["name"]
+            self.name = name.decode() if isinstance(name, bytes) else str(name)
+        else:
+            self.xp = np
+            self.name = "cpu (NumPy reference)"
+
+    def randn_bf16(self, shape, seed: int, scale: float = 1.0):
+        xp = self.xp
+        if self.gpu:
+            a = xp.random.RandomState(seed).standard_normal(shape, dtype=xp.float32)
+        else:
+            a = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+        if scale != 1.0:
+            a *= np.float32(scale)
+        return a.astype(BF16)
+
+    def sync(self) -> None:
+        if self.gpu:
+            self.xp.cuda.get_current_stream().synchronize()
+
+    def time_ms(self, fn, *, warmup: int, reps: int, budget_s: float) -> tuple[float, int]:
+        """Median ms of ``fn()`` over at most ``reps`` timed calls (fewer when a call is so slow
+        that ``reps`` of them would exceed ``budget_s``). Returns (median ms, calls timed)."""
+        t_last = 0.0
+        for _ in range(max(1, warmup)):
+            t0 = time.perf_counter()
+            fn()
+            self.sync()
+            t_last = time.perf_counter() - t0
+        reps = max(1, min(reps, int(budget_s / max(t_last, 1e-6))))
+        times = []
+        for _ in range(reps):
+            if self.gpu:
+                cp = self.xp
+                start, end = cp.cuda.Event(), cp.cuda.Event()
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(cp.cuda.get_elapsed_time(start, end))
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append(1e3 * (time.perf_counter() - t0))
+        return statistics.median(times), reps
+
+    def free(self) -> None:
+        gc.collect()
+        if self.gpu:
+            self.xp.get_default_memory_pool().free_all_blocks()
+            self.xp.get_default_pinned_memory_pool().free_all_blocks()
+
+
+def _rel_err(xp, a, b) -> float:
+    d = xp.linalg.norm((a.astype(xp.float32) - b.astype(xp.float32)).ravel())
+    r = xp.linalg.norm(b.astype(xp.float32).ravel())
+    return float(d / r) if float(r) else float(d)
+
+
+# ============================================================================================
+# ours
+
+
+def bench_ours(be: Backend, case: Case, recipe_names, args,
+               torch_ms: float | None = None) -> list[dict]:
+    xp = be.xp
+    m, k, n, g = case.m, case.k, case.n, case.experts
+    x = be.randn_bf16((m, k), 1)
+    w = be.randn_bf16((g, n, k), 2, 1.0 / math.sqrt(k))
+    dy = be.randn_bf16((m, n), 3, 1.0 / math.sqrt(m))
+    splits = list(case.splits)
+    rows = []
+    y_ref = None
+    try:
+        for rname in recipe_names:
+            recipe = RECIPES[rname]
+            row = {"case": case.name, "impl": "ours", "recipe": rname, "ms": None,
+                   "reps": 0, "err_y": None, "error": None}
+            step_no = [0]
+
+            def step():
+                step_no[0] += 1
+                y, ctx = lpm.grouped_linear_forward(x, splits, w, recipe=recipe,
+                                                    seed=step_no[0])
+                grads = lpm.grouped_linear_backward(dy, ctx)
+                return y, grads
+
+            try:
+                row["ms"], row["reps"] = be.time_ms(step, warmup=args.warmup, reps=args.reps,
+                                                    budget_s=args.budget)
+                y, _ = step()
+                if rname == "bf16":
+                    y_ref = y
+                    row["err_y"] = 0.0
+                elif y_ref is not None:
+                    row["err_y"] = _rel_err(xp, y, y_ref)
+                del y
+            except Exception as exc:  # keep going: report and move on
+                row["error"] = f"{type(exc).__name__}: {exc}"
+                if args.verbose:
+                    traceback.print_exc()
+                be.free()
+            rows.append(row)
+            report(row, case, torch_ms)
+    finally:
+        del x, w, dy, y_ref
+        be.free()
+    return rows
+
+
+# ============================================================================================
+# torch peer
+
+
+def torch_module(args):
+    if args.no_torch or args.device != "gpu":
+        return None
+    try:
+        import torch  # noqa: PLC0415 - optional peer, never a library dependency
+    except Exception:
+        return None
+    if not torch.cuda.is_available() or not hasattr(torch, "_grouped_mm"):
+        return None
+    return torch
+
+
+def bench_torch(torch, be: Backend, case: Case, args) -> dict:
+    row = {"case": case.name, "impl": "torch", "recipe": "bf16 _grouped_mm", "ms": None,
+           "reps": 0, "err_y": None, "error": None}
+    import cupy
+
+    dev = torch.device("cuda", cupy.cuda.Device().id)
+    m, k, n, g = case.m, case.k, case.n, case.experts
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(0)
+    tensors = {}
+    try:
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(g, n, k, device=dev, dtype=torch.bfloat16, generator=gen) / math.sqrt(k)
+        dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16, generator=gen) / math.sqrt(m)
+        offs = torch.tensor(np.cumsum(case.splits), dtype=torch.int32, device=dev)
+        x.requires_grad_(True)
+        w.requires_grad_(True)
+        tensors.update(x=x, w=w, dy=dy, offs=offs)
+
+        def autograd_step():
+            x.grad = None
+            w.grad = None
+            y = torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)
+            y.backward(dy)
+
+        xd, wd = x.detach(), w.detach()
+        dyt = dy.t().contiguous()
+
+        def manual_step():
+            torch._grouped_mm(xd, wd.transpose(-2, -1), offs=offs)  # y  [M, N]
+            torch._grouped_mm(dy, wd, offs=offs)  # dx [M, K]
+            torch._grouped_mm(dyt, xd, offs=offs)  # dW [G, N, K]
+
+        fn, how = autograd_step, "autograd"
+        try:
+            autograd_step()
+            torch.cuda.synchronize()
+        except Exception as exc:
+            if args.verbose:
+                print(f"  torch autograd step failed ({type(exc).__name__}: {exc}); "
+                      "using three explicit _grouped_mm calls", file=sys.stderr)
+            fn, how = manual_step, "explicit"
+            manual_step()
+            torch.cuda.synchronize()
+        row["recipe"] = f"bf16 _grouped_mm ({how})"
+
+        t_last = 0.0
+        for _ in range(max(1, args.warmup)):
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            t_last = time.perf_counter() - t0
+        reps = max(1, min(args.reps, int(args.budget / max(t_last, 1e-6))))
+        times = []
+        for _ in range(reps):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        row["ms"], row["reps"] = statistics.median(times), reps
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"
+        if args.verbose:
+            traceback.print_exc()
+    finally:
+        tensors.clear()
+        gc.collect()
+        try:
+            torch.cuda.empty_cache()
+        except Exception:
+            pass
+    report(row, case)
+    return row
+
+
+# ============================================================================================
+# report
+
+
+def _metrics(row: dict, case: Case) -> dict:
+    ms = row.get("ms")
+    if not ms:
+        return {}
+    m, k, n, g = case.m, case.k, case.n, case.experts
+    flops = 6.0 * m * n * k
+    nbytes = 2.0 * (2 * m * k + 2 * g * n * k + 2 * m * n)
+    return {"tflops": flops / (ms * 1e-3) / 1e12, "gbs": nbytes / (ms * 1e-3) / 1e9}
+
+
+HEADER = (f"{'case':14s} {'impl':6s} {'recipe':30s} {'ms':>9s} {'TFLOP/s':>8s} {'GB/s':>8s} "
+          f"{'vs torch':>9s} {'err y':>9s}")
+
+
+def report(row: dict, case: Case, torch_ms: float | None = None) -> None:
+    """Print one result line (and add TFLOP/s, GB/s and the torch ratio to ``row``)."""
+    if row.get("error"):
+        print(f"{case.name:14s} {row['impl']:6s} {row['recipe']:30s}  ERROR {row['error']}",
+              flush=True)
+        return
+    row.update(_metrics(row, case))
+    row["vs_torch"] = torch_ms / row["ms"] if torch_ms and row["impl"] == "ours" else None
+    ratio = f"{row['vs_torch']:8.2f}x" if row["vs_torch"] else f"{'':9s}"
+    err = f"{row['err_y']:9.2e}" if row.get("err_y") is not None else f"{'':9s}"
+    print(f"{case.name:14s} {row['impl']:6s} {row['recipe']:30s} {row['ms']:9.3f} "
+          f"{row['tflops']:8.4g} {row['gbs']:8.4g} {ratio} {err}", flush=True)
+
+
+def summary(results: list[dict], cases: list[Case], recipe_names) -> None:
+    """One line per case: torch ms, then per recipe ``vs torch`` (or our ms without torch)."""
+    have_torch = any(r["impl"] == "torch" and r.get("ms") for r in results)
+    what = "torch ms / our ms (> 1: faster than the torch bf16 step)" if have_torch \
+        else "our step ms"
+    print(f"\nsummary: {what}")
+    width = max(9, *(len(r) for r in recipe_names))
+    print(f"{'case':14s} {'torch ms':>9s} " + " ".join(f"{r:>{width}s}" for r in recipe_names))
+    for c in cases:
+        tr = next((r for r in results if r["case"] == c.name and r["impl"] == "torch"), None)
+        tms = f"{tr['ms']:9.3f}" if tr and tr.get("ms") else f"{'-':>9s}"
+        cells = []
+        for rn in recipe_names:
+            r = next((r for r in results if r["case"] == c.name and r["impl"] == "ours"
+                      and r["recipe"] == rn), None)
+            if r is None or not r.get("ms"):
+                cells.append(f"{'error' if r is not None else '-':>{width}s}")
+            elif r.get("vs_torch"):
+                cells.append(f"{r['vs_torch']:>{width - 1}.2f}x")
+            else:
+                cells.append(f"{r['ms']:>{width}.3f}")
+        print(f"{c.name:14s} {tms} " + " ".join(cells))
+
+
+# ============================================================================================
+# main
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true",
+                    help="reduced run: tokens per expert / 4, 1 warm-up, 3 timed steps")
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--recipes", default=",".join(RECIPES),
+                    help=f"comma-separated subset of {', '.join(RECIPES)}")
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 3, quick 1)")
+    ap.add_argument("--reps", type=int, default=None, help="timed steps (default 10, quick 3)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds of timed steps per case and implementation (default 10, "
+                         "quick 2); slow steps are timed fewer times")
+    ap.add_argument("--no-torch", action="store_true", help="skip the torch peer")
+    ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
+                    help="cpu: NumPy reference on tiny shapes (smoke test of the harness)")
+    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    ap.add_argument("--verbose", action="store_true", help="print tracebacks of errors")
+    args = ap.parse_args(argv)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    args.reps = args.reps if args.reps is not None else (3 if args.quick else 10)
+    args.budget = args.budget if args.budget is not None else (2.0 if args.quick else 10.0)
+    return ap, args
+
+
+def main(argv=None) -> int:
+    ap, args = parse_args(argv)
+    if args.device == "gpu" and not lpm.backend.cupy_available():
+        ap.error("needs CuPy and a CUDA GPU (use --device cpu for a smoke test of the harness)")
+    recipe_names = [s.strip() for s in args.recipes.split(",") if s.strip()]
+    bad = [r for r in recipe_names if r not in RECIPES]
+    if bad:
+        ap.error(f"unknown recipe(s) {bad}; choose from {list(RECIPES)}")
+    if "bf16" in recipe_names:  # the err-y baseline runs first
+        recipe_names.remove("bf16")
+        recipe_names.insert(0, "bf16")
+    cases = smoke_cases() if args.device == "cpu" else spec_cases(0.25 if args.quick else 1.0)
+    if args.cases:
+        want = [s.strip() for s in args.cases.split(",") if s.strip()]
+        names = [c.name for c in cases]
+        bad = [c for c in want if c not in names]
+        if bad:
+            ap.error(f"unknown case(s) {bad}; choose from {names}")
+        cases = [c for c in cases if c.name in want]
+
+    be = Backend(args.device)
+    torch = torch_module(args)
+    peer = (f"torch {torch.__version__} _grouped_mm" if torch is not None
+            else "no torch peer (not importable, no CUDA, or --no-torch)")
+    print(f"lowprec_moe {lpm.__version__} GroupedLinear fwd+bwd step on {be.name}; {peer}")
+    print(f"warm-up {args.warmup}, up to {args.reps} timed steps (budget {args.budget:g} s), "
+          f"median{'; quick run' if args.quick else ''}")
+    for c in cases:
+        live = sum(1 for s in c.splits if s)
+        print(f"  {c.name:14s} E={c.experts:<4d} M={c.m:<6d} K={c.k:<5d} N={c.n:<5d} "
+              f"({live} experts with tokens; {c.note})")
+    print()
+    print(HEADER)
+    t_start = time.perf_counter()
+    results: list[dict] = []
+    for case in cases:
+        try:
+            torch_ms = None
+            if torch is not None:  # first, so that our lines can show the ratio
+                results.append(bench_torch(torch, be, case, args))
+                torch_ms = results[-1]["ms"]
+            results += bench_ours(be, case, recipe_names, args, torch_ms)
+        except Exception as exc:  # e.g. out of memory while making the inputs
+            print(f"{case.name:14s} ERROR {type(exc).__name__}: {exc}", flush=True)
+            if args.verbose:
+                traceback.print_exc()
+            be.free()
+    summary(results, cases, recipe_names)
+    print(f"\ntotal {time.perf_counter() - t_start:.1f} s")
+    if args.json:
+        payload = {"device": be.name, "torch": getattr(torch, "__version__", None),
+                   "args": {k: v for k, v in vars(args).items()},
+                   "cases": [{"name": c.name, "splits": c.splits, "k": c.k, "n": c.n}
+                             for c in cases],
+                   "results": results}
+        Path(args.json).write_text(json.dumps(payload, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

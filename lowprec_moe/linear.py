@@ -1,0 +1,429 @@
+"""GroupedLinear with an explicit forward / backward (SPEC sections 6-8).
+
+``y, ctx = grouped_linear_forward(x, splits, weight, bias, recipe=...)`` runs the fprop GEMM and
+returns a context holding exactly what the backward needs; ``grouped_linear_backward(dy, ctx)``
+runs dgrad and wgrad and returns every gradient. There is no autograd graph: the caller owns the
+order of calls, as in any framework.
+
+What is kept between forward and backward (SPEC 8):
+
+* the columnwise copy of x, only if the weight needs a gradient (wgrad operand); the rowwise copy
+  of x is dropped once fprop is done;
+* the columnwise copy of W, only if the input needs a gradient (dgrad operand);
+* bias and probs when given (dbias / dprobs).
+
+Pre-quantized MXFP8 inputs ("wire format", a rowwise-only ``GroupedTensor``): fprop uses the
+wire bytes as they are; the wgrad operand is ``with_columnwise()`` of the wire tensor. A wire
+``dy`` feeds dgrad directly and its columnwise copy feeds wgrad; dbias / dprobs come from
+``dequantize(dy)`` in bfloat16. Results equal feeding ``dequantize(wire, "bfloat16")`` through the
+ordinary path, bit for bit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from . import _validate as V
+from .backend import get_xp, is_cupy_array
+from .gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
+from .grouped_tensor import GroupedTensor
+from .recipe import Recipe
+
+
+@dataclass
+class GroupedLinearContext:
+    """What :func:`grouped_linear_backward` needs; produced by :func:`grouped_linear_forward`.
+
+    A context can be used for exactly one backward call.
+    """
+
+    recipe: Recipe
+    splits: tuple
+    m: int
+    n: int
+    k: int
+    x_dtype: str
+    y_dtype: str
+    weight_dtype: str
+    input_requires_grad: bool
+    weight_requires_grad: bool
+    x_saved: Any = None          # wgrad operand: x columnwise (GroupedTensor) or x (bf16 recipe)
+    w_saved: Any = None          # dgrad operand: W columnwise (GroupedTensor) or W (bf16 recipe)
+    bias: Any = None
+    probs: Any = None
+    x_rht: bool = False
+    seed: int = 0
+    used: bool = field(default=False, repr=False)
+
+
+@dataclass(frozen=True)
+class GroupedLinearGrads:
+    """Gradients of a grouped linear layer (None where not requested).
+
+    Attributes
+    ----------
+    dx : array ``[M, K]`` (x's dtype; bfloat16 for a pre-quantized x)
+    dweight : array ``[G, N, K]`` (weight's dtype)
+    dbias : array ``[G, N]`` (bias's dtype)
+    dprobs : array ``[M]`` (probs's dtype)
+    """
+
+    dx: Any = None
+    dweight: Any = None
+    dbias: Any = None
+    dprobs: Any = None
+
+
+# ============================================================================================
+# validation
+
+
+def _check_recipe(recipe) -> Recipe:
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be a lowprec_moe.Recipe, got {type(recipe).__name__}")
+    return recipe
+
+
+def check_wire(name: str, t: GroupedTensor, recipe: Recipe, fp8_dtype: str) -> None:
+    """A pre-quantized operand must be rowwise MXFP8 of the recipe's fp8 dtype."""
+    if t.format != "mxfp8" or t.rowwise_data is None:
+        raise ValueError(f"{name} is a pre-quantized {t.format} GroupedTensor; only rowwise mxfp8 "
+                         "(wire format) is accepted")
+    if recipe.name != "mxfp8":
+        raise ValueError(f"{name} is pre-quantized mxfp8 but recipe={recipe!r}; use Recipe.mxfp8")
+    if t.fp8_dtype != fp8_dtype:
+        raise ValueError(f"{name}.fp8_dtype={t.fp8_dtype!r} but recipe {recipe!r} expects "
+                         f"{fp8_dtype!r} for {name}")
+
+
+def _check_weight(weight, bias, probs, num_groups: int, m: int, k: int, xp_args) -> None:
+    V.check_array("weight", weight, min_rank=3)
+    if weight.ndim != 3:
+        raise ValueError(f"weight must be [G, N, K] (rank 3), got shape {tuple(weight.shape)}")
+    g, n, kw = weight.shape
+    if g != num_groups:
+        raise ValueError(f"weight has G={g} experts but splits has G={num_groups} entries")
+    if kw != k:
+        raise ValueError(f"x has K={k} columns but weight has K={kw}")
+    if bias is not None:
+        V.check_array("bias", bias, min_rank=2)
+        if tuple(bias.shape) != (g, n):
+            raise ValueError(f"bias.shape={tuple(bias.shape)} must be (G, N)={(g, n)}")
+    if probs is not None:
+        V.check_array("probs", probs, min_rank=1)
+        if tuple(probs.shape) != (m,):
+            raise ValueError(f"probs.shape={tuple(probs.shape)} must be (M,)=({m},)")
+    get_xp(*xp_args)
+
+
+# ============================================================================================
+# forward
+
+
+def grouped_linear_forward(x, splits, weight, bias=None, *, recipe: Recipe, probs=None,
+                           input_requires_grad: bool = True, weight_requires_grad: bool = True,
+                           seed: int = 0):
+    """Forward of a grouped linear layer: ``y_g = x_g W_g^T (+ bias_g (* probs))``.
+
+    Parameters
+    ----------
+    x : array ``[M, K]`` (float32 / float16 / bfloat16; rank > 2 flattened) or GroupedTensor
+        Tokens sorted by expert, or a pre-quantized rowwise MXFP8 wire tensor.
+    splits : sequence of int or None
+        Tokens per expert (``G`` host ints summing to M); None takes ``x.splits`` from a wire x.
+    weight : array ``[G, N, K]``
+    bias : array ``[G, N]``, optional
+    recipe : Recipe
+    probs : array ``[M]``, optional
+        Routing weights scaling the bias: ``y += bias[g(m)] * probs[m]``. Without a bias they
+        do not change y (and ``dprobs`` is zero).
+    input_requires_grad, weight_requires_grad : bool
+        Whether backward computes ``dx`` / ``dweight`` (and so what the context keeps).
+    seed : int
+        Stochastic-rounding seed used by the backward for dy (NVFP4 recipes with SR).
+
+    Returns
+    -------
+    y : array ``[M, N]`` of x's dtype (bfloat16 for a wire x)
+    ctx : GroupedLinearContext
+    """
+    recipe = _check_recipe(recipe)
+    seed = V.check_seed(seed)
+    wire = isinstance(x, GroupedTensor)
+    if wire:
+        check_wire("x", x, recipe, recipe.x_fp8_dtype)
+        if splits is None:
+            splits = x.splits
+        splits = V.check_splits(splits, x.shape[0])
+        if tuple(splits) != tuple(x.splits):
+            raise ValueError(f"splits={list(splits)} differ from x.splits={list(x.splits)}")
+        m, k = x.shape
+        x_dtype = "bfloat16"
+        arrays = [x.rowwise_data, weight, bias, probs]
+    else:
+        V.check_array("x", x)
+        x = V.as_2d(x)
+        m, k = x.shape
+        splits = V.check_splits(splits, m)
+        x_dtype = V.dtype_name(x.dtype)
+        arrays = [x, weight, bias, probs]
+    _check_weight(weight, bias, probs, len(splits), m, k, arrays)
+    g, n, _ = weight.shape
+    if recipe.quantized and (input_requires_grad or weight_requires_grad):
+        block = V.block_size(recipe.format)
+        if n % block:
+            raise ValueError(f"weight has N={n} rows per expert; N must be a multiple of {block} "
+                             f"for {recipe.format} (the backward quantizes dy [M, N] along N)")
+    # probs only scale the bias: without a bias, y does not depend on them (dprobs = 0)
+    gemm_probs = probs if bias is not None else None
+    ctx = GroupedLinearContext(recipe=recipe, splits=splits, m=m, n=n, k=k, x_dtype=x_dtype,
+                               y_dtype=x_dtype, weight_dtype=V.dtype_name(weight.dtype),
+                               input_requires_grad=bool(input_requires_grad),
+                               weight_requires_grad=bool(weight_requires_grad),
+                               bias=bias, probs=probs, seed=seed)
+    if not recipe.quantized:
+        xh = x.dequantize("rowwise", dtype="bfloat16") if wire else x
+        if xh.dtype != weight.dtype:
+            raise TypeError(f"x.dtype={V.dtype_name(xh.dtype)} and weight.dtype="
+                            f"{V.dtype_name(weight.dtype)} must match for the bf16 recipe")
+        y = grouped_gemm_fprop(xh, weight, splits, bias=bias, probs=gemm_probs, out_dtype=x_dtype)
+        ctx.x_saved = xh if weight_requires_grad else None
+        ctx.w_saved = weight if input_requires_grad else None
+        return y, ctx
+
+    fmt = recipe.format
+    xq = _quantize_x(x, splits, recipe, wire, columnwise=weight_requires_grad)
+    ctx.x_rht = bool(xq.rht)
+    wq = quantize_weight(weight, recipe, columnwise=input_requires_grad)
+    y = grouped_gemm_fprop(xq, wq, splits, bias=bias, probs=gemm_probs, out_dtype=x_dtype)
+    if weight_requires_grad:
+        ctx.x_saved = _columnwise_only(xq)
+    if input_requires_grad:
+        ctx.w_saved = _columnwise_only(wq)
+    del fmt
+    return y, ctx
+
+
+def _quantize_x(x, splits, recipe: Recipe, wire: bool, *, columnwise: bool) -> GroupedTensor:
+    if wire:
+        return x.with_columnwise() if columnwise else x
+    if recipe.name == "mxfp8":
+        return GroupedTensor.quantize(x, splits, "mxfp8", rowwise=True, columnwise=columnwise,
+                                      fp8_dtype=recipe.x_fp8_dtype)
+    rht = recipe.rht and columnwise and V.dtype_name(x.dtype) == "bfloat16"
+    return GroupedTensor.quantize(x, splits, "nvfp4", rowwise=True, columnwise=columnwise,
+                                  row_scaled=recipe.row_scaled_activation, rht=rht)
+
+
+def quantize_weight(weight, recipe: Recipe, *, columnwise: bool) -> GroupedTensor:
+    """Quantize a ``[G, N, K]`` weight per expert as the recipe says (rowwise + optional columnwise).
+
+    Returns a GroupedTensor of the ``[G*N, K]`` stacked weight with splits ``[N] * G``.
+    """
+    g, n, k = weight.shape
+    block = V.block_size(recipe.format)
+    block_2d = recipe.weight_2d and n % block == 0
+    if recipe.weight_2d and not block_2d:
+        raise ValueError(f"weight N={n} must be a multiple of {block} for 2-D {recipe.format} "
+                         f"weight blocks; use weight_2d=False")
+    return GroupedTensor.quantize(weight.reshape(g * n, k), [n] * g, recipe.format,
+                                  rowwise=True, columnwise=columnwise, block_2d=block_2d,
+                                  fp8_dtype="e4m3")
+
+
+def _columnwise_only(t: GroupedTensor) -> GroupedTensor:
+    """Drop the rowwise copy (and its amax) of a grouped tensor, keeping the columnwise one."""
+    return replace(t, rowwise_data=None, rowwise_scale=None, amax_rowwise=None)
+
+
+# ============================================================================================
+# backward
+
+
+def grouped_linear_backward(dy, ctx: GroupedLinearContext, *, seed: int | None = None):
+    """Backward of :func:`grouped_linear_forward`.
+
+    Parameters
+    ----------
+    dy : array ``[M, N]`` of the forward output dtype, or a pre-quantized rowwise MXFP8
+        GroupedTensor (E5M2 for the "hybrid" recipe, else E4M3).
+    ctx : GroupedLinearContext
+        From the forward; usable once.
+    seed : int, optional
+        Stochastic-rounding seed for dy (default: the forward's ``seed``).
+
+    Returns
+    -------
+    GroupedLinearGrads
+        ``dx [M, K]``, ``dweight [G, N, K]``, ``dbias [G, N]``, ``dprobs [M]``; None where the
+        forward said no gradient is needed or no bias / probs were given.
+    """
+    if not isinstance(ctx, GroupedLinearContext):
+        raise TypeError(f"ctx must be a GroupedLinearContext, got {type(ctx).__name__}")
+    if ctx.used:
+        raise ValueError("this GroupedLinearContext was already used by a backward call; "
+                         "run the forward again")
+    recipe = ctx.recipe
+    seed = ctx.seed if seed is None else V.check_seed(seed)
+    wire = isinstance(dy, GroupedTensor)
+    if wire:
+        check_wire("dy", dy, recipe, recipe.dy_fp8_dtype)
+        if tuple(dy.shape) != (ctx.m, ctx.n):
+            raise ValueError(f"dy.shape={tuple(dy.shape)} must be (M, N)={(ctx.m, ctx.n)}")
+        if tuple(dy.splits) != tuple(ctx.splits):
+            raise ValueError(f"dy.splits={list(dy.splits)} differ from the forward's "
+                             f"splits={list(ctx.splits)}")
+        dy_hp = dy.dequantize("rowwise", dtype="bfloat16")
+    else:
+        V.check_array("dy", dy)
+        dy = V.as_2d(dy)
+        if tuple(dy.shape) != (ctx.m, ctx.n):
+            raise ValueError(f"dy.shape={tuple(dy.shape)} must be (M, N)={(ctx.m, ctx.n)}")
+        if V.dtype_name(dy.dtype) != ctx.y_dtype:
+            raise TypeError(f"dy.dtype={V.dtype_name(dy.dtype)} must match the forward output "
+                            f"dtype {ctx.y_dtype}")
+        dy_hp = dy
+    saved = []
+    for t in (ctx.x_saved, ctx.w_saved):
+        if isinstance(t, GroupedTensor):
+            saved += [a for a in (t.columnwise_data, t.columnwise_scale, t.amax_columnwise)
+                      if a is not None]
+        elif t is not None:
+            saved.append(t)
+    get_xp(dy_hp, ctx.bias, ctx.probs, *saved)  # no NumPy / CuPy mixing with the forward's arrays
+    ctx.used = True
+
+    dbias, dprobs = _bias_grads(dy_hp, ctx)
+    dx = dweight = None
+    need_dx, need_dw = ctx.input_requires_grad, ctx.weight_requires_grad
+    if not recipe.quantized:
+        if wire:
+            dy = dy_hp
+        if need_dx:
+            dx = grouped_gemm_dgrad(dy, ctx.w_saved, ctx.splits, out_dtype=ctx.x_dtype)
+        if need_dw:
+            dweight = grouped_gemm_wgrad(dy, ctx.x_saved, ctx.splits, out_dtype=ctx.weight_dtype)
+        ctx.x_saved = ctx.w_saved = None
+        return GroupedLinearGrads(dx=dx, dweight=dweight, dbias=dbias, dprobs=dprobs)
+
+    if need_dx or need_dw:
+        dyq = _quantize_dy(dy, ctx, wire, rowwise=need_dx, columnwise=need_dw, seed=seed)
+        if need_dx:
+            dx = grouped_gemm_dgrad(dyq, ctx.w_saved, ctx.splits, out_dtype=ctx.x_dtype)
+        if need_dw:
+            dweight = grouped_gemm_wgrad(dyq, ctx.x_saved, ctx.splits,
+                                         out_dtype=ctx.weight_dtype)
+    ctx.x_saved = ctx.w_saved = None
+    return GroupedLinearGrads(dx=dx, dweight=dweight, dbias=dbias, dprobs=dprobs)
+
+
+def _quantize_dy(dy, ctx: GroupedLinearContext, wire: bool, *, rowwise: bool, columnwise: bool,
+                 seed: int) -> GroupedTensor:
+    recipe = ctx.recipe
+    if wire:
+        return dy.with_columnwise() if columnwise else dy
+    if recipe.name == "mxfp8":
+        return GroupedTensor.quantize(dy, ctx.splits, "mxfp8", rowwise=rowwise,
+                                      columnwise=columnwise, fp8_dtype=recipe.dy_fp8_dtype)
+    rht = ctx.x_rht and columnwise
+    return GroupedTensor.quantize(dy, ctx.splits, "nvfp4", rowwise=rowwise, columnwise=columnwise,
+                                  rht=rht, stochastic_rounding=recipe.stochastic_rounding,
+                                  seed=seed)
+
+
+def expert_index(splits, xp):
+    """int64 ``[M]``: the expert of every token row."""
+    return xp.asarray(np.repeat(np.arange(len(splits), dtype=np.int64), splits))
+
+
+def _bias_grads(dy_hp, ctx: GroupedLinearContext):
+    """``dbias_g = sum_rows dy_g (* p)`` and ``dprobs_i = sum_j dy_ij b_{g(i), j}`` in fp32."""
+    if ctx.bias is None:
+        if ctx.probs is None:
+            return None, None
+        xp = get_xp(dy_hp)
+        return None, xp.zeros(ctx.m, dtype=ctx.probs.dtype)
+    xp = get_xp(dy_hp)
+    dy32 = dy_hp.astype(xp.float32)
+    offs = np.concatenate([[0], np.cumsum(ctx.splits)])
+    weighted = dy32 if ctx.probs is None else dy32 * ctx.probs.astype(xp.float32)[:, None]
+    dbias = xp.zeros((len(ctx.splits), ctx.n), dtype=xp.float32)
+    for g in range(len(ctx.splits)):
+        lo, hi = int(offs[g]), int(offs[g + 1])
+        if hi > lo:
+            dbias[g] = weighted[lo:hi].sum(axis=0)
+    dbias = dbias.astype(ctx.bias.dtype)
+    dprobs = None
+    if ctx.probs is not None:
+        b_rows = ctx.bias.astype(xp.float32)[expert_index(ctx.splits, xp)]
+        dprobs = (dy32 * b_rows).sum(axis=1).astype(ctx.probs.dtype)
+    return dbias, dprobs
+
+
+# ============================================================================================
+# module-style wrapper
+
+
+class GroupedLinear:
+    """Parameters of a grouped linear layer plus forward / backward calls.
+
+    Parameters
+    ----------
+    num_experts, in_features, out_features : int
+    bias : bool
+    recipe : Recipe
+    dtype : str or dtype
+        Parameter dtype ("float32", "bfloat16", "float16").
+    xp : module
+        ``numpy`` or ``cupy``: where the parameters live.
+    seed : int
+        Initialisation seed (uniform in ``+-1/sqrt(in_features)``, as torch.nn.Linear).
+
+    Each :meth:`backward` call advances an internal step counter used as the stochastic-rounding
+    seed, so repeated steps draw fresh random bits while runs stay reproducible.
+    """
+
+    def __init__(self, num_experts: int, in_features: int, out_features: int, bias: bool = True,
+                 recipe: Recipe | None = None, dtype="float32", xp=np, seed: int = 0):
+        for name, v in (("num_experts", num_experts), ("in_features", in_features),
+                        ("out_features", out_features)):
+            if not isinstance(v, (int, np.integer)) or v <= 0:
+                raise ValueError(f"{name}={v!r} must be a positive int")
+        self.recipe = _check_recipe(recipe if recipe is not None else Recipe.bf16())
+        dt = _np_dtype(dtype)
+        rng = np.random.default_rng(seed)
+        bound = 1.0 / np.sqrt(in_features)
+        w = rng.uniform(-bound, bound, (num_experts, out_features, in_features))
+        self.weight = xp.asarray(w.astype(np.float32).astype(dt))
+        self.bias = (xp.asarray(rng.uniform(-bound, bound, (num_experts, out_features))
+                                .astype(np.float32).astype(dt)) if bias else None)
+        self.step = 0
+
+    def forward(self, x, splits, probs=None, *, input_requires_grad: bool = True,
+                weight_requires_grad: bool = True):
+        """``(y, ctx)`` of :func:`grouped_linear_forward` with this layer's parameters."""
+        return grouped_linear_forward(x, splits, self.weight, self.bias, recipe=self.recipe,
+                                      probs=probs, input_requires_grad=input_requires_grad,
+                                      weight_requires_grad=weight_requires_grad, seed=self.step)
+
+    __call__ = forward
+
+    def backward(self, dy, ctx) -> GroupedLinearGrads:
+        """Gradients of :func:`grouped_linear_backward`; advances the SR step counter."""
+        grads = grouped_linear_backward(dy, ctx)
+        self.step += 1
+        return grads
+
+
+def _np_dtype(dtype):
+    name = dtype if isinstance(dtype, str) else np.dtype(dtype).name
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    if name not in ("float32", "float16"):
+        raise ValueError(f"dtype={dtype!r} must be float32, bfloat16 or float16")
+    return np.dtype(name)
