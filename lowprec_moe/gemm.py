@@ -35,6 +35,14 @@ Results are deterministic, and a grouped call equals one call per expert bit for
 writes zeros for experts without tokens. The NumPy path is :mod:`lowprec_moe.reference.gemm`; the
 CuPy path (:mod:`lowprec_moe.cuda.gemm`) runs one kernel launch for all experts.
 
+GPU kernels (``raw_kernels/grouped_gemm_*.cu``): the packed NVFP4 / MXFP8 bytes and scales are
+staged in shared memory and expanded there to fp16 (NVFP4: ``e2m1 * e4m3`` is exact in fp16) or
+bf16 (MXFP8), then multiplied on tensor cores with fp32 accumulation -- ``wgmma`` on sm_90,
+``mma.sync`` elsewhere; bf16 / fp16 operands go straight to the tensor cores; float32 operands
+take an fp32 SIMT kernel (exact fp32 products, fp32 accumulation). The one deviation from exact
+dequantization: MXFP8 blocks whose values lie below bf16's normal range (E4M3 scale code < 3,
+block amax below ~1e-35; E5M2: code < 10) are truncated onto bf16's subnormal grid.
+
 Output dtype: ``out_dtype`` (``"float32"``, ``"bfloat16"``, ``"float16"``); by default the input
 dtype for high-precision operands and ``"float32"`` for quantized ones. ``out`` receives the
 result in place (C-contiguous, exact shape and dtype); with ``accumulate=True`` it must be a

@@ -365,7 +365,6 @@ def test_skewed_splits(mode, fmt):
 
 def _member_operands(mode, fmt, x, w, dy, g, lo, hi):
     """Operands of expert g alone (quantized alone), with splits [hi - lo]."""
-    n, k = w.shape[1], w.shape[2]
     if fmt in HP_DTYPES:
         return {"fprop": (x[lo:hi], w[g:g + 1]), "dgrad": (dy[lo:hi], w[g:g + 1]),
                 "wgrad": (dy[lo:hi], x[lo:hi])}[mode]
@@ -565,7 +564,7 @@ def _emulate(p, bm, bn):
     return out.reshape(p.out_shape).astype(np.float32), written.reshape(p.out_shape)
 
 
-@pytest.mark.parametrize("tile", [(128, 256), (32, 256), (64, 64)])
+@pytest.mark.parametrize("tile", [(128, 256), (64, 256), (32, 256), (64, 64)])
 @pytest.mark.parametrize("fmt", ["bf16", "fp32", "mxfp8-hybrid", "nvfp4", "nvfp4-row-scaled"])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_plan_emulated(mode, fmt, tile):
@@ -596,3 +595,61 @@ def test_gpu_plan_emulated(mode, fmt, tile):
     exp, mag = _expected(mode, a, b, splits, **kw)
     assert_gemm_close(emu, exp, mag, f"emulated {mode} {fmt}")
     np.testing.assert_allclose(emu, ref, rtol=1e-6, atol=1e-6 * float(np.abs(ref).max()))
+
+
+# ============================================================================================
+# Host / kernel contract (checked against the CUDA sources, no GPU needed)
+
+
+def _c_param_names(text: str) -> list[str]:
+    names = []
+    for part in text.split(","):
+        part = part.strip().rstrip("\\").strip()
+        if part:
+            names.append(part.replace("*", " ").split()[-1])
+    return names
+
+
+def test_kernel_parameter_order_matches_sources():
+    import re
+
+    from lowprec_moe import kernels
+    from lowprec_moe.cuda import gemm as C
+
+    src = (kernels.kernel_dir() / "grouped_gemm_common.cuh").read_text()
+    m = re.search(r"#define LPM_GG_PARAMS\s*\\\n(.*?)\n\n", src, re.S)
+    body = m.group(1).replace("\\\n", " ")
+    assert tuple(_c_param_names(body)) == C.MMA_PARAMS
+    simt = (kernels.kernel_dir() / "grouped_gemm_simt.cu").read_text()
+    m = re.search(r"lpm_gg_simt\((.*?)\)\s*\{", simt, re.S)
+    assert tuple(_c_param_names(m.group(1))) == C.SIMT_PARAMS
+
+
+def test_kernel_constants_match_sources():
+    import re
+
+    from lowprec_moe import kernels
+    from lowprec_moe.cuda import gemm as C
+
+    src = (kernels.kernel_dir() / "grouped_gemm_common.cuh").read_text()
+    for name in ("D_A_OFF", "D_A_LD", "D_A_SOFF", "D_A_SLD", "D_B_OFF", "D_B_LD", "D_B_SOFF",
+                 "D_B_SLD", "D_ROWS", "D_LEN", "D_OUT_OFF", "D_AMAX_A", "D_AMAX_B", "D_BIAS",
+                 "D_PROBS"):
+        assert int(re.search(rf"\b{name} = (\d+)", src).group(1)) == getattr(C, name), name
+    for name in ("KIND_HP_K", "KIND_HP_MN", "KIND_FP4_K", "KIND_FP8_K", "KIND_FP8_MN"):
+        assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == \
+            getattr(C, name), name
+    assert int(re.search(r"constexpr int kDescWords = (\d+);", src).group(1)) == C.DESC_WORDS
+    assert int(re.search(r"constexpr int kBK = (\d+);", src).group(1)) == C.BK
+    simt = (kernels.kernel_dir() / "grouped_gemm_simt.cu").read_text()
+    for name in ("EK_F32", "EK_BF16", "EK_F16", "EK_FP4", "EK_E4M3", "EK_E5M2"):
+        assert int(re.search(rf"\b{name} = (\d+)", simt).group(1)) == getattr(C, name), name
+    # every kernel name the launcher can pick exists in its module
+    for prefix in ("bf16", "fp16", "nvfp4", "mxfp8"):
+        text = (kernels.kernel_dir() / f"grouped_gemm_{prefix}.cu").read_text()
+        defined = set(re.findall(r"LPM_GG_DEFINE(?:_WG)?\((\w+),", text))
+        layouts = {"nvfp4": ["kk"]}.get(prefix, ["kk", "kn", "nn"])
+        for lay in layouts:
+            for cfg in ("l", "w") + (("s", "v") if lay != "nn" else ()):
+                for suf in ("", "8") if prefix == "nvfp4" else ("",):
+                    assert f"lpm_gg_{prefix}_{lay}_{cfg}{suf}" in defined, (prefix, lay, cfg)

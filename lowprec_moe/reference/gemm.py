@@ -96,7 +96,7 @@ def operand_matrices(p, g: int) -> tuple[np.ndarray, np.ndarray]:
     The product of expert g is ``A @ B.T`` (both contiguous along the contraction ``L``).
     """
     lo, hi = int(p.offsets[g]), int(p.offsets[g + 1])
-    n, k = p.n, p.k
+    n = p.n
     if p.fmt == "hp":
         if p.mode == "fprop":
             return _hp(p.a[lo:hi]), _hp(p.b[g])

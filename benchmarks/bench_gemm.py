@@ -1,0 +1,271 @@
+"""Grouped GEMM throughput on the GPU: lowprec_moe vs ``torch._grouped_mm`` (bf16, cuBLAS/CUTLASS).
+
+Usage::
+
+    python benchmarks/bench_gemm.py [--quick] [--shapes NAME ...] [--modes fprop dgrad wgrad]
+                                    [--formats bf16 mxfp8 nvfp4 nvfp4-rs] [--iters 20]
+                                    [--warmup 5]
+
+For every shape of SPEC section 10 x {fprop, dgrad, wgrad} x {bf16, mxfp8, nvfp4, nvfp4 row-scaled}
+it reports our time, TFLOP/s (``2 * M_total * N * K / t``) and GB/s (operand bytes as stored,
+scales included, plus the bf16 output), the TFLOP/s of ``torch._grouped_mm`` on the same bf16
+problem when torch is importable (only here: torch is never a dependency of the library), the
+ratio, and the kernel / MMA instruction that ran. Random data (never zeros); quantization happens
+outside the timed region (GPU quantizers, falling back to the NumPy reference plus an upload when
+they are unavailable); CUDA events, warm-up, medians. Outputs are bf16 (``out=`` buffers
+preallocated). ``nvfp4-rs`` = row-scaled activations (fprop and wgrad; dgrad is never
+row-scaled). The compact table is printed last. ``--quick`` runs a reduced set (< 60 s).
+
+Targets (issue "Grouped GEMM kernels for Hopper"): >= 0.6x torch bf16 on compute-bound shapes,
+>= 1.5x on the memory-bound NVFP4 fprop shape (E=128 x 16 tokens, 2048 -> 1536).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SHAPES = {
+    # name: experts, tokens per expert (or total with skew), K (in), N (out)
+    "dsv3-fc1": dict(experts=8, tokens=65536, k=7168, n=2048),
+    "dsv3-fc2": dict(experts=8, tokens=65536, k=2048, n=7168),
+    "qwen-fc1": dict(experts=16, tokens=16 * 2560, k=4096, n=2048),
+    "qwen-fc2": dict(experts=16, tokens=16 * 2560, k=1024, n=4096),
+    "fine": dict(experts=128, tokens=128 * 512, k=2048, n=1536),
+    "membound": dict(experts=128, tokens=128 * 16, k=2048, n=1536),
+    "skewed": dict(experts=32, tokens=16384, k=2048, n=1536, skew=True),
+}
+MODES = ("fprop", "dgrad", "wgrad")
+FORMATS = ("bf16", "mxfp8", "nvfp4", "nvfp4-rs")
+QUICK = dict(shapes=["qwen-fc2", "membound"], formats=["bf16", "mxfp8", "nvfp4"], iters=5,
+             warmup=2)
+
+
+def make_splits(spec, rng) -> list[int]:
+    e, t = spec["experts"], spec["tokens"]
+    if not spec.get("skew"):
+        return [t // e] * (e - 1) + [t - (t // e) * (e - 1)]
+    w = 1.0 / np.arange(1, e + 1) ** 1.2
+    w[3::4] = 0.0  # every fourth expert gets no tokens
+    w = rng.permutation(w)
+    s = np.floor(w / w.sum() * t).astype(np.int64)
+    s[int(np.argmax(s))] += t - int(s.sum())
+    return [int(v) for v in s]
+
+
+def _median_ms(cp, fn, warmup, iters) -> float:
+    for _ in range(warmup):
+        fn()
+    cp.cuda.Device().synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end))
+    return statistics.median(times)
+
+
+def _quantize(lpm, x, splits, fmt, **kw):
+    """GPU quantization, or the NumPy reference + upload when the GPU kernel is unavailable."""
+    import cupy as cp
+
+    try:
+        return lpm.GroupedTensor.quantize(x, splits, fmt, **kw), "gpu"
+    except (NotImplementedError, ImportError, AttributeError) as exc:
+        print(f"  (GPU quantize unavailable: {type(exc).__name__}: {exc}; using the NumPy "
+              "reference)")
+        import dataclasses
+
+        g = lpm.GroupedTensor.quantize(cp.asnumpy(x), splits, fmt, **kw)
+        arrays = {f: cp.asarray(getattr(g, f)) for f in (
+            "rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale",
+            "amax_rowwise", "amax_columnwise") if getattr(g, f) is not None}
+        return dataclasses.replace(g, **arrays), "host"
+
+
+def _nbytes(obj) -> int:
+    return int(obj.nbytes)
+
+
+def operands(lpm, mode, fmt, x, w, dy, splits):
+    """(a, b) for one mode and format; quantized operands carry only the copies the GEMM uses."""
+    e, n, k = w.shape
+    if fmt == "bf16":
+        return {"fprop": (x, w), "dgrad": (dy, w), "wgrad": (dy, x)}[mode]
+    base = "nvfp4" if fmt.startswith("nvfp4") else "mxfp8"
+    rs = fmt == "nvfp4-rs"
+    w2 = w.reshape(e * n, k)
+    wkw = dict(block_2d=True) if base == "nvfp4" else {}
+    if mode == "fprop":
+        a, _ = _quantize(lpm, x, splits, base, row_scaled=rs)
+        b, _ = _quantize(lpm, w2, [n] * e, base, **wkw)
+    elif mode == "dgrad":
+        a, _ = _quantize(lpm, dy, splits, base)
+        b, _ = _quantize(lpm, w2, [n] * e, base, rowwise=False, columnwise=True, **wkw)
+    else:
+        a, _ = _quantize(lpm, dy, splits, base, rowwise=False, columnwise=True)
+        b, _ = _quantize(lpm, x, splits, base, rowwise=False, columnwise=True, row_scaled=rs)
+    return a, b
+
+
+def torch_setup(mode, splits, n, k):
+    """A closure running torch._grouped_mm on random bf16 data of the same problem, or None."""
+    try:
+        import torch
+    except Exception:
+        return None, "torch not importable"
+    if not torch.cuda.is_available():
+        return None, "torch without CUDA"
+    dev = "cuda"
+    t = int(sum(splits))
+    e = len(splits)
+    g = torch.Generator(device=dev).manual_seed(0)
+    offs = torch.tensor(np.cumsum(splits), dtype=torch.int32, device=dev)
+    x = torch.randn(t, k, device=dev, dtype=torch.bfloat16, generator=g)
+    dy = torch.randn(t, n, device=dev, dtype=torch.bfloat16, generator=g)
+    w = torch.randn(e, n, k, device=dev, dtype=torch.bfloat16, generator=g)
+    if mode == "fprop":
+        variants = [lambda: torch._grouped_mm(x, w.transpose(-2, -1), offs=offs)]
+    elif mode == "dgrad":
+        variants = [lambda: torch._grouped_mm(dy, w, offs=offs),
+                    lambda: torch._grouped_mm(dy, w.transpose(-2, -1).contiguous()
+                                              .transpose(-2, -1), offs=offs)]
+    else:
+        dyt = dy.t().contiguous()
+        variants = [lambda: torch._grouped_mm(dy.t(), x, offs=offs),
+                    lambda: torch._grouped_mm(dyt, x, offs=offs),
+                    lambda: torch._grouped_mm(dy.t(), x.t().contiguous().t(), offs=offs)]
+    err = None
+    for fn in variants:
+        try:
+            fn()
+            torch.cuda.synchronize()
+            return fn, None
+        except Exception as exc:  # layout / alignment not supported by this torch build
+            err = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80]}"
+    return None, err
+
+
+def torch_time(fn, warmup, iters) -> float:
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="reduced run (< 60 s)")
+    ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=None)
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    ap.add_argument("--formats", nargs="+", choices=FORMATS, default=None)
+    ap.add_argument("--iters", type=int, default=None)
+    ap.add_argument("--warmup", type=int, default=None)
+    ap.add_argument("--no-torch", action="store_true")
+    args = ap.parse_args()
+    shapes = args.shapes or (QUICK["shapes"] if args.quick else list(SHAPES))
+    formats = args.formats or (QUICK["formats"] if args.quick else list(FORMATS))
+    iters = args.iters or (QUICK["iters"] if args.quick else 20)
+    warmup = args.warmup or (QUICK["warmup"] if args.quick else 5)
+
+    import cupy as cp
+    import ml_dtypes
+
+    import lowprec_moe as lpm
+    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.gemm import _validate, grouped_gemm
+
+    t_start = time.time()
+    dev = cp.cuda.Device()
+    props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    print(f"device: {props['name'].decode()}  (cc {dev.compute_capability}), "
+          f"iters {iters}, warm-up {warmup}")
+    rows = []
+    rng = np.random.default_rng(0)
+    for shape in shapes:
+        spec = SHAPES[shape]
+        splits = make_splits(spec, rng)
+        e, t, n, k = len(splits), sum(splits), spec["n"], spec["k"]
+        flops = 2.0 * t * n * k
+        xh = cp.random.standard_normal((t, k), dtype=cp.float32)
+        x = xh.astype(ml_dtypes.bfloat16)
+        dy = cp.random.standard_normal((t, n), dtype=cp.float32).astype(ml_dtypes.bfloat16)
+        w = (cp.random.standard_normal((e, n, k), dtype=cp.float32) * 0.05).astype(
+            ml_dtypes.bfloat16)
+        del xh
+        for mode in args.modes:
+            tfn, terr = (None, "disabled") if args.no_torch else torch_setup(mode, splits, n, k)
+            t_ms = torch_time(tfn, warmup, iters) if tfn else None
+            t_tf = flops / (t_ms * 1e-3) / 1e12 if t_ms else None
+            for fmt in formats:
+                if fmt == "nvfp4-rs" and mode == "dgrad":
+                    continue
+                label = f"{shape:9s} {mode:5s} {fmt:8s}"
+                try:
+                    a, b = operands(lpm, mode, fmt, x, w, dy, splits)
+                    out_shape = (t, n) if mode == "fprop" else (t, k) if mode == "dgrad" \
+                        else (e, n, k)
+                    out = cp.empty(out_shape, dtype=ml_dtypes.bfloat16)
+                    p = _validate(mode, a, b, splits, bias=None, probs=None, out_dtype=None,
+                                  out=out, accumulate=False)
+                    info = C.kernel_info(p)
+                    fn = lambda: grouped_gemm(a, b, splits, mode=mode, out=out)  # noqa: E731
+                    ms = _median_ms(cp, fn, warmup, iters)
+                except Exception as exc:
+                    print(f"{label} FAILED: {type(exc).__name__}: {exc}")
+                    rows.append((shape, mode, fmt, None, None, None, None, None, "failed"))
+                    continue
+                tf = flops / (ms * 1e-3) / 1e12
+                nbytes = sum(_nbytes(arr) for obj in (a, b) for arr in (
+                    [obj] if not hasattr(obj, "format") else
+                    [v for v in (obj.rowwise_data, obj.rowwise_scale, obj.columnwise_data,
+                                 obj.columnwise_scale) if v is not None])) + out.nbytes
+                gbs = nbytes / (ms * 1e-3) / 1e9
+                ratio = tf / t_tf if t_tf else None
+                instr = f"{info['instruction']} {info['tile'][0]}x{info['tile'][1]}"
+                rows.append((shape, mode, fmt, ms, tf, gbs, t_tf, ratio, instr))
+                print(f"{label} {ms:9.3f} ms {tf:8.1f} TFLOP/s {gbs:8.1f} GB/s  torch "
+                      f"{'%8.1f' % t_tf if t_tf else '     n/a'}  ratio "
+                      f"{'%5.2f' % ratio if ratio else '  n/a'}  {instr}", flush=True)
+            if terr and not tfn:
+                print(f"{shape:9s} {mode:5s} torch._grouped_mm unavailable: {terr}")
+        del x, dy, w
+        cp.get_default_memory_pool().free_all_blocks()
+
+    print("\n== summary (bf16 outputs; ratio = ours / torch._grouped_mm bf16)")
+    hdr = (f"{'shape':9s} {'mode':5s} {'format':8s} {'ms':>9s} {'TFLOP/s':>8s} {'GB/s':>8s} "
+           f"{'torch':>8s} {'ratio':>6s}  instruction")
+    print(hdr)
+    print("-" * len(hdr))
+    for shape, mode, fmt, ms, tf, gbs, t_tf, ratio, instr in rows:
+        if ms is None:
+            print(f"{shape:9s} {mode:5s} {fmt:8s} {'failed':>9s}")
+            continue
+        print(f"{shape:9s} {mode:5s} {fmt:8s} {ms:9.3f} {tf:8.1f} {gbs:8.1f} "
+              f"{'%8.1f' % t_tf if t_tf else '     n/a'} {'%6.2f' % ratio if ratio else '   n/a'}"
+              f"  {instr}")
+    print(f"(total {time.time() - t_start:.1f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,592 @@
+"""CuPy launcher of the grouped GEMM kernels (``raw_kernels/grouped_gemm_*.cu``).
+
+Entry point: :func:`grouped_gemm` ``(problem)`` for a validated
+:class:`lowprec_moe.gemm.GemmProblem` whose arrays are CuPy arrays. One kernel launch computes
+every expert.
+
+How a call is laid out
+----------------------
+The kernels see one canonical GEMM per expert, ``out[r, c] = sum_k A[r, k] * B[c, k]``, with each
+operand either *K-major* (element ``(r, k)`` at ``off + r*ld + k*size``) or *MN-major* (element
+``(r, k)`` at ``off + k*ld + r*size``). This module turns the three GEMMs into that form:
+
+=======  ==========================  ==============================  ==========================
+mode     A (rows r)                  B (rows c)                      contraction k
+=======  ==========================  ==============================  ==========================
+fprop    x rows, K-major             W_g rows, K-major               K
+dgrad    dy rows, K-major            W_g^T: MN-major (hp, MXFP8      N
+                                     columnwise) / K-major (NVFP4
+                                     columnwise, stored transposed)
+wgrad    dy^T: MN-major (hp, MXFP8)  x^T: same as A                  expert's tokens (padded to
+         / K-major (NVFP4)                                           the block when quantized)
+=======  ==========================  ==============================  ==========================
+
+and uploads two small tables (cached by content, so repeated calls with the same splits upload
+nothing): the tile table ``int32 [entries, 2] = (expert, row tile)`` and the descriptor table
+``int64 [G, 16]`` (byte offsets / leading dimensions of both operands and their scales, valid
+rows, contraction length, output / amax / bias / probs bases; layout in
+``raw_kernels/grouped_gemm_common.cuh``).
+
+Kernel choice
+-------------
+* bf16 / fp16 operands, NVFP4, MXFP8: the tensor-core kernels (``mma.sync.m16n8k16``, fp32
+  accumulation; NVFP4 on fp16 and MXFP8 on bf16 after exact in-kernel dequantization), with a
+  128-row CTA tile, or a smaller one for M-grouped GEMMs with few tokens per expert. Operand rows must
+  allow 16-byte copies (NVFP4: 8-byte) -- true for every layout the library produces except bf16 /
+  fp16 with K (or N) not a multiple of 8.
+* float32 operands, and any operand the tensor-core kernels cannot stream: the fp32 SIMT kernel
+  (exact fp32 operand values, non-flushing fma.rn.f32 accumulation) -- the fp32-accurate path.
+* On sm_90 (H100 / H200) the tensor-core kernels use ``wgmma.m64n128k16`` (operands staged in
+  shared memory in the 128-byte-swizzle layouts, two warpgroups) with a 128x256 or, for few
+  tokens per expert, a 64x256 tile; other GPUs use ``mma.sync`` with 128x256 / 32x256 tiles. The
+  family depends on the device only, and within a family every tile runs the same instruction, so
+  the split-dependent tile choice never changes results (grouped == per-expert, bitwise). GPUs
+  whose opt-in shared memory per block is too small for a tensor-core kernel take the SIMT
+  kernel.
+* ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
+  family (debugging, cross-checks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .. import formats as F
+from .. import kernels
+
+__all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV"]
+
+#: Environment variable selecting the kernel family: "auto" (default) or "simt".
+KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
+
+# ---- mirrored from raw_kernels/grouped_gemm_common.cuh -------------------------------------
+DESC_WORDS = 16
+(D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD, D_B_SOFF, D_B_SLD, D_ROWS, D_LEN,
+ D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS) = range(15)
+KIND_HP_K, KIND_HP_MN, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN = range(5)
+OUT_TYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
+BK = 64
+THREADS = 256
+#: CTA tiles of the tensor-core kernels: name suffix -> (BM, BN). mma.sync: l, s; wgmma (sm_90):
+#: w, v. Within a family every tile uses the same MMA instruction, so the choice (made from the
+#: splits) never changes the arithmetic: grouped calls equal per-expert calls bit for bit.
+CONFIGS = {"l": (128, 256), "s": (32, 256), "w": (128, 256), "v": (64, 256)}
+#: Parameter names, in order, of the tensor-core kernels (LPM_GG_PARAMS in the .cuh) and of
+#: lpm_gg_simt; tests/test_gemm.py checks them against the CUDA sources.
+MMA_PARAMS = ("tiles", "n_col_tiles", "desc", "n_cols", "a_data", "a_scale", "a_ch", "a_e5m2",
+              "b_data", "b_scale", "b_ch", "b_e5m2", "amax_a", "amax_b", "a_vec", "b_vec",
+              "scale_mode", "bias", "probs", "has_bias", "has_probs", "out", "out_type",
+              "accumulate", "zero_if_empty")
+SIMT_PARAMS = tuple({"a_ch": "a_kind", "a_e5m2": "a_mn", "b_ch": "b_kind",
+                     "b_e5m2": "b_mn"}.get(n, n) for n in MMA_PARAMS)
+# ---- mirrored from raw_kernels/grouped_gemm_simt.cu ----------------------------------------
+EK_F32, EK_BF16, EK_F16, EK_FP4, EK_E4M3, EK_E5M2 = range(6)
+SIMT_TILE = 64
+
+_MAX_CACHED = 64
+_lock = threading.Lock()
+_tables: OrderedDict = OrderedDict()
+_dummies: dict = {}
+_smem_set: set = set()
+_caps: dict = {}
+
+
+def _cupy():
+    import cupy
+
+    return cupy
+
+
+def _cdiv(a, b):
+    return -(-a // b)
+
+
+# ============================================================================================
+# Operand description
+
+
+@dataclass
+class Operand:
+    """One GEMM operand as the kernels see it (per-expert arrays are host int64 ``[G]``)."""
+
+    data: Any            # cupy array holding element (0, 0) of every expert at data + off[g]
+    scale: Any           # cupy uint8 array of block scales, or None
+    mn: bool             # rows contiguous (True) or contraction contiguous (False)
+    kind: int            # tensor-core kernel kind (KIND_*)
+    ek: int              # SIMT element kind (EK_*)
+    es_num: int          # bytes per element along the contiguous dimension = es_num / es_den
+    es_den: int
+    off: np.ndarray
+    ld: np.ndarray
+    soff: np.ndarray
+    sld: np.ndarray
+    e5m2: bool = False
+    amax: Any = None     # cupy float32 flat array (NVFP4), or None
+    amax_vec: bool = False
+    amax_base: np.ndarray | None = None
+
+
+_HP_EK = {"float32": EK_F32, "bfloat16": EK_BF16, "float16": EK_F16}
+
+
+def _zeros(g):
+    return np.zeros(g, dtype=np.int64)
+
+
+def _full(g, v):
+    return np.full(g, int(v), dtype=np.int64)
+
+
+def _hp_operand(arr, *, mn: bool, off, ld) -> Operand:
+    es = int(arr.dtype.itemsize)
+    g = len(off)
+    return Operand(data=arr, scale=None, mn=mn, kind=KIND_HP_MN if mn else KIND_HP_K,
+                   ek=_HP_EK[np.dtype(arr.dtype).name], es_num=es, es_den=1,
+                   off=np.asarray(off, np.int64) * 1, ld=_full(g, ld) if np.isscalar(ld) else ld,
+                   soff=_zeros(g), sld=_zeros(g))
+
+
+def _flat_amax(a):
+    from ..backend import get_xp
+
+    xp = get_xp(a)
+    return xp.ascontiguousarray(a.astype(xp.float32, copy=False)).reshape(-1)
+
+
+def _rowwise_operand(gt, row0: np.ndarray, amax_vec_base: np.ndarray | None) -> Operand:
+    """Rowwise copy of a GroupedTensor; expert g's operand starts at row ``row0[g]``."""
+    k = int(gt.shape[1])
+    g = len(row0)
+    if gt.format == "nvfp4":
+        kw = dict(kind=KIND_FP4_K, ek=EK_FP4, es_num=1, es_den=2, off=row0 * (k // 2),
+                  ld=_full(g, k // 2), soff=row0 * (k // F.NVFP4_BLOCK),
+                  sld=_full(g, k // F.NVFP4_BLOCK))
+    else:
+        kw = dict(kind=KIND_FP8_K, ek=EK_E5M2 if gt.fp8_dtype == "e5m2" else EK_E4M3, es_num=1,
+                  es_den=1, off=row0 * k, ld=_full(g, k), soff=row0 * (k // F.MXFP8_BLOCK),
+                  sld=_full(g, k // F.MXFP8_BLOCK), e5m2=gt.fp8_dtype == "e5m2")
+    op = Operand(data=gt.rowwise_data, scale=gt.rowwise_scale, mn=False, **kw)
+    if gt.format == "nvfp4":
+        op.amax = _flat_amax(gt.amax_rowwise)
+        op.amax_vec = bool(gt.row_scaled)
+        op.amax_base = amax_vec_base if gt.row_scaled else np.arange(g, dtype=np.int64)
+    return op
+
+
+def _columnwise_operand(gt, member_rows: np.ndarray) -> Operand:
+    """Columnwise copy of a GroupedTensor, read as ``[cols of x, padded member rows]``.
+
+    ``member_rows[g]`` is the number of (unpadded) rows of member g: NVFP4 stores ``[X, Mp/2]``
+    (contraction contiguous), MXFP8 ``[Mp, X]`` (rows contiguous).
+    """
+    x_cols = int(gt.shape[1])
+    g = len(member_rows)
+    doff = np.asarray(gt.columnwise_data_offsets, dtype=np.int64)[:g]
+    soff = np.asarray(gt.columnwise_scale_offsets, dtype=np.int64)[:g]
+    if gt.format == "nvfp4":
+        mp = _cdiv(member_rows, F.NVFP4_BLOCK) * F.NVFP4_BLOCK
+        op = Operand(data=gt.columnwise_data, scale=gt.columnwise_scale, mn=False,
+                     kind=KIND_FP4_K, ek=EK_FP4, es_num=1, es_den=2, off=doff,
+                     ld=(mp // 2).astype(np.int64), soff=soff,
+                     sld=(mp // F.NVFP4_BLOCK).astype(np.int64))
+        op.amax = _flat_amax(gt.amax_columnwise)
+        op.amax_vec = bool(gt.row_scaled)
+        op.amax_base = (np.arange(g, dtype=np.int64) * x_cols if gt.row_scaled
+                        else np.arange(g, dtype=np.int64))
+        return op
+    e5 = gt.fp8_dtype == "e5m2"
+    return Operand(data=gt.columnwise_data, scale=gt.columnwise_scale, mn=True, kind=KIND_FP8_MN,
+                   ek=EK_E5M2 if e5 else EK_E4M3, es_num=1, es_den=1, off=doff,
+                   ld=_full(g, x_cols), soff=soff, sld=_full(g, x_cols), e5m2=e5)
+
+
+@dataclass
+class Plan:
+    """Everything a launch needs (host side)."""
+
+    a: Operand
+    b: Operand
+    rows: np.ndarray      # valid output rows per expert
+    length: np.ndarray    # contraction length per expert (elements)
+    out_off: np.ndarray   # element offset of each expert's output row 0
+    bias_base: np.ndarray
+    probs_base: np.ndarray
+    n_cols: int
+    zero_if_empty: bool
+
+
+def plan(p) -> Plan:
+    """Describe a validated problem in the kernels' canonical form (see the module docstring)."""
+    g = p.num_groups
+    gi = np.arange(g, dtype=np.int64)
+    splits = np.asarray(p.splits, dtype=np.int64)
+    row0 = np.asarray(p.offsets[:-1], dtype=np.int64)
+    n, k = p.n, p.k
+    if p.mode in ("fprop", "dgrad"):
+        contr = k if p.mode == "fprop" else n
+        if p.fmt == "hp":
+            es = p.a.dtype.itemsize
+            a = _hp_operand(p.a, mn=False, off=row0 * contr * es, ld=contr * es)
+            if p.mode == "fprop":
+                b = _hp_operand(p.b, mn=False, off=gi * n * k * es, ld=k * es)
+            else:  # W_g^T: element (row kk, contraction nn) at W[g, nn, kk]
+                b = _hp_operand(p.b, mn=True, off=gi * n * k * es, ld=k * es)
+        else:
+            a = _rowwise_operand(p.a, row0, row0)
+            if p.mode == "fprop":
+                b = _rowwise_operand(p.b, gi * n, gi * n)
+            else:
+                b = _columnwise_operand(p.b, _full(g, n))
+        n_cols = n if p.mode == "fprop" else k
+        return Plan(a=a, b=b, rows=splits, length=_full(g, contr), out_off=row0 * n_cols,
+                    bias_base=gi * n_cols, probs_base=row0, n_cols=n_cols, zero_if_empty=False)
+    # wgrad: rows n of dy^T, columns k of x^T, contraction over the expert's tokens
+    if p.fmt == "hp":
+        es = p.a.dtype.itemsize
+        a = _hp_operand(p.a, mn=True, off=row0 * n * es, ld=n * es)
+        b = _hp_operand(p.b, mn=True, off=row0 * k * es, ld=k * es)
+        length = splits
+    else:
+        a = _columnwise_operand(p.a, splits)
+        b = _columnwise_operand(p.b, splits)
+        blk = F.NVFP4_BLOCK if p.fmt == "nvfp4" else F.MXFP8_BLOCK
+        length = _cdiv(splits, blk) * blk
+    return Plan(a=a, b=b, rows=_full(g, n), length=np.asarray(length, np.int64),
+                out_off=gi * n * k, bias_base=_zeros(g), probs_base=_zeros(g), n_cols=k,
+                zero_if_empty=True)
+
+
+def descriptors(pl: Plan) -> np.ndarray:
+    """The int64 ``[G, 16]`` descriptor table of a plan."""
+    g = len(pl.rows)
+    d = np.zeros((g, DESC_WORDS), dtype=np.int64)
+    d[:, D_A_OFF], d[:, D_A_LD], d[:, D_A_SOFF], d[:, D_A_SLD] = (pl.a.off, pl.a.ld, pl.a.soff,
+                                                                  pl.a.sld)
+    d[:, D_B_OFF], d[:, D_B_LD], d[:, D_B_SOFF], d[:, D_B_SLD] = (pl.b.off, pl.b.ld, pl.b.soff,
+                                                                  pl.b.sld)
+    d[:, D_ROWS] = pl.rows
+    d[:, D_LEN] = pl.length
+    d[:, D_OUT_OFF] = pl.out_off
+    d[:, D_AMAX_A] = pl.a.amax_base if pl.a.amax_base is not None else 0
+    d[:, D_AMAX_B] = pl.b.amax_base if pl.b.amax_base is not None else 0
+    d[:, D_BIAS] = pl.bias_base
+    d[:, D_PROBS] = pl.probs_base
+    return d
+
+
+def tile_table(rows: np.ndarray, include: np.ndarray, bm: int) -> np.ndarray:
+    """int32 ``[entries, 2]``: (expert, row tile) for every row tile of every included expert."""
+    nrt = np.where(include, _cdiv(rows, bm), 0).astype(np.int64)
+    g = np.repeat(np.arange(len(rows), dtype=np.int64), nrt)
+    t = np.arange(int(nrt.sum()), dtype=np.int64) - np.repeat(np.cumsum(nrt) - nrt, nrt)
+    return np.stack([g, t], axis=1).astype(np.int32).reshape(-1, 2)
+
+
+# ============================================================================================
+# Kernel choice
+
+
+def _chunk(op: Operand, extent_elems: np.ndarray) -> int:
+    """Largest cp.async chunk (16 or 8 bytes) every copy of ``op`` can use, or 0.
+
+    ``extent_elems``: per expert, the number of elements along the operand's contiguous dimension
+    (contraction length when K-major, rows when MN-major): a chunk must never straddle it.
+    """
+    extent = np.asarray(extent_elems, np.int64) * op.es_num
+    if np.any(extent % op.es_den):
+        return 0
+    extent //= op.es_den
+    for ch in (16, 8):
+        if int(op.data.data.ptr) % ch:
+            continue
+        if np.any(op.off % ch) or np.any(op.ld % ch) or np.any(extent % ch):
+            continue
+        return ch
+    return 0
+
+
+def _pick_bm(rows: np.ndarray, small: int) -> int:
+    """128 or ``small`` rows per CTA for an M-grouped GEMM: model each row tile as costing its
+    rows of MMA work plus a fixed cost for streaming / expanding its B tile (half a 128-row
+    tile)."""
+    r = rows[rows > 0]
+    if r.size == 0:
+        return 128
+    cost_l = float(np.sum(_cdiv(r, 128))) * (128 + 64)
+    cost_s = float(np.sum(_cdiv(r, small))) * (small + 64)
+    return small if cost_s < cost_l else 128
+
+
+def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int) -> int:
+    """Dynamic shared memory of a tensor-core kernel (mirrors gemm_mma in the .cuh)."""
+    def r16(x):
+        return (x + 15) // 16 * 16
+
+    def canon(r):
+        return r * BK * 2
+
+    def raw_data(kind, r):
+        return r * BK // 2 if kind == KIND_FP4_K else r * BK if kind in (
+            KIND_FP8_K, KIND_FP8_MN) else canon(r)
+
+    def raw_scale(kind, r):  # NVFP4: E4M3 bytes; MXFP8: fp32 factors
+        return r * BK // F.NVFP4_BLOCK if kind == KIND_FP4_K else 4 * r * BK // F.MXFP8_BLOCK \
+            if kind in (KIND_FP8_K, KIND_FP8_MN) else 0
+
+    direct = a_kind in (KIND_HP_K, KIND_HP_MN)
+    ca, cb = canon(bm), canon(bn)
+    if direct:
+        nst = 4 if ca + cb <= 40 * 1024 else 3
+        main = nst * (ca + cb)
+    else:
+        stage = r16(raw_data(a_kind, bm)) + r16(raw_scale(a_kind, bm)) + \
+            r16(raw_data(b_kind, bn)) + r16(raw_scale(b_kind, bn))
+        main = _cdiv(4 * stage, 1024) * 1024 + 2 * (ca + cb)
+    return max(main, bm * (bn + 8) * 4) + 1024  # + base alignment to 1024 bytes
+
+
+@dataclass
+class Launch:
+    module: str
+    kernel: str
+    simt: bool
+    bm: int
+    bn: int
+    ch: int
+    smem: int
+    wgmma: bool = False
+
+
+_FAMILIES = ("auto", "wgmma", "mma", "simt")
+
+
+def _device_caps() -> tuple[tuple[int, int], int]:
+    """(compute capability, opt-in shared memory per block) of the current device (cached)."""
+    cp = _cupy()
+    dev = int(cp.cuda.runtime.getDevice())
+    hit = _caps.get(dev)
+    if hit is None:
+        cc = str(cp.cuda.Device(dev).compute_capability)
+        optin = int(cp.cuda.runtime.deviceGetAttribute(
+            97, dev))  # cudaDevAttrMaxSharedMemoryPerBlockOptin
+        hit = _caps[dev] = ((int(cc[:-1]), int(cc[-1])), optin)
+    return hit
+
+
+def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
+    """Pick the kernel (module, name, tile, copy chunk, shared memory) for a plan.
+
+    ``caps``: (compute capability, opt-in shared memory bytes); queried from the device when
+    omitted. The family comes from ``LOWPREC_MOE_GEMM_KERNEL`` (default ``auto``: wgmma for the
+    128x256 tile on sm_90, mma.sync otherwise; ``simt`` for float32 operands).
+    """
+    family = (os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto")
+    if family not in _FAMILIES:
+        raise ValueError(f"{KERNEL_ENV}={family!r} must be one of {_FAMILIES}")
+    simt = Launch("grouped_gemm_simt", "lpm_gg_simt", True, SIMT_TILE, SIMT_TILE, 0, 0)
+    if family == "simt" or (p.fmt == "hp" and p.hp_dtype == "float32"):
+        return simt
+    a_ext = pl.rows if pl.a.mn else pl.length
+    b_ext = np.full(len(pl.rows), pl.n_cols, np.int64) if pl.b.mn else pl.length
+    ch = min(_chunk(pl.a, a_ext), _chunk(pl.b, b_ext))
+    if ch == 0 or (ch == 8 and p.fmt != "nvfp4"):
+        return simt
+    cc, optin = caps if caps is not None else _device_caps()
+    prefix = {"hp": "bf16" if p.hp_dtype == "bfloat16" else "fp16", "nvfp4": "nvfp4",
+              "mxfp8": "mxfp8"}[p.fmt]
+    layout = ("n" if pl.a.mn else "k") + ("n" if pl.b.mn else "k")
+    has_wgmma = tuple(cc) == (9, 0)
+    if family == "wgmma" and not has_wgmma:
+        raise ValueError(f"{KERNEL_ENV}=wgmma needs an sm_90 GPU, this one is sm_{cc[0]}{cc[1]}")
+    # The family depends on the device (and the override) only, never on the splits.
+    use_wg = has_wgmma and family in ("auto", "wgmma")
+    big, small = ("w", "v") if use_wg else ("l", "s")
+    if p.mode == "wgrad":
+        cfg = big
+    else:
+        cfg = small if _pick_bm(pl.rows, CONFIGS[small][0]) != 128 else big
+    bm, bn = CONFIGS[cfg]
+    name = f"lpm_gg_{prefix}_{layout}_{cfg}" + ("8" if ch == 8 else "")
+    smem = _smem_bytes(pl.a.kind, pl.b.kind, bm, bn)
+    if smem > optin:  # e.g. consumer GPUs with ~100 KiB per block
+        return simt
+    return Launch(f"grouped_gemm_{prefix}", name, False, bm, bn, ch, smem, use_wg)
+
+
+def kernel_info(p) -> dict:
+    """Which kernel (and MMA instruction) a validated CuPy problem runs on: for benchmarks."""
+    pl = plan(p)
+    ln = choose_kernel(p, pl)
+    if ln.simt:
+        instr = "fma.rn.f32 (SIMT)"
+    else:
+        mma_type = "f16" if p.fmt == "nvfp4" or p.hp_dtype == "float16" else "bf16"
+        instr = (f"wgmma.m64n128k16.{mma_type}" if ln.wgmma
+                 else f"mma.sync.m16n8k16.{mma_type}")
+    return dict(module=ln.module, kernel=ln.kernel, instruction=instr, tile=(ln.bm, ln.bn),
+                smem=ln.smem)
+
+
+# ============================================================================================
+# Launch
+
+
+def _device_tables(tiles: np.ndarray, desc: np.ndarray):
+    """Device copies of the tile and descriptor tables, cached by content (LRU)."""
+    cp = _cupy()
+    dev = int(cp.cuda.runtime.getDevice())
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.int64(tiles.shape[0]).tobytes())
+    h.update(tiles.tobytes())
+    h.update(desc.tobytes())
+    key = (dev, h.digest())
+    with _lock:
+        hit = _tables.get(key)
+        if hit is not None:
+            _tables.move_to_end(key)
+            return hit
+    val = (cp.asarray(tiles if tiles.size else np.zeros((1, 2), np.int32)), cp.asarray(desc))
+    with _lock:
+        _tables[key] = val
+        while len(_tables) > _MAX_CACHED:
+            _tables.popitem(last=False)
+    return val
+
+
+def _dummy():
+    cp = _cupy()
+    dev = int(cp.cuda.runtime.getDevice())
+    d = _dummies.get(dev)
+    if d is None:
+        d = _dummies[dev] = cp.zeros(16, dtype=cp.float32)
+    return d
+
+
+def _out_dtype(name: str):
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(name)
+
+
+def _operand_arrays(p) -> tuple:
+    """(a_data, a_scale, a_amax, b_data, b_scale, b_amax) of a problem: the arrays plan() puts
+    into its operands (None where absent)."""
+    if p.fmt == "hp":
+        return p.a, None, None, p.b, None, None
+    copies = {"fprop": ("rowwise", "rowwise"), "dgrad": ("rowwise", "columnwise"),
+              "wgrad": ("columnwise", "columnwise")}[p.mode]
+    out = []
+    for gt, copy in zip((p.a, p.b), copies):
+        amax = None
+        if gt.format == "nvfp4":
+            amax = _flat_amax(gt.amax_rowwise if copy == "rowwise" else gt.amax_columnwise)
+        out += [getattr(gt, f"{copy}_data"), getattr(gt, f"{copy}_scale"), amax]
+    return tuple(out)
+
+
+def _signature(p, arrays) -> tuple:
+    """Everything the launch configuration depends on, apart from the array contents: the cache
+    key of the prepared tables (pointer alignment residues included, pointers themselves not)."""
+    def gt_sig(x):
+        if not hasattr(x, "format"):
+            return (tuple(x.shape), str(x.dtype))
+        cw = x.columnwise_data_offsets
+        return (x.format, x.fp8_dtype, bool(x.row_scaled), tuple(x.shape), tuple(x.splits),
+                None if cw is None else (int(cw[-1]), len(cw)))
+
+    residues = tuple(None if arr is None else int(arr.data.ptr) % 16 for arr in arrays)
+    return (int(_cupy().cuda.runtime.getDevice()), p.mode, p.fmt, p.hp_dtype, p.splits, p.n, p.k,
+            bool(p.accumulate), os.environ.get(KERNEL_ENV, "auto"), gt_sig(p.a), gt_sig(p.b),
+            residues)
+
+
+_prepared: OrderedDict = OrderedDict()
+
+
+def _prepare(p, arrays):
+    """Launch configuration and device tables of a problem, cached by its signature."""
+    key = _signature(p, arrays)
+    with _lock:
+        hit = _prepared.get(key)
+        if hit is not None:
+            _prepared.move_to_end(key)
+            return hit
+    pl = plan(p)
+    launch = choose_kernel(p, pl)
+    include = pl.rows > 0
+    if pl.zero_if_empty and p.accumulate:
+        include &= pl.length > 0
+    tiles = tile_table(pl.rows, include, launch.bm)
+    n_col_tiles = _cdiv(pl.n_cols, launch.bn)
+    grid = tiles.shape[0] * n_col_tiles
+    if grid >= 2**31:
+        raise ValueError(f"problem too large: {grid} CTAs")
+    tables = _device_tables(tiles, descriptors(pl)) if grid else (None, None)
+    a, b = pl.a, pl.b
+    if launch.simt:
+        modes = ((a.ek, int(a.mn)), (b.ek, int(b.mn)))
+    else:
+        modes = ((launch.ch, int(a.e5m2)), (launch.ch, int(b.e5m2)))
+    val = dict(launch=launch, tiles=tables[0], desc=tables[1], n_col_tiles=n_col_tiles,
+               grid=grid, n_cols=pl.n_cols, modes=modes, a_vec=int(a.amax_vec),
+               b_vec=int(b.amax_vec), zero_if_empty=int(pl.zero_if_empty))
+    with _lock:
+        _prepared[key] = val
+        while len(_prepared) > _MAX_CACHED:
+            _prepared.popitem(last=False)
+    return val
+
+
+def grouped_gemm(p):
+    """Run a validated CuPy :class:`~lowprec_moe.gemm.GemmProblem`; return ``out``."""
+    cp = _cupy()
+    out = p.out if p.out is not None else cp.empty(p.out_shape, dtype=_out_dtype(p.out_dtype))
+    arrays = _operand_arrays(p)
+    prep = _prepare(p, arrays)
+    grid = prep["grid"]
+    if grid == 0 or out.size == 0:
+        return out
+    launch = prep["launch"]
+    a_data, a_scale, a_amax, b_data, b_scale, b_amax = arrays
+    dummy = _dummy()
+    (am0, am1), (bm0, bm1) = prep["modes"]
+    arg = dict(
+        tiles=prep["tiles"], n_col_tiles=np.int32(prep["n_col_tiles"]), desc=prep["desc"],
+        n_cols=np.int64(prep["n_cols"]), a_data=a_data,
+        a_scale=a_scale if a_scale is not None else a_data,
+        b_data=b_data, b_scale=b_scale if b_scale is not None else b_data,
+        amax_a=a_amax if a_amax is not None else dummy,
+        amax_b=b_amax if b_amax is not None else dummy,
+        a_vec=np.int32(prep["a_vec"]), b_vec=np.int32(prep["b_vec"]),
+        scale_mode=np.int32(p.scale_mode),
+        bias=p.bias if p.bias is not None else dummy,
+        probs=p.probs if p.probs is not None else dummy,
+        has_bias=np.int32(p.bias is not None), has_probs=np.int32(p.probs is not None),
+        out=out, out_type=np.int32(OUT_TYPES[p.out_dtype]), accumulate=np.int32(p.accumulate),
+        zero_if_empty=np.int32(prep["zero_if_empty"]))
+    if launch.simt:
+        arg.update(a_kind=np.int32(am0), a_mn=np.int32(am1), b_kind=np.int32(bm0),
+                   b_mn=np.int32(bm1))
+        args = tuple(arg[name] for name in SIMT_PARAMS)
+    else:
+        arg.update(a_ch=np.int32(am0), a_e5m2=np.int32(am1), b_ch=np.int32(bm0),
+                   b_e5m2=np.int32(bm1))
+        args = tuple(arg[name] for name in MMA_PARAMS)
+    fn = kernels.get_function(launch.module, launch.kernel)
+    if launch.smem > 48 * 1024:
+        key = (int(cp.cuda.runtime.getDevice()), launch.module, launch.kernel,
+               kernels.source_hash())
+        if key not in _smem_set:
+            fn.max_dynamic_shared_size_bytes = launch.smem
+            _smem_set.add(key)
+    fn((grid,), (THREADS,), args, shared_mem=launch.smem)
+    return out
