@@ -16,10 +16,11 @@
 // (ldmatrix fragments; sm_89 and newer), or on sm_90a wgmma.m64n128k16 per warpgroup reading both
 // operands straight from the shared-memory tiles. Operand staging is common to both:
 //   * high-precision bf16 / fp16 operands ("DIRECT"): cp.async straight into the canonical
-//     shared-memory tile (3-4 stage ring);
+//     shared-memory tile (3-5 stage ring, see pipeline_stages);
 //   * NVFP4 / MXFP8 operands ("CONVERT"): cp.async of the packed bytes into a 4-stage raw ring,
 //     block scales through registers one tile ahead; every k-tile the CTA expands the next raw tile
-//     into a 16-bit canonical tile (double-buffered) while the tensor cores work on the current one.
+//     into a 16-bit canonical tile (2-3 buffers, see canon_buffers) while the tensor cores work
+//     on the current one.
 //     No dequantized copy of an operand ever exists in global memory.
 // Canonical tiles (16-bit): K-major [R][64] (128-byte rows, 16-byte chunk c of row r stored at
 // chunk c ^ (r & 7)), or MN-major [64 lines][R] stored as R/64 panels of [64][128 bytes] with the
@@ -119,22 +120,36 @@ __host__ __device__ constexpr int raw_bytes(int kind, int rows) {
     return round16(raw_data_bytes(kind, rows)) + round16(raw_scale_bytes(kind, rows));
 }
 
-// Dynamic shared memory of gemm_mma<BM, BN, ..., AKIND, BKIND, ...> (mirrored by _smem_bytes in
-// lowprec_moe/cuda/gemm.py): the pipeline buffers or the fp32 epilogue staging tile, whichever is
-// larger, plus 1024 bytes to align the base to the 1024-byte swizzle atoms.
-__host__ __device__ constexpr int pipeline_stages(int akind, int bkind, int bm, int bn) {
+// Dynamic shared memory of gemm_mma<BM, BN, ..., AKIND, BKIND, ..., WG> (mirrored by _smem_bytes
+// in lowprec_moe/cuda/gemm.py): the pipeline buffers or the fp32 epilogue staging tile, whichever
+// is larger, plus 1024 bytes to align the base to the 1024-byte swizzle atoms.
+//   DIRECT (bf16 / fp16): NST canonical stages; wgmma keeps one k-tile's MMAs in flight across
+//     the barrier, so it prefetches NST - 2 tiles ahead (5 stages when a stage is <= 40 KiB, else 4);
+//     mma.sync prefetches NST - 1 ahead (4 / 3 stages).
+//   CONVERT (NVFP4 / MXFP8): 4 raw stages + NCB canonical buffers: 3 with wgmma when they fit
+//     (the MMAs of tile k stay in flight while tile k+1 is expanded), else 2.
+constexpr int kMaxSmem = 227 * 1024;  // opt-in shared memory per block on sm_90
+__host__ __device__ constexpr int pipeline_stages(int akind, int bkind, int bm, int bn, bool wg) {
     return kind_is_hp(akind) && kind_is_hp(bkind)
-               ? (canon_bytes(bm) + canon_bytes(bn) <= 40 * 1024 ? 4 : 3)
+               ? (canon_bytes(bm) + canon_bytes(bn) <= 40 * 1024 ? 4 : 3) + (wg ? 1 : 0)
                : 4;
 }
-__host__ __device__ constexpr int gemm_smem_bytes(int akind, int bkind, int bm, int bn) {
+__host__ __device__ constexpr int raw_ring_bytes(int akind, int bkind, int bm, int bn) {
+    return (4 * (raw_bytes(akind, bm) + raw_bytes(bkind, bn)) + 1023) / 1024 * 1024;
+}
+__host__ __device__ constexpr int canon_buffers(int akind, int bkind, int bm, int bn, bool wg) {
+    return wg && raw_ring_bytes(akind, bkind, bm, bn) + 3 * (canon_bytes(bm) + canon_bytes(bn)) +
+                         1024 <= kMaxSmem
+               ? 3
+               : 2;
+}
+__host__ __device__ constexpr int gemm_smem_bytes(int akind, int bkind, int bm, int bn, bool wg) {
     const bool direct = kind_is_hp(akind) && kind_is_hp(bkind);
-    const int nst = pipeline_stages(akind, bkind, bm, bn);
+    const int nst = pipeline_stages(akind, bkind, bm, bn, wg);
     const int canon = canon_bytes(bm) + canon_bytes(bn);
     const int main = direct ? nst * canon
-                            : (nst * (raw_bytes(akind, bm) + raw_bytes(bkind, bn)) + 1023) / 1024 *
-                                      1024 +
-                                  2 * canon;
+                            : raw_ring_bytes(akind, bkind, bm, bn) +
+                                  canon_buffers(akind, bkind, bm, bn, wg) * canon;
     const int epi = bm * (bn + 8) * 4;
     return (main > epi ? main : epi) + 1024;
 }
@@ -480,6 +495,18 @@ __device__ __forceinline__ void fp8_decode4(unsigned w, float f0, float f1, floa
     }
 }
 
+// Whether conversion unit u (see convert_unit) covers a row below `valid`. Rows at or beyond
+// the valid extent are not expanded: the accumulators they feed belong to output rows / columns
+// that are never stored, so whatever their canonical rows hold cannot reach the output.
+template <int KIND>
+__device__ __forceinline__ bool unit_live(int u, int valid) {
+    if constexpr (KIND == KIND_FP8_MN) {
+        return (u >> 6) * 32 < valid;
+    } else {
+        return (u >> 1) < valid;
+    }
+}
+
 // Convert unit u of a raw tile (R rows) into the canonical tile.
 //   K kinds: unit u = (row u >> 1, contraction half u & 1) -> 32 elements of one row.
 //   MN kind: unit u = (line u & 63, row group u >> 6)      -> 32 rows of one contraction line.
@@ -638,6 +665,13 @@ __device__ __forceinline__ void wg_commit() {
 __device__ __forceinline__ void wg_wait0() {
 #if LPM_GG_HAS_WGMMA
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+// Wait until at most N committed wgmma groups of this warpgroup are still pending.
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+#if LPM_GG_HAS_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 #endif
 }
 // Generic-proxy shared-memory writes (st.shared, cp.async) -> visible to the async proxy (wgmma).
@@ -807,7 +841,9 @@ struct Epilogue {
         const bool vec = (n_cols & 3) == 0 &&
                          (reinterpret_cast<unsigned long long>(out) &
                           (out_type == OUT_F32 ? 15ull : 7ull)) == 0;
-#pragma unroll 1
+        // Unrolled by 4: independent shared loads and global stores in flight per thread (one
+        // CTA of 8 warps per SM leaves little else to hide their latency).
+#pragma unroll 4
         for (int i = threadIdx.x; i < rows_valid * C4; i += blockDim.x) {
             const int r = i / C4, c = (i % C4) * 4;
             if (c >= cols_valid) continue;
@@ -867,17 +903,19 @@ __device__ __forceinline__ void gemm_mma(
     using GA = TileGeo<AKIND, BM>;
     using GB = TileGeo<BKIND, BN>;
     constexpr int CANON_A = canon_bytes(BM), CANON_B = canon_bytes(BN);
-    constexpr int NST = pipeline_stages(AKIND, BKIND, BM, BN);
+    constexpr int NST = pipeline_stages(AKIND, BKIND, BM, BN, WG);
+    constexpr int NCB = DIRECT ? 0 : canon_buffers(AKIND, BKIND, BM, BN, WG);
     constexpr int RAW_A = raw_bytes(AKIND, BM), RAW_B = raw_bytes(BKIND, BN);
     constexpr int STAGE = DIRECT ? CANON_A + CANON_B : RAW_A + RAW_B;
     constexpr int CANON_OFF = (NST * STAGE + 1023) / 1024 * 1024;  // 1024-byte swizzle atoms
     constexpr int EPI_LD = BN + 8;  // padded row of the accumulator staging tile (floats)
-    constexpr int MAIN_SMEM = DIRECT ? NST * STAGE : CANON_OFF + 2 * (CANON_A + CANON_B);
+    constexpr int MAIN_SMEM = DIRECT ? NST * STAGE : CANON_OFF + NCB * (CANON_A + CANON_B);
     constexpr int EPI_SMEM = BM * EPI_LD * 4;
     // + 1024: the kernel aligns its shared-memory base to 1024 bytes (wgmma swizzle atoms).
     constexpr int SMEM = (MAIN_SMEM > EPI_SMEM ? MAIN_SMEM : EPI_SMEM) + 1024;
-    static_assert(SMEM <= 227 * 1024, "shared memory");
-    static_assert(SMEM == gemm_smem_bytes(AKIND, BKIND, BM, BN), "shared-memory formula");
+    static_assert(SMEM <= kMaxSmem, "shared memory");
+    static_assert(SMEM == gemm_smem_bytes(AKIND, BKIND, BM, BN, WG), "shared-memory formula");
+    static_assert(DIRECT || CANON_OFF == raw_ring_bytes(AKIND, BKIND, BM, BN), "raw ring");
     static_assert((ACH == 16 || ACH == 8) && (BCH == 16 || BCH == 8), "copy chunk");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -995,7 +1033,31 @@ __device__ __forceinline__ void gemm_mma(
         }
     };
 
-    if constexpr (DIRECT) {
+    if constexpr (DIRECT && WG) {
+        // wgmma: the MMAs of tile kt stay in flight while tile kt+NST-2 is requested and the
+        // barrier of iteration kt+1 passes; stage (kt-2)%NST is refilled once every warpgroup
+        // has retired tile kt-2 (wg_wait<1> of iteration kt-1, then the barrier).
+        static_assert(NST >= 3, "pipeline depth");
+#pragma unroll
+        for (int s = 0; s < NST - 2; ++s) {
+            if (s < KT) issue(s, s);
+            cp_async_commit();
+        }
+        for (int kt = 0; kt < KT; ++kt) {
+            cp_async_wait<NST - 3>();  // tile kt landed (this thread's copies)
+            fence_proxy_async();
+            __syncthreads();
+            const unsigned sa = s0 + (kt % NST) * STAGE;
+            wg_tile(sa, sa + CANON_A);
+            const int nt = kt + NST - 2;
+            if (nt < KT) issue(nt % NST, nt);
+            cp_async_commit();
+            wg_wait<1>();  // tile kt-1 retired by this warpgroup
+            wg_fence_acc<MI * NI * 4>(accf);
+        }
+        wg_wait0();
+        wg_fence_acc<MI * NI * 4>(accf);
+    } else if constexpr (DIRECT) {
 #pragma unroll
         for (int s = 0; s < NST - 1; ++s) {
             if (s < KT) issue(s, s);
@@ -1003,22 +1065,15 @@ __device__ __forceinline__ void gemm_mma(
         }
         for (int kt = 0; kt < KT; ++kt) {
             cp_async_wait<NST - 2>();
-            if constexpr (WG) fence_proxy_async();
             __syncthreads();
             const int nt = kt + NST - 1;
             if (nt < KT) issue(nt % NST, nt);
             cp_async_commit();
             const unsigned sa = s0 + (kt % NST) * STAGE;
-            if constexpr (WG) {
-                wg_tile(sa, sa + CANON_A);
-                wg_wait0();  // stage kt%NST is refilled by the next iteration
-                wg_fence_acc<MI * NI * 4>(accf);
-            } else {
 #pragma unroll
-                for (int ks = 0; ks < kBK / 16; ++ks) {
-                    warp_mma_ks<MI, NI, AMN, BMN, BM, BN, F16>(sa, sa + CANON_A, acc, wm0, wn0,
-                                                               ks, lane);
-                }
+            for (int ks = 0; ks < kBK / 16; ++ks) {
+                warp_mma_ks<MI, NI, AMN, BMN, BM, BN, F16>(sa, sa + CANON_A, acc, wm0, wn0, ks,
+                                                           lane);
             }
         }
     } else {
@@ -1044,7 +1099,7 @@ __device__ __forceinline__ void gemm_mma(
                 if (idx % 4 != p) continue;
                 if (idx < GA::UNITS_PER_THREAD) {
                     const int u = static_cast<int>(threadIdx.x) + idx * kThreads;
-                    if (u < GA::UNITS) {
+                    if (u < GA::UNITS && unit_live<AKIND>(u, rows_valid)) {
                         const unsigned char* raw = rs;
                         const unsigned char* rsc = rs + round16(raw_data_bytes(AKIND, BM));
                         if (AKIND != KIND_FP4_K && a_e5m2) {
@@ -1056,7 +1111,7 @@ __device__ __forceinline__ void gemm_mma(
                 } else {
                     const int u =
                         static_cast<int>(threadIdx.x) + (idx - GA::UNITS_PER_THREAD) * kThreads;
-                    if (u < GB::UNITS) {
+                    if (u < GB::UNITS && unit_live<BKIND>(u, cols_valid)) {
                         const unsigned char* raw = rs + RAW_A;
                         const unsigned char* rsc = raw + round16(raw_data_bytes(BKIND, BN));
                         if (BKIND != KIND_FP4_K && b_e5m2) {
@@ -1075,9 +1130,26 @@ __device__ __forceinline__ void gemm_mma(
             if (s < KT) issue(s, s);
             cp_async_commit();
         }
-        for (int s = 0; s < NST - 1 && s < KT; ++s) {
-            load_scales(s);
-            store_scales(s);
+        {
+            // all prologue scale loads in flight before the first store (one memory latency)
+            ScaleRegs<AKIND, BM> pra[NST - 1];
+            ScaleRegs<BKIND, BN> prb[NST - 1];
+#pragma unroll
+            for (int s = 0; s < NST - 1; ++s) {
+                if (s < KT) {
+                    const long long k0 = static_cast<long long>(s) * kBK;
+                    pra[s].load(a_sbase, a_sld, k0, rows_valid, len);
+                    prb[s].load(b_sbase, b_sld, k0, cols_valid, len);
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < NST - 1; ++s) {
+                if (s < KT) {
+                    unsigned char* sb = smem + s * STAGE;
+                    pra[s].store(sb + round16(raw_data_bytes(AKIND, BM)));
+                    prb[s].store(sb + RAW_A + round16(raw_data_bytes(BKIND, BN)));
+                }
+            }
         }
         if (NST - 1 < KT) load_scales(NST - 1);
         cp_async_wait<NST - 3>();  // tiles 0 and 1 landed (this thread's copies)
@@ -1087,37 +1159,60 @@ __device__ __forceinline__ void gemm_mma(
             for (int p = 0; p < 4; ++p) convert_part(p, 0, 0);
             if constexpr (WG) fence_proxy_async();
         }
-        for (int kt = 0; kt < KT; ++kt) {
-            // Invariants: canonical buffer kt&1 holds tile kt; raw tile kt+1 landed (all threads);
-            // raw stage (kt-1)%NST is free; scale registers hold tile kt+NST-1.
-            __syncthreads();
-            const int nt = kt + NST - 1;
-            if (nt < KT) {
-                issue(nt % NST, nt);
-                store_scales(nt % NST);
-            }
-            cp_async_commit();
-            if (nt + 1 < KT) load_scales(nt + 1);
-            const unsigned sa = s0 + CANON_OFF + (kt & 1) * (CANON_A + CANON_B);
-            const bool next = kt + 1 < KT;
-            if constexpr (WG) {
+        if constexpr (WG) {
+            for (int kt = 0; kt < KT; ++kt) {
+                // Invariants: canonical buffer kt%NCB holds tile kt (this thread's part); raw
+                // tile kt+1 landed (this thread's copies); raw stage (kt-1)%NST is free; scale
+                // registers hold tile kt+NST-1. NCB = 3: tile kt-1 may still be in flight.
+                __syncthreads();
+                const unsigned sa = s0 + CANON_OFF + (kt % NCB) * (CANON_A + CANON_B);
                 wg_tile(sa, sa + CANON_A);  // asynchronous: expand the next tile meanwhile
-                if (next) {
+                const int nt = kt + NST - 1;
+                if (nt < KT) issue(nt % NST, nt);
+                cp_async_commit();
+                if (kt + 1 < KT) {
+                    // Buffer (kt+1)%NCB last held tile kt+1-NCB, retired by every warpgroup
+                    // before this iteration's barrier.
 #pragma unroll
-                    for (int p = 0; p < 4; ++p) convert_part(p, (kt + 1) % NST, (kt + 1) & 1);
+                    for (int p = 0; p < 4; ++p) convert_part(p, (kt + 1) % NST, (kt + 1) % NCB);
                     fence_proxy_async();
                 }
-                wg_wait0();  // canonical buffer kt&1 is rewritten next iteration
+                // Scales of tile nt go to shared memory only now, a whole iteration after
+                // their loads were issued (tile nt is expanded in iteration nt-1 >= kt+2).
+                if (nt < KT) store_scales(nt % NST);
+                if (nt + 1 < KT) load_scales(nt + 1);
+                if constexpr (NCB >= 3) {
+                    wg_wait<1>();  // tile kt-1 retired by this warpgroup
+                } else {
+                    wg_wait0();  // canonical buffer kt%2 is rewritten next iteration
+                }
                 wg_fence_acc<MI * NI * 4>(accf);
-            } else {
+                cp_async_wait<NST - 3>();  // raw tile kt+2 landed (this thread's copies)
+            }
+            wg_wait0();
+            wg_fence_acc<MI * NI * 4>(accf);
+        } else {
+            for (int kt = 0; kt < KT; ++kt) {
+                // Invariants: canonical buffer kt&1 holds tile kt; raw tile kt+1 landed (all threads);
+                // raw stage (kt-1)%NST is free; scale registers hold tile kt+NST-1.
+                __syncthreads();
+                const int nt = kt + NST - 1;
+                if (nt < KT) {
+                    issue(nt % NST, nt);
+                    store_scales(nt % NST);
+                }
+                cp_async_commit();
+                if (nt + 1 < KT) load_scales(nt + 1);
+                const unsigned sa = s0 + CANON_OFF + (kt & 1) * (CANON_A + CANON_B);
+                const bool next = kt + 1 < KT;
 #pragma unroll
                 for (int ks = 0; ks < kBK / 16; ++ks) {
                     warp_mma_ks<MI, NI, AMN, BMN, BM, BN, F16>(sa, sa + CANON_A, acc, wm0, wn0,
                                                                ks, lane);
                     if (next) convert_part(ks, (kt + 1) % NST, (kt + 1) & 1);
                 }
+                cp_async_wait<NST - 3>();  // raw tile kt+2 landed (this thread's copies)
             }
-            cp_async_wait<NST - 3>();  // raw tile kt+2 landed (this thread's copies)
         }
     }
     cp_async_wait<0>();

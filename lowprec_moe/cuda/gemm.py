@@ -324,8 +324,11 @@ def _pick_bm(rows: np.ndarray, small: int) -> int:
     return small if cost_s < cost_l else 128
 
 
-def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int) -> int:
-    """Dynamic shared memory of a tensor-core kernel (mirrors gemm_mma in the .cuh)."""
+MAX_SMEM = 227 * 1024  # opt-in shared memory per block on sm_90 (kMaxSmem in the .cuh)
+
+
+def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) -> int:
+    """Dynamic shared memory of a tensor-core kernel (mirrors gemm_smem_bytes in the .cuh)."""
     def r16(x):
         return (x + 15) // 16 * 16
 
@@ -343,12 +346,15 @@ def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int) -> int:
     direct = a_kind in (KIND_HP_K, KIND_HP_MN)
     ca, cb = canon(bm), canon(bn)
     if direct:
-        nst = 4 if ca + cb <= 40 * 1024 else 3
+        # wgmma keeps one k-tile in flight across the barrier: one stage more
+        nst = (4 if ca + cb <= 40 * 1024 else 3) + (1 if wg else 0)
         main = nst * (ca + cb)
     else:
         stage = r16(raw_data(a_kind, bm)) + r16(raw_scale(a_kind, bm)) + \
             r16(raw_data(b_kind, bn)) + r16(raw_scale(b_kind, bn))
-        main = _cdiv(4 * stage, 1024) * 1024 + 2 * (ca + cb)
+        ring = _cdiv(4 * stage, 1024) * 1024
+        ncb = 3 if wg and ring + 3 * (ca + cb) + 1024 <= MAX_SMEM else 2
+        main = ring + ncb * (ca + cb)
     return max(main, bm * (bn + 8) * 4) + 1024  # + base alignment to 1024 bytes
 
 
@@ -414,7 +420,7 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
         cfg = small if _pick_bm(pl.rows, CONFIGS[small][0]) != 128 else big
     bm, bn = CONFIGS[cfg]
     name = f"lpm_gg_{prefix}_{layout}_{cfg}" + ("8" if ch == 8 else "")
-    smem = _smem_bytes(pl.a.kind, pl.b.kind, bm, bn)
+    smem = _smem_bytes(pl.a.kind, pl.b.kind, bm, bn, use_wg)
     if smem > optin:  # e.g. consumer GPUs with ~100 KiB per block
         return simt
     return Launch(f"grouped_gemm_{prefix}", name, False, bm, bn, ch, smem, use_wg)
