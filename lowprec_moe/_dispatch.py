@@ -17,15 +17,24 @@ _REFERENCE = {
 }
 
 
+_GPU_CACHE: dict = {}
+
+
 def implementation(name: str, on_gpu: bool, gpu_module: str = "lowprec_moe.cuda.quantize"):
     """Return the function ``name`` of the reference (CPU) or CUDA (GPU) backend."""
+    if on_gpu:
+        fn = _GPU_CACHE.get((gpu_module, name))
+        if fn is not None:
+            return fn
     if not on_gpu:
         return getattr(importlib.import_module(_REFERENCE[name]), name)
     try:
         mod = importlib.import_module(gpu_module)
-        return getattr(mod, name)
+        fn = getattr(mod, name)
     except (ImportError, AttributeError):
         raise NotImplementedError(
             f"the GPU kernel for {name} is not available yet; "
             "move the input to the host explicitly (cupy.asnumpy) to use the NumPy backend"
         ) from None
+    _GPU_CACHE[(gpu_module, name)] = fn
+    return fn

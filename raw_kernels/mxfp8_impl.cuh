@@ -122,6 +122,7 @@ __device__ __forceinline__ u32 vmax_u16x2(u32 a, u32 b) {
 }
 
 __device__ __forceinline__ u32 umax(u32 a, u32 b) { return a > b ? a : b; }
+__device__ __forceinline__ u32 umin(u32 a, u32 b) { return a < b ? a : b; }
 
 // |x| bits of every element of a word.
 template <int KIND>
@@ -442,6 +443,90 @@ __device__ __forceinline__ void store_words(u8* p, const u32 (&w)[NWORDS]) {
     }
 }
 
+// Scale exponent of a NaN-free block maximum (the tile pipeline masks NaNs before taking
+// maxima, so amax is finite or +inf): the ceiling rule of scale_exponent in a few integer ops.
+// v = amax * fp32(1/max) >= 0 with bits b: b <= 0x400000 (v <= 2^-127, zero included) gives 0;
+// otherwise (b + 0x7FFFFF) >> 23 is the biased exponent plus 1 when the mantissa is nonzero
+// (a subnormal v above 2^-127 gives 1), clamped to 254 (exponent 254 is never increased, +inf
+// gives 254). Equal to scale_exponent for every non-NaN amax >= 0.
+template <int FMT>
+__device__ __forceinline__ u32 scale_exponent_nonan(float amax) {
+    const u32 b = __float_as_uint(lpm_mul_rn(amax, __uint_as_float(Fp8<FMT>::INV_MAX_BITS)));
+    const u32 e = umin((b + LPM_FP32_MANT_MASK) >> LPM_FP32_MANT_BITS, LPM_E8M0_MAX_FINITE);
+    return b > (1u << (LPM_FP32_MANT_BITS - 1)) ? e : 0u;
+}
+
+// scale_multiplier for e <= 254.
+__device__ __forceinline__ float scale_multiplier_finite(u32 e) {
+    return __uint_as_float(e == LPM_E8M0_MAX_FINITE ? (1u << (LPM_FP32_MANT_BITS - 1))
+                                                    : (u32)(2 * LPM_E8M0_BIAS - (int)e)
+                                                          << LPM_FP32_MANT_BITS);
+}
+
+// The 16 rows of a lane: quantize (rowwise and / or columnwise) and store. FIXNAN: the tile
+// holds a NaN, canonicalise the NaN bytes (a uniform branch picks the instantiation, so NaN-free
+// tiles carry no fix-up instructions). Store addresses advance by two rows per step.
+template <int KIND, int FMT, bool HW, bool FIXNAN>
+__device__ __forceinline__ void emit_rows(const u32 (&raw)[LPM_MX_ROWS_PER_LANE][4],
+                                          const TileOut& o, long long k, long long rt,
+                                          const TileRows& tr, long long c0, bool col_ok,
+                                          int rsub, int chunk, bool do_row, bool do_col,
+                                          bool block_2d, const u32 (&ecol)[Kind<KIND>::VEC],
+                                          const float (&mcol)[Kind<KIND>::VEC],
+                                          const u32 (&rowmax)[LPM_MX_ROWS_PER_LANE]) {
+    constexpr int VEC = Kind<KIND>::VEC;
+    constexpr int LB = Kind<KIND>::LANES_PER_BLOCK;
+    const long long kb = k / LPM_MXFP8_BLOCK;  // row scale columns
+    const long long r0 = tr.in_row0 + rsub;
+    u8* rdp = do_row ? o.row_data + r0 * k + c0 : nullptr;
+    u8* rsp = do_row ? o.row_scale + r0 * kb + c0 / LPM_MXFP8_BLOCK : nullptr;
+    u8* cdp = do_col ? o.col_data + (rt * LPM_MXFP8_BLOCK + rsub) * k + c0 : nullptr;
+    const long long step_d = 2 * k, step_s = 2 * kb;
+    const bool scale_lane = (chunk % LB) == 0;
+#pragma unroll
+    for (int j = 0; j < LPM_MX_ROWS_PER_LANE; ++j) {
+        const int r = rsub + 2 * j;
+        float xv[VEC];
+#pragma unroll
+        for (int c = 0; c < VEC; ++c)
+            xv[c] = KIND == KIND_F32 ? elem_to_f32<KIND>(raw[j][c], false)
+                                     : elem_to_f32<KIND>(raw[j][c / 2], (c & 1) != 0);
+        u32 rbytes[VEC / 4];
+        if (do_row) {
+            u32 erow;
+            float mrow[VEC];
+            if (block_2d) {
+                erow = ecol[0];
+#pragma unroll
+                for (int c = 0; c < VEC; ++c) mrow[c] = mcol[0];
+            } else {
+                erow = scale_exponent_nonan<FMT>(amax_bits_to_f32<KIND>(rowmax[j]));
+                const float m = scale_multiplier_finite(erow);
+#pragma unroll
+                for (int c = 0; c < VEC; ++c) mrow[c] = m;
+            }
+            quantize_vec<FMT, HW, VEC>(xv, mrow, FIXNAN, rbytes);
+            if (col_ok && r < tr.valid) {
+                store_words<VEC / 4>(rdp, rbytes);
+                if (scale_lane) *rsp = (u8)erow;
+            }
+        }
+        if (do_col && col_ok) {
+            u32 cbytes[VEC / 4];
+            if (block_2d && do_row) {
+#pragma unroll
+                for (int q = 0; q < VEC / 4; ++q) cbytes[q] = rbytes[q];  // same scale, same bytes
+            } else {
+                quantize_vec<FMT, HW, VEC>(xv, mcol, FIXNAN, cbytes);
+            }
+            store_words<VEC / 4>(cdp, cbytes);
+        }
+        rdp += step_d;
+        rsp += step_s;
+        cdp += step_d;
+    }
+}
+
 // Everything after the loads: maxima, scales, both quantized copies, stores.
 //
 // raw[j] holds row (rsub + 2 j) of the tile, VEC columns starting at c0 (zeros for rows past
@@ -467,6 +552,7 @@ __device__ __forceinline__ void process_tile(const u32 (&raw)[LPM_MX_ROWS_PER_LA
     const bool has_nan = __any_sync(0xFFFFFFFFu, nan_here);
     if (has_nan) lane_maxes<KIND, true>(raw, colmax, rowmax, want_rows);  // rare slow path
     warp_maxes<KIND>(colmax, rowmax, want_rows);
+    // From here on every maximum is NaN-free (finite or +inf).
 
     // Column scales (or the 2-D tile scale).
     u32 ecol[VEC];
@@ -477,63 +563,29 @@ __device__ __forceinline__ void process_tile(const u32 (&raw)[LPM_MX_ROWS_PER_LA
         u32 m = word_scalar_max<KIND>(max_word<KIND>(m01, m23));
 #pragma unroll
         for (int s = 1; s < LB; s <<= 1) m = umax(m, __shfl_xor_sync(0xFFFFFFFFu, m, s));
-        const u32 e = scale_exponent<FMT>(amax_bits_to_f32<KIND>(m));
-        const float mult = scale_multiplier(e);
+        const u32 e = scale_exponent_nonan<FMT>(amax_bits_to_f32<KIND>(m));
+        const float mult = scale_multiplier_finite(e);
 #pragma unroll
         for (int c = 0; c < VEC; ++c) {
             ecol[c] = e;
             mcol[c] = mult;
         }
-    } else if (do_col) {
+    } else {
 #pragma unroll
         for (int c = 0; c < VEC; ++c) {
             const u32 w = colmax[KIND == KIND_F32 ? c : c / 2];
             const u32 a = KIND == KIND_F32 ? w : ((c & 1) ? (w >> 16) : (w & 0xFFFFu));
-            ecol[c] = scale_exponent<FMT>(amax_bits_to_f32<KIND>(a));
-            mcol[c] = scale_multiplier(ecol[c]);
+            ecol[c] = do_col ? scale_exponent_nonan<FMT>(amax_bits_to_f32<KIND>(a)) : 0u;
+            mcol[c] = scale_multiplier_finite(ecol[c]);
         }
     }
 
-    const long long kb = k / LPM_MXFP8_BLOCK;  // row scale columns
-#pragma unroll
-    for (int j = 0; j < LPM_MX_ROWS_PER_LANE; ++j) {
-        const int r = rsub + 2 * j;
-        float xv[VEC];
-#pragma unroll
-        for (int c = 0; c < VEC; ++c)
-            xv[c] = KIND == KIND_F32 ? elem_to_f32<KIND>(raw[j][c], false)
-                                     : elem_to_f32<KIND>(raw[j][c / 2], (c & 1) != 0);
-        u32 rbytes[VEC / 4];
-        u32 erow = 0u;
-        if (do_row) {
-            float mrow[VEC];
-            if (block_2d) {
-                erow = ecol[0];
-#pragma unroll
-                for (int c = 0; c < VEC; ++c) mrow[c] = mcol[0];
-            } else {
-                erow = scale_exponent<FMT>(amax_bits_to_f32<KIND>(rowmax[j]));
-                const float m = scale_multiplier(erow);
-#pragma unroll
-                for (int c = 0; c < VEC; ++c) mrow[c] = m;
-            }
-            quantize_vec<FMT, HW, VEC>(xv, mrow, has_nan, rbytes);
-            if (col_ok && r < tr.valid) {
-                const long long row = tr.in_row0 + r;
-                store_words<VEC / 4>(o.row_data + row * k + c0, rbytes);
-                if ((chunk % LB) == 0) o.row_scale[row * kb + c0 / LPM_MXFP8_BLOCK] = (u8)erow;
-            }
-        }
-        if (do_col && col_ok) {
-            u32 cbytes[VEC / 4];
-            if (block_2d && do_row) {
-#pragma unroll
-                for (int q = 0; q < VEC / 4; ++q) cbytes[q] = rbytes[q];  // same scale, same bytes
-            } else {
-                quantize_vec<FMT, HW, VEC>(xv, mcol, has_nan, cbytes);
-            }
-            store_words<VEC / 4>(o.col_data + (rt * LPM_MXFP8_BLOCK + r) * k + c0, cbytes);
-        }
+    if (has_nan) {
+        emit_rows<KIND, FMT, HW, true>(raw, o, k, rt, tr, c0, col_ok, rsub, chunk, do_row, do_col,
+                                       block_2d, ecol, mcol, rowmax);
+    } else {
+        emit_rows<KIND, FMT, HW, false>(raw, o, k, rt, tr, c0, col_ok, rsub, chunk, do_row,
+                                        do_col, block_2d, ecol, mcol, rowmax);
     }
     if (do_col && col_ok && rsub == 0) {
         u32 sw[VEC / 4];

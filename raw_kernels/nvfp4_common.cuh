@@ -832,6 +832,7 @@ LPM_DEV void quantize_phases(const QTile& ti, long long K, int flags, unsigned i
                              const unsigned char* s_tile, const float (&s_tamax)[4][8],
                              const float (&s_tab)[2][Q_TAB_STRIDE],
                              const float (&s_rs)[2][Q_TM], const float (&s_cs)[2][128],
+                             uint2 (&s_cd)[4][128], unsigned char (&s_csc)[4][128],
                              unsigned char* __restrict__ row_data, unsigned char* __restrict__ row_scale,
                              unsigned char* __restrict__ col_data, unsigned char* __restrict__ col_scale) {
     typedef QCfg<DT> C;
@@ -929,8 +930,6 @@ LPM_DEV void quantize_phases(const QTile& ti, long long K, int flags, unsigned i
                 for (int o = 1; o < C::LPG; o <<= 1) u = max(u, __shfl_xor_sync(0xFFFFFFFFu, u, o));
                 tamax_rht = __uint_as_float(u);
             }
-            const long long cw_data = ti.cw_rows * K / 2;   // member's byte offsets
-            const long long cw_scale = ti.cw_rows * K / 16;
 #pragma unroll
             for (int j = 0; j < C::CPU; ++j) {
                 const int cl = cg * C::CPU + j;
@@ -960,8 +959,43 @@ LPM_DEV void quantize_phases(const QTile& ti, long long K, int flags, unsigned i
                 }
                 const unsigned long long idx0 = (unsigned long long)(k * ti.Mp + mblk);
                 const uint2 pk = q_block16<SR>(v, nullptr, has_nan, enc, seed, idx0, 1u, member);
-                *reinterpret_cast<uint2*>(col_data + cw_data + k * (ti.Mp >> 1) + (mblk >> 1)) = pk;
-                col_scale[cw_scale + k * (ti.Mp >> 4) + (mblk >> 4)] = (unsigned char)sc;
+                s_cd[rc][cl] = pk;  // staged: written out below in whole 32-byte column runs
+                s_csc[rc][cl] = (unsigned char)sc;
+            }
+        }
+        __syncthreads();  // (flags are uniform: every thread of the CTA gets here)
+        // Column k of the tile owns 64 consecutive rows = 32 data bytes at k * Mp/2 + row0/2
+        // and 4 scale bytes at k * Mp/16 + row0/16 of the member's transposed storage: one
+        // thread pair writes the 32 bytes (two 16-byte stores, one full sector per column),
+        // one thread the 4 scale bytes, instead of 8-byte / 1-byte stores from four warps.
+        const int nrc = (int)min((ti.Mp - ti.row0) >> 4, 4ll);  // valid 16-row chunks
+        const long long ld = ti.Mp >> 1, ls = ti.Mp >> 4;
+        unsigned char* dbase = col_data + ti.cw_rows * K / 2 + (ti.row0 >> 1) + ti.k0 * ld;
+        unsigned char* sbase = col_scale + ti.cw_rows * K / 16 + (ti.row0 >> 4) + ti.k0 * ls;
+        const bool vec16 = nrc == 4 && (ld & 15) == 0;
+#pragma unroll
+        for (int it = 0; it < 2 * C::TK / Q_THREADS; ++it) {
+            const int idx = tid + it * Q_THREADS;
+            const int c = idx >> 1, h = idx & 1;
+            if (c < cols_in) {
+                unsigned char* dst = dbase + (long long)c * ld + 16 * h;
+                const uint2 a = s_cd[2 * h][c], b = s_cd[2 * h + 1][c];
+                if (vec16) {
+                    *reinterpret_cast<uint4*>(dst) = make_uint4(a.x, a.y, b.x, b.y);
+                } else {
+                    if (2 * h < nrc) *reinterpret_cast<uint2*>(dst) = a;
+                    if (2 * h + 1 < nrc) *reinterpret_cast<uint2*>(dst + 8) = b;
+                }
+            }
+        }
+        for (int c = tid; c < cols_in; c += Q_THREADS) {
+            unsigned char* dst = sbase + (long long)c * ls;
+            if (nrc == 4 && (ls & 3) == 0) {
+                *reinterpret_cast<unsigned int*>(dst) =
+                    (unsigned int)s_csc[0][c] | ((unsigned int)s_csc[1][c] << 8) |
+                    ((unsigned int)s_csc[2][c] << 16) | ((unsigned int)s_csc[3][c] << 24);
+            } else {
+                for (int q = 0; q < nrc; ++q) dst[q] = s_csc[q][c];
             }
         }
     }
@@ -981,6 +1015,8 @@ LPM_DEV void quantize_impl(const unsigned char* __restrict__ x, long long K, lon
     __shared__ float s_tab[2][Q_TAB_STRIDE];  // per tensor: the member's two encode tables
     __shared__ float s_rs[2][Q_TM];  // row-scaled: k6, S_dec per tile row
     __shared__ float s_cs[2][128];   // row-scaled: k6, S_dec per tile column
+    __shared__ __align__(16) uint2 s_cd[4][128];   // columnwise codes [row chunk][tile column]
+    __shared__ unsigned char s_csc[4][128];        // columnwise scales [row chunk][tile column]
     const int tid = threadIdx.x;
     const QTile ti = q_resolve_tile(M_single, meta, G, n_ct, Q_TM, C::TK, true);
     const bool rowwise = (flags & LPM_Q_ROWWISE) != 0;
@@ -1033,10 +1069,12 @@ LPM_DEV void quantize_impl(const unsigned char* __restrict__ x, long long K, lon
 
     if (EXT && (flags & LPM_Q_SR))
         quantize_phases<DT, EXT, EXT>(ti, K, flags, member_base, seed, rw, s_tile, s_tamax, s_tab,
-                                      s_rs, s_cs, row_data, row_scale, col_data, col_scale);
+                                      s_rs, s_cs, s_cd, s_csc, row_data, row_scale, col_data,
+                                      col_scale);
     else
         quantize_phases<DT, EXT, false>(ti, K, flags, member_base, seed, rw, s_tile, s_tamax, s_tab,
-                                        s_rs, s_cs, row_data, row_scale, col_data, col_scale);
+                                        s_rs, s_cs, s_cd, s_csc, row_data, row_scale, col_data,
+                                      col_scale);
 }
 
 // ==========================================================================================

@@ -73,8 +73,16 @@ def _cupy():
     return cupy
 
 
+_fn_cache: dict = {}
+
+
 def _fn(kernel_name: str):
-    return kernels.get_function(MODULE, kernel_name)
+    # memoized per (device, module, kernel): kernels.get_function is slower on the hot path
+    key = (_cupy().cuda.runtime.getDevice(), MODULE, kernel_name)
+    fn = _fn_cache.get(key)
+    if fn is None:
+        fn = _fn_cache[key] = kernels.get_function(MODULE, kernel_name)
+    return fn
 
 
 def _cdiv(a: int, b: int) -> int:

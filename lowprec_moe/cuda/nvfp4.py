@@ -126,6 +126,28 @@ def _prep_bytes(a, name: str, align: int = 8):
     return a
 
 
+_fn_cache: dict = {}
+
+
+def _get_fn(module: str, name: str):
+    """``kernels.get_function`` memoized per (device, module, kernel) for the hot path."""
+    cp = _cupy()
+    key = (cp.cuda.runtime.getDevice(), module, name)
+    fn = _fn_cache.get(key)
+    if fn is None:
+        fn = _fn_cache[key] = kernels.get_function(module, name)
+    return fn
+
+
+def _zeros(n: int, dtype):
+    """A zero-filled device array by one async memset (no fill kernel)."""
+    cp = _cupy()
+    a = cp.empty(n, dtype=dtype)
+    if a.nbytes:
+        cp.cuda.runtime.memsetAsync(a.data.ptr, 0, a.nbytes, cp.cuda.get_current_stream().ptr)
+    return a
+
+
 def _i64(v) -> np.int64:
     return np.int64(int(v))
 
@@ -168,16 +190,18 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
     rht = bool(rht) and columnwise
     sr = bool(stochastic_rounding)
     n_groups = len(splits)
-    offsets, cw_prefix, tile_prefix = _member_table(splits, k, padded_tiles=columnwise)
-    cw_total = int(cw_prefix[-1])
     tile_cols = _TILE_COLS[key]
     n_ct = _cdiv(k, tile_cols)
-    n_tiles = int(tile_prefix[-1]) * n_ct
-
     if grouped:
+        offsets, cw_prefix, tile_prefix = _member_table(splits, k, padded_tiles=columnwise)
+        cw_total = int(cw_prefix[-1])
+        n_tiles = int(tile_prefix[-1]) * n_ct
         meta = cp.asarray(np.concatenate([offsets, cw_prefix, tile_prefix]))
         g_arg = n_groups
-    else:
+    else:  # one member of m_total rows: no table
+        cw_total = _roundup(m_total, _B)
+        cw_prefix = None
+        n_tiles = _cdiv(cw_total if columnwise else m_total, _TILE_ROWS) * n_ct
         meta = _NULL
         g_arg = 0
     m_single = _i64(m_total)
@@ -185,25 +209,25 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
     # ---- amax (+ encode tables of the per-tensor modes, built by the amax kernel's last CTA) --
     tabs = _NULL
     if row_scaled:
-        amax_row = cp.zeros(m_total, dtype=cp.float32)
-        amax_col = cp.zeros(n_groups * k, dtype=cp.float32)
+        amax_row = _zeros(m_total, cp.float32)
+        amax_col = _zeros(n_groups * k, cp.float32)
         if n_tiles:
-            kernels.get_function(MODULE, f"lpm_nvfp4_amax_tiles_{sfx}")(
+            _get_fn(MODULE, f"lpm_nvfp4_amax_tiles_{sfx}")(
                 (n_tiles,), (_Q_THREADS,),
                 (x, _i64(k), m_single, meta, _i32(g_arg), _i32(n_ct), _i32(_FLAG_ROW_SCALED),
                  amax_row, amax_col, _NULL, _NULL))
     elif rht:
-        buf = cp.zeros(2 * n_groups + 1, dtype=cp.uint32)  # amax plain [G], amax RHT [G], counter
+        buf = _zeros(2 * n_groups + 1, cp.uint32)  # amax plain [G], amax RHT [G], counter
         amax_row = buf[:n_groups].view(cp.float32)
         amax_col = buf[n_groups:2 * n_groups].view(cp.float32)
         if n_tiles:
             tabs = cp.empty(2 * n_groups * _TAB_STRIDE, dtype=cp.float32)
-            kernels.get_function(MODULE, f"lpm_nvfp4_amax_tiles_{sfx}")(
+            _get_fn(MODULE, f"lpm_nvfp4_amax_tiles_{sfx}")(
                 (n_tiles,), (_Q_THREADS,),
                 (x, _i64(k), m_single, meta, _i32(g_arg), _i32(n_ct), _i32(_FLAG_RHT),
                  amax_row, amax_col, buf[2 * n_groups:], tabs))
     else:
-        buf = cp.zeros(n_groups + 1, dtype=cp.uint32)  # amax [G], counter
+        buf = _zeros(n_groups + 1, cp.uint32)  # amax [G], counter
         amax_row = buf[:n_groups].view(cp.float32)
         amax_col = amax_row
         epc = 16 // x.itemsize
@@ -211,7 +235,7 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
         if n_tiles:  # (then max_chunks > 0)
             tabs = cp.empty(2 * n_groups * _TAB_STRIDE, dtype=cp.float32)
             grid_x = max(1, min(_cdiv(max_chunks, _AMAX_THREADS * _AMAX_UNROLL), 4 * _sm_count()))
-            kernels.get_function(MODULE, f"lpm_nvfp4_amax_tensor_{sfx}")(
+            _get_fn(MODULE, f"lpm_nvfp4_amax_tensor_{sfx}")(
                 (grid_x, n_groups), (_AMAX_THREADS,),
                 (x, _i64(k), m_single, meta, _i32(g_arg), amax_row, buf[n_groups:], tabs))
 
@@ -228,9 +252,9 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
              | (_FLAG_RHT if rht else 0) | (_FLAG_SR if sr else 0))
     if n_tiles:
         if sr or rht:
-            fn = kernels.get_function(EXT_MODULE, f"lpm_nvfp4_quantize_ext_{sfx}")
+            fn = _get_fn(EXT_MODULE, f"lpm_nvfp4_quantize_ext_{sfx}")
         else:
-            fn = kernels.get_function(MODULE, f"lpm_nvfp4_quantize_{sfx}")
+            fn = _get_fn(MODULE, f"lpm_nvfp4_quantize_{sfx}")
         fn((n_tiles,), (_Q_THREADS,),
            (x, _i64(k), m_single, meta, _i32(g_arg), _i32(n_ct), _i32(flags),
             np.uint32(int(member_base) & 0xFFFFFFFF), np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF), amax_row, amax_col, tabs,
