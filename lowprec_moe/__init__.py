@@ -6,6 +6,10 @@ Public API (SPEC section 6)::
     q = lpm.quantize(x, "nvfp4", columnwise=True)
     x_hat = lpm.dequantize(q, "rowwise", dtype="float32")
     g = lpm.GroupedTensor.quantize(x, splits, "mxfp8", columnwise=True)
+    y, ctx = lpm.grouped_linear_forward(x, splits, w, recipe=lpm.Recipe.nvfp4())
+    y, ctx = lpm.grouped_mlp_forward(x, splits, fc1_w, fc2_w, probs=p, activation="swiglu",
+                                     recipe=lpm.Recipe.mxfp8())
+    grads = lpm.grouped_mlp_backward(dy, ctx)
 """
 
 from . import formats
@@ -15,6 +19,8 @@ from .swizzle import swizzle_scales, unswizzle_scales
 from .io import load, save
 from .linear import (GroupedLinear, GroupedLinearContext, GroupedLinearGrads,
                      grouped_linear_backward, grouped_linear_forward)
+from .mlp import (GroupedMLP, GroupedMLPContext, GroupedMLPGrads, grouped_mlp_backward,
+                  grouped_mlp_forward)
 from .recipe import Recipe
 
 __version__ = "0.1.0"
@@ -23,6 +29,9 @@ __all__ = [
     "GroupedLinear",
     "GroupedLinearContext",
     "GroupedLinearGrads",
+    "GroupedMLP",
+    "GroupedMLPContext",
+    "GroupedMLPGrads",
     "GroupedTensor",
     "QuantizedTensor",
     "Recipe",
@@ -30,6 +39,8 @@ __all__ = [
     "formats",
     "grouped_linear_backward",
     "grouped_linear_forward",
+    "grouped_mlp_backward",
+    "grouped_mlp_forward",
     "load",
     "save",
     "quantize",

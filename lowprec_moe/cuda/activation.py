@@ -1,0 +1,237 @@
+"""CuPy launchers of the GroupedMLP activation kernels (``raw_kernels/activation.cu``).
+
+Called by :mod:`lowprec_moe.activations` with validated CuPy arrays:
+
+* :func:`activation_forward` -- ``z = round(act(h) * p)`` in the layer dtype, or fused with the
+  MXFP8 quantization of ``z`` (rowwise and / or columnwise; ``z`` is never written);
+* :func:`activation_backward` -- ``dh`` in the layer dtype and / or fused with its MXFP8
+  quantization, the activation's share of ``dprobs`` and the per-expert column sums of ``dh``.
+
+Every launch covers all experts: warps own (32-row tile of one expert, feature tile) pairs, the
+tile shape of the MXFP8 quantizer, whose device code quantizes the fused outputs. Fused and
+unfused launches therefore give the same bytes and the same reductions. Kernels run on CuPy's
+current stream; the host uploads only the small int64 tables of member row / tile offsets. CuPy is
+imported lazily.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import formats as F
+from .. import kernels
+
+__all__ = ["MODULE", "activation_forward", "activation_backward"]
+
+#: Kernel module (``raw_kernels/activation.cu``).
+MODULE = "activation"
+
+# Must match raw_kernels/activation.cu (and mxfp8_impl.cuh for the flag bits).
+_WARPS_PER_CTA = 4
+_COLSUM_THREADS = 256
+_FLAG_ROWWISE = 1
+_FLAG_COLUMNWISE = 2
+_FLAG_E5M2 = 8
+_FLAG_VEC = 64
+_ACT_ID = {"swiglu": 0, "clamped_swiglu": 1, "srelu": 2}
+_VEC = {"float32": 4, "float16": 8, "bfloat16": 8}
+_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+_B = F.MXFP8_BLOCK  # 32-row tiles (the MXFP8 columnwise block)
+_NULL = np.uint64(0)
+
+
+def _cupy():
+    import cupy  # noqa: PLC0415
+
+    return cupy
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _dtype(a) -> str:
+    name = np.dtype(a.dtype).name
+    if name not in _SUFFIX:
+        raise TypeError(f"dtype={name} is not supported by the activation kernels; use one of "
+                        f"{', '.join(_SUFFIX)}")
+    return name
+
+
+def _tile_tables(splits):
+    """Host int64 row offsets [G+1] and 32-row tile offsets [G+1]."""
+    s = np.asarray(splits, dtype=np.int64).reshape(-1)
+    rows = np.zeros(s.size + 1, dtype=np.int64)
+    rows[1:] = np.cumsum(s)
+    tiles = np.zeros(s.size + 1, dtype=np.int64)
+    tiles[1:] = np.cumsum(-(-s // _B))
+    return rows, tiles
+
+
+def _upload(rows, tiles):
+    cp = _cupy()
+    dev = cp.asarray(np.concatenate([rows, tiles]))
+    return dev[:rows.size], dev[rows.size:]
+
+
+def _vec_ok(name: str, f: int, act, *arrays) -> bool:
+    """16-byte loads / stores: F and the interleave multiples of VEC, pointers aligned."""
+    vec = _VEC[name]
+    if f % vec or (act.glu_interleave is not None and act.glu_interleave % vec):
+        return False
+    return all(a is None or a.data.ptr % 16 == 0 for a in arrays)
+
+
+def _act_args(act, f: int, width: int):
+    return (np.int64(f), np.int64(width), np.int32(1 if act.is_glu else 0),
+            np.int32(act.glu_interleave or 0), np.int32(_ACT_ID[act.name]),
+            np.float32(act.limit), np.float32(act.alpha))
+
+
+def _mx_outputs(m: int, width: int, num_tiles: int, rowwise: bool, columnwise: bool,
+                fp8_dtype: str):
+    cp = _cupy()
+    flags = ((_FLAG_ROWWISE if rowwise else 0) | (_FLAG_COLUMNWISE if columnwise else 0)
+             | (_FLAG_E5M2 if fp8_dtype == "e5m2" else 0))
+    parts: dict = {}
+    if rowwise:
+        parts["rowwise_data"] = cp.empty((m, width), dtype=cp.uint8)
+        parts["rowwise_scale"] = cp.empty((m, width // _B), dtype=cp.uint8)
+    if columnwise:
+        parts["columnwise_data"] = cp.empty(num_tiles * _B * width, dtype=cp.uint8)
+        parts["columnwise_scale"] = cp.empty(num_tiles * width, dtype=cp.uint8)
+    return parts, flags
+
+
+def _mx_ptrs(parts: dict):
+    return tuple(parts.get(k, _NULL) for k in ("rowwise_data", "rowwise_scale",
+                                               "columnwise_data", "columnwise_scale"))
+
+
+def _mx_offsets(parts: dict, width: int, tiles) -> None:
+    if "columnwise_data" in parts:
+        parts["columnwise_data_offsets"] = (tiles * (_B * width)).astype(np.int64)
+        parts["columnwise_scale_offsets"] = (tiles * width).astype(np.int64)
+
+
+def _check_mx(mxfp8: dict, width: int) -> tuple[bool, bool, str]:
+    rowwise, columnwise = bool(mxfp8.get("rowwise", True)), bool(mxfp8.get("columnwise", False))
+    fp8_dtype = mxfp8.get("fp8_dtype", "e4m3")
+    if fp8_dtype not in F.FP8_DTYPES:
+        raise ValueError(f"fp8_dtype={fp8_dtype!r} must be one of {F.FP8_DTYPES}")
+    if not rowwise and not columnwise:
+        raise ValueError("rowwise=False and columnwise=False: nothing to quantize")
+    if width % _B:
+        raise ValueError(f"{width} columns: MXFP8 needs a multiple of {_B}")
+    return rowwise, columnwise, fp8_dtype
+
+
+# ============================================================================================
+# forward
+
+
+def activation_forward(h, splits, act, probs, f: int, *, mxfp8: dict | None = None):
+    """``z`` ``[M, F]`` of h's dtype, or (``mxfp8`` given) the MXFP8 parts of a GroupedTensor.
+
+    ``h`` ``[M, 2F | F]`` (CuPy), ``probs`` float32 ``[M]`` or None, ``act`` an
+    :class:`~lowprec_moe.activations.Activation`, ``mxfp8`` a dict with ``rowwise``,
+    ``columnwise`` and ``fp8_dtype``.
+    """
+    cp = _cupy()
+    with h.device:
+        h = cp.ascontiguousarray(h)
+        name = _dtype(h)
+        m, width = (int(v) for v in h.shape)
+        rows, tiles = _tile_tables(splits)
+        num_tiles = int(tiles[-1])
+        z = None
+        if mxfp8 is not None:
+            rowwise, columnwise, fp8_dtype = _check_mx(mxfp8, f)
+            parts, flags = _mx_outputs(m, f, num_tiles, rowwise, columnwise, fp8_dtype)
+        else:
+            z = cp.empty((m, f), dtype=h.dtype)
+            parts, flags = {}, 0
+        if _vec_ok(name, f, act, h, z):
+            flags |= _FLAG_VEC
+        if num_tiles and f:
+            row_off, tile_off = _upload(rows, tiles)
+            f_tiles = _cdiv(f, 16 * _VEC[name])
+            kname = f"lpm_act_fwd_{'mx_' if mxfp8 is not None else ''}{_SUFFIX[name]}"
+            kernels.get_function(MODULE, kname)(
+                (_cdiv(num_tiles * f_tiles, _WARPS_PER_CTA),), (_WARPS_PER_CTA * 32,),
+                (h, _NULL if probs is None else probs, *_act_args(act, f, width), np.int64(m),
+                 row_off, tile_off, np.int32(len(splits)), np.int64(num_tiles),
+                 _NULL if z is None else z, *_mx_ptrs(parts), np.int32(flags)))
+        if mxfp8 is None:
+            return z
+        _mx_offsets(parts, f, tiles)
+        return parts
+
+
+# ============================================================================================
+# backward
+
+
+def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
+                        want_dprobs: bool, want_dbias: bool, mxfp8: dict | None = None) -> dict:
+    """Backward launch; returns ``dict(dh, parts, dprobs, dbias)`` (None where not asked).
+
+    ``dz`` ``[M, F]`` and ``h`` ``[M, W]`` of one dtype; ``dprobs`` float32 ``[M]`` (needs
+    probs); ``dbias`` float32 ``[G, W]`` (per-expert column sums of dh); ``parts`` the MXFP8
+    GroupedTensor fields of dh when ``mxfp8`` is given.
+    """
+    cp = _cupy()
+    with h.device:
+        h = cp.ascontiguousarray(h)
+        dz = cp.ascontiguousarray(dz)
+        name = _dtype(h)
+        if _dtype(dz) != name:
+            raise TypeError(f"dz.dtype={_dtype(dz)} must match h.dtype={name}")
+        m, width = (int(v) for v in h.shape)
+        g_count = len(splits)
+        rows, tiles = _tile_tables(splits)
+        num_tiles = int(tiles[-1])
+        f_tiles = _cdiv(f, 16 * _VEC[name]) if f else 0
+        dh = cp.empty((m, width), dtype=h.dtype) if want_dh else None
+        parts, flags = {}, 0
+        if mxfp8 is not None:
+            rowwise, columnwise, fp8_dtype = _check_mx(mxfp8, width)
+            parts, flags = _mx_outputs(m, width, num_tiles, rowwise, columnwise, fp8_dtype)
+        want_dprobs = bool(want_dprobs) and probs is not None
+        dprobs_part = cp.empty((m, f_tiles), dtype=cp.float32) if want_dprobs else None
+        colsum_part = cp.empty((num_tiles, width), dtype=cp.float32) if want_dbias else None
+        if _vec_ok(name, f, act, h, dz, dh):
+            flags |= _FLAG_VEC
+        row_off = tile_off = None
+        if num_tiles and f:
+            row_off, tile_off = _upload(rows, tiles)
+            kname = f"lpm_act_bwd_{'mx_' if mxfp8 is not None else ''}{_SUFFIX[name]}"
+            kernels.get_function(MODULE, kname)(
+                (_cdiv(num_tiles * f_tiles, _WARPS_PER_CTA),), (_WARPS_PER_CTA * 32,),
+                (dz, h, _NULL if probs is None else probs, *_act_args(act, f, width),
+                 np.int64(m), row_off, tile_off, np.int32(g_count), np.int64(num_tiles),
+                 _NULL if dh is None else dh, *_mx_ptrs(parts), np.int32(flags),
+                 _NULL if dprobs_part is None else dprobs_part,
+                 _NULL if colsum_part is None else colsum_part))
+        dprobs = None
+        if want_dprobs:
+            dprobs = cp.zeros(m, dtype=cp.float32)
+            if m and f_tiles:
+                kernels.get_function(MODULE, "lpm_act_row_sum")(
+                    (_cdiv(m, _COLSUM_THREADS),), (_COLSUM_THREADS,),
+                    (dprobs_part, np.int64(f_tiles), np.int64(m), dprobs))
+        dbias = None
+        if want_dbias:
+            dbias = cp.zeros((g_count, width), dtype=cp.float32)
+            if num_tiles and width:
+                if tile_off is None:
+                    tile_off = _upload(rows, tiles)[1]
+                total = g_count * width
+                kernels.get_function(MODULE, "lpm_act_segment_colsum")(
+                    (_cdiv(total, _COLSUM_THREADS),), (_COLSUM_THREADS,),
+                    (colsum_part, np.int64(width), tile_off, np.int32(g_count), dbias))
+        if mxfp8 is not None:
+            _mx_offsets(parts, width, tiles)
+        return dict(dh=dh, parts=parts if mxfp8 is not None else None, dprobs=dprobs,
+                    dbias=dbias)

@@ -1,0 +1,540 @@
+"""GroupedMLP: fc1 -> activation x routing probs -> fc2, explicit forward / backward (SPEC 6-8).
+
+Per expert ``g`` (rows ``offsets[g]:offsets[g+1]`` of the expert-sorted tokens)::
+
+    h = x W1_g^T + b1_g                    fc1: K -> 2F (GLU activations) or K -> F (srelu)
+    z = act(h) * probs[:, None]            activation (exact fp32 math, one rounding)
+    y = z W2_g^T + b2_g * probs[:, None]   fc2: F -> N2 (N2 = K in a transformer block)
+
+``y, ctx = grouped_mlp_forward(x, splits, fc1_weight, fc2_weight, ...)`` and
+``grads = grouped_mlp_backward(dy, ctx)``; ``grads.dprobs`` collects the activation's share
+``sum_f act(h)_f * dz_f`` and fc2's scaled-bias share ``sum_j dy_j * b2_j``.
+
+Each GEMM follows the recipe exactly as :func:`~lowprec_moe.grouped_linear_forward` does (SPEC 7:
+fprop x / W rowwise, dgrad dy rowwise / W columnwise, wgrad dy / x columnwise), and the
+activation is fused with the quantization of its output (see :mod:`lowprec_moe.activations`):
+
+* forward: ``h`` (layer dtype) -> fc2's input quantized rowwise (fprop) and columnwise (wgrad of
+  fc2, only if the weights need a gradient);
+* backward: ``dz`` (fc2's dgrad output, layer dtype) and the saved ``h`` -> ``dh`` quantized
+  rowwise (fc1 dgrad, if x needs a gradient) and columnwise (fc1 wgrad), the activation's dprobs
+  and fc1's bias gradient ``sum_rows dh``.
+
+What the context keeps: fc1's x columnwise (weight gradients only), fc1's W columnwise (input
+gradient only), the pre-activation ``h`` in the layer dtype (as TE does), fc2's input columnwise
+(weight gradients only) and fc2's W columnwise, plus fc2's bias and the probs. Nothing is
+re-quantized in the backward that the forward already holds in the needed direction.
+
+Layer dtype: x's dtype (bfloat16 for a pre-quantized wire x); ``h``, ``z``, ``y``, ``dx`` and the
+intermediate gradients have it. Weight / bias gradients have the parameter's dtype, ``dprobs``
+the probs' dtype.
+
+Pre-quantized MXFP8 inputs (rowwise wire ``GroupedTensor``): a wire ``x`` feeds fc1's fprop as it
+is and its ``with_columnwise()`` copy fc1's wgrad; a wire ``dy`` feeds fc2's dgrad and (through
+``with_columnwise()``) its wgrad, and fc2's bias gradient / dprobs come from ``dequantize(dy)``
+in bfloat16. Results equal feeding ``dequantize(wire, "bfloat16")`` through the ordinary path, bit
+for bit.
+
+Stochastic rounding (NVFP4): fc2's ``dy`` draws from ``seed``, fc1's ``dh`` from
+``(seed + 0x9E3779B97F4A7C15) mod 2**64``, so the two gradients never share random bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from . import _validate as V
+from .activations import Activation, activation_backward, activation_forward, make_activation
+from .backend import get_xp
+from .gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
+from .grouped_tensor import GroupedTensor
+from .linear import (_bias_grads, _check_recipe, _columnwise_only, _np_dtype, _quantize_x,
+                     check_wire, quantize_weight)
+from .recipe import Recipe
+
+__all__ = [
+    "GroupedMLP",
+    "GroupedMLPContext",
+    "GroupedMLPGrads",
+    "grouped_mlp_backward",
+    "grouped_mlp_forward",
+]
+
+#: Offset between the stochastic-rounding seeds of fc2's dy and fc1's dh.
+FC1_SEED_OFFSET = 0x9E3779B97F4A7C15
+
+
+@dataclass
+class GroupedMLPContext:
+    """What :func:`grouped_mlp_backward` needs; produced by :func:`grouped_mlp_forward`.
+
+    A context can be used for exactly one backward call.
+    """
+
+    recipe: Recipe
+    splits: tuple
+    m: int
+    k: int
+    f: int
+    n1: int
+    n2: int
+    activation: Activation
+    dtype: str
+    fc1_weight_dtype: str
+    fc2_weight_dtype: str
+    fc1_bias_dtype: str | None
+    input_requires_grad: bool
+    weight_requires_grad: bool
+    need_dz: bool
+    x_saved: Any = None      # fc1 wgrad operand: x columnwise (GroupedTensor) or x (bf16 recipe)
+    w1_saved: Any = None     # fc1 dgrad operand
+    h: Any = None            # pre-activation [M, N1], layer dtype
+    z_saved: Any = None      # fc2 wgrad operand: z columnwise or z
+    w2_saved: Any = None     # fc2 dgrad operand
+    fc2_bias: Any = None
+    probs: Any = None
+    x_rht: bool = False
+    z_rht: bool = False
+    seed: int = 0
+    fused: bool = True
+    used: bool = field(default=False, repr=False)
+
+
+@dataclass(frozen=True)
+class GroupedMLPGrads:
+    """Gradients of a grouped MLP (None where not requested or not applicable).
+
+    Attributes
+    ----------
+    dx : array ``[M, K]`` (layer dtype)
+    dfc1_weight : array ``[G, N1, K]``
+    dfc1_bias : array ``[G, N1]``
+    dfc2_weight : array ``[G, N2, F]``
+    dfc2_bias : array ``[G, N2]``
+    dprobs : array ``[M]`` (probs' dtype)
+    """
+
+    dx: Any = None
+    dfc1_weight: Any = None
+    dfc1_bias: Any = None
+    dfc2_weight: Any = None
+    dfc2_bias: Any = None
+    dprobs: Any = None
+
+
+# ============================================================================================
+# validation
+
+
+def _check_weights(fc1_weight, fc2_weight, fc1_bias, fc2_bias, probs, act: Activation,
+                   num_groups: int, m: int, k: int) -> tuple[int, int, int]:
+    for name, w in (("fc1_weight", fc1_weight), ("fc2_weight", fc2_weight)):
+        V.check_array(name, w, min_rank=1)
+        if w.ndim != 3:
+            raise ValueError(f"{name} must be [G, N, K] (rank 3), got shape {tuple(w.shape)}")
+    g1, n1, k1 = (int(v) for v in fc1_weight.shape)
+    g2, n2, f = (int(v) for v in fc2_weight.shape)
+    for name, gw in (("fc1_weight", g1), ("fc2_weight", g2)):
+        if gw != num_groups:
+            raise ValueError(f"{name} has G={gw} experts but splits has G={num_groups} entries: "
+                             "mismatched expert count")
+    if k1 != k:
+        raise ValueError(f"x has K={k} columns but fc1_weight has K={k1} "
+                         f"(fc1_weight.shape={tuple(fc1_weight.shape)})")
+    if f <= 0 or n2 <= 0:
+        raise ValueError(f"fc2_weight.shape={tuple(fc2_weight.shape)} must have positive N and F")
+    want = act.input_features(f)
+    if n1 != want:
+        how = "2*F (gate and linear halves)" if act.is_glu else "F"
+        raise ValueError(f"fc1_weight has N={n1} rows per expert but activation={act.name!r} "
+                         f"needs N = {how} = {want} for fc2_weight's F={f} input features")
+    if act.glu_interleave is not None and f % act.glu_interleave:
+        raise ValueError(f"glu_interleave={act.glu_interleave} must divide F={f}")
+    for name, b, n in (("fc1_bias", fc1_bias, n1), ("fc2_bias", fc2_bias, n2)):
+        if b is None:
+            continue
+        V.check_array(name, b, min_rank=1)
+        if tuple(b.shape) != (num_groups, n):
+            if b.ndim == 2 and b.shape[0] != num_groups:
+                raise ValueError(f"{name} has G={b.shape[0]} experts but splits has "
+                                 f"G={num_groups} entries: mismatched expert count")
+            raise ValueError(f"{name}.shape={tuple(b.shape)} must be (G, N)={(num_groups, n)}")
+    if probs is not None:
+        V.check_array("probs", probs, min_rank=1)
+        if tuple(probs.shape) != (m,):
+            raise ValueError(f"probs.shape={tuple(probs.shape)} must be (M,)=({m},)")
+    return n1, n2, f
+
+
+def _check_blocks(recipe: Recipe, k: int, f: int, n2: int) -> None:
+    if not recipe.quantized:
+        return
+    b = V.block_size(recipe.format)
+    for what, v in (("K", k), ("F", f), ("N2", n2)):
+        if v % b:
+            role = {"K": "x and fc1_weight are quantized along K",
+                    "F": "fc2's input and fc2_weight are quantized along F",
+                    "N2": "dy is quantized along fc2's N2 output features"}[what]
+            raise ValueError(f"{what}={v} must be a multiple of {b} for {recipe.format} ({role})")
+
+
+# ============================================================================================
+# quantization options
+
+
+def _x_quant(recipe: Recipe, dtype: str, columnwise: bool) -> dict:
+    """fc2's input (an activation) is quantized as an x operand (SPEC 7)."""
+    if recipe.name == "mxfp8":
+        return dict(format="mxfp8", rowwise=True, columnwise=columnwise,
+                    fp8_dtype=recipe.x_fp8_dtype)
+    return dict(format="nvfp4", rowwise=True, columnwise=columnwise,
+                row_scaled=recipe.row_scaled_activation,
+                rht=bool(recipe.rht and columnwise and dtype == "bfloat16"))
+
+
+def _grad_quant(recipe: Recipe, *, rowwise: bool, columnwise: bool, rht: bool,
+                seed: int) -> dict:
+    """A gradient operand (fc2's dy, fc1's dh) is quantized as a dy operand (SPEC 7)."""
+    if recipe.name == "mxfp8":
+        return dict(format="mxfp8", rowwise=rowwise, columnwise=columnwise,
+                    fp8_dtype=recipe.dy_fp8_dtype)
+    return dict(format="nvfp4", rowwise=rowwise, columnwise=columnwise, rht=bool(rht),
+                stochastic_rounding=recipe.stochastic_rounding, seed=seed)
+
+
+def _fc1_seed(seed: int) -> int:
+    return (int(seed) + FC1_SEED_OFFSET) % 2**64
+
+
+# ============================================================================================
+# forward
+
+
+def grouped_mlp_forward(x, splits, fc1_weight, fc2_weight, fc1_bias=None, fc2_bias=None, *,
+                        probs=None, activation="swiglu", glu_interleave=None, recipe: Recipe,
+                        limit=None, alpha=None, input_requires_grad: bool = True,
+                        weight_requires_grad: bool = True, seed: int = 0, fused: bool = True):
+    """Forward of a grouped MLP expert block.
+
+    Parameters
+    ----------
+    x : array ``[M, K]`` (float32 / float16 / bfloat16; rank > 2 flattened) or GroupedTensor
+        Tokens sorted by expert, or a pre-quantized rowwise MXFP8 wire tensor.
+    splits : sequence of int or None
+        Tokens per expert (G host ints summing to M); None takes ``x.splits`` from a wire x.
+    fc1_weight : array ``[G, N1, K]``
+        ``N1 = 2F`` for GLU activations (gate rows first, then linear rows, or interleaved in
+        blocks of ``glu_interleave``), ``N1 = F`` for srelu.
+    fc2_weight : array ``[G, N2, F]``
+    fc1_bias : array ``[G, N1]``, optional
+    fc2_bias : array ``[G, N2]``, optional
+        Scaled by probs like the activation output (``+ b2 * probs[m]``).
+    probs : array ``[M]``, optional
+        Routing weights: ``z = act(h) * probs``.
+    activation : {"swiglu", "clamped_swiglu", "srelu"} or Activation
+    glu_interleave : int, optional
+        Gate / linear columns of fc1's output alternate in blocks of this many (e.g. 32).
+    recipe : Recipe
+    limit, alpha : float, optional
+        clamped_swiglu parameters (default 7 and 1.702).
+    input_requires_grad, weight_requires_grad : bool
+        Whether the backward computes ``dx`` / the weight gradients of both GEMMs (and so what
+        the context keeps). Bias gradients are always returned when biases are given.
+    seed : int
+        Stochastic-rounding seed of the backward (NVFP4 recipes with SR).
+    fused : bool
+        GPU: use the fused activation + quantize kernels where available (same results).
+
+    Returns
+    -------
+    y : array ``[M, N2]`` of the layer dtype (x's; bfloat16 for a wire x)
+    ctx : GroupedMLPContext
+    """
+    recipe = _check_recipe(recipe)
+    act = make_activation(activation, glu_interleave, limit, alpha)
+    seed = V.check_seed(seed)
+    wire = isinstance(x, GroupedTensor)
+    if wire:
+        check_wire("x", x, recipe, recipe.x_fp8_dtype)
+        if splits is None:
+            splits = x.splits
+        m, k = (int(v) for v in x.shape)
+        splits = V.check_splits(splits, m)
+        if tuple(splits) != tuple(x.splits):
+            raise ValueError(f"splits={list(splits)} differ from x.splits={list(x.splits)}")
+        dtype = "bfloat16"
+        x_arrays = [x.rowwise_data, x.rowwise_scale]
+    else:
+        V.check_array("x", x)
+        x = V.as_2d(x)
+        m, k = (int(v) for v in x.shape)
+        splits = V.check_splits(splits, m)
+        dtype = V.dtype_name(x.dtype)
+        x_arrays = [x]
+    n1, n2, f = _check_weights(fc1_weight, fc2_weight, fc1_bias, fc2_bias, probs, act,
+                               len(splits), m, k)
+    _check_blocks(recipe, k, f, n2)
+    if not recipe.quantized:
+        for name, w in (("fc1_weight", fc1_weight), ("fc2_weight", fc2_weight)):
+            if V.dtype_name(w.dtype) != dtype:
+                raise TypeError(f"x.dtype={dtype} and {name}.dtype={V.dtype_name(w.dtype)} must "
+                                "match for the bf16 recipe")
+    get_xp(*x_arrays, fc1_weight, fc2_weight, fc1_bias, fc2_bias, probs)
+
+    input_requires_grad = bool(input_requires_grad)
+    weight_requires_grad = bool(weight_requires_grad)
+    need_dz = (input_requires_grad or weight_requires_grad or probs is not None
+               or fc1_bias is not None)
+    ctx = GroupedMLPContext(
+        recipe=recipe, splits=splits, m=m, k=k, f=f, n1=n1, n2=n2, activation=act, dtype=dtype,
+        fc1_weight_dtype=V.dtype_name(fc1_weight.dtype),
+        fc2_weight_dtype=V.dtype_name(fc2_weight.dtype),
+        fc1_bias_dtype=None if fc1_bias is None else V.dtype_name(fc1_bias.dtype),
+        input_requires_grad=input_requires_grad, weight_requires_grad=weight_requires_grad,
+        need_dz=need_dz, fc2_bias=fc2_bias, probs=probs, seed=seed, fused=bool(fused))
+    fc2_probs = probs if fc2_bias is not None else None
+
+    if not recipe.quantized:
+        xh = x.dequantize("rowwise", dtype="bfloat16") if wire else x
+        h = grouped_gemm_fprop(xh, fc1_weight, splits, bias=fc1_bias, out_dtype=dtype)
+        z = activation_forward(h, act, probs, splits=splits, fused=fused)
+        y = grouped_gemm_fprop(z, fc2_weight, splits, bias=fc2_bias, probs=fc2_probs,
+                               out_dtype=dtype)
+        ctx.x_saved = xh if weight_requires_grad else None
+        ctx.w1_saved = fc1_weight if input_requires_grad else None
+        ctx.z_saved = z if weight_requires_grad else None
+        ctx.w2_saved = fc2_weight if need_dz else None
+        ctx.h = h if need_dz else None
+        return y, ctx
+
+    # fc1
+    xq = _quantize_x(x, splits, recipe, wire, columnwise=weight_requires_grad)
+    ctx.x_rht = bool(xq.rht)
+    w1q = quantize_weight(fc1_weight, recipe, columnwise=input_requires_grad)
+    h = grouped_gemm_fprop(xq, w1q, splits, bias=fc1_bias, out_dtype=dtype)
+    if weight_requires_grad:
+        ctx.x_saved = _columnwise_only(xq)
+    if input_requires_grad:
+        ctx.w1_saved = _columnwise_only(w1q)
+    del xq, w1q
+    # activation x probs, quantized for fc2 (rowwise: fprop, columnwise: fc2's wgrad)
+    zq = activation_forward(h, act, probs, splits=splits,
+                            quantize=_x_quant(recipe, dtype, weight_requires_grad), fused=fused)
+    ctx.z_rht = bool(zq.rht)
+    w2q = quantize_weight(fc2_weight, recipe, columnwise=need_dz)
+    y = grouped_gemm_fprop(zq, w2q, splits, bias=fc2_bias, probs=fc2_probs, out_dtype=dtype)
+    if weight_requires_grad:
+        ctx.z_saved = _columnwise_only(zq)
+    if need_dz:
+        ctx.w2_saved = _columnwise_only(w2q)
+        ctx.h = h
+    return y, ctx
+
+
+# ============================================================================================
+# backward
+
+
+def _saved_arrays(ctx: GroupedMLPContext) -> list:
+    out = []
+    for t in (ctx.x_saved, ctx.w1_saved, ctx.h, ctx.z_saved, ctx.w2_saved, ctx.fc2_bias,
+              ctx.probs):
+        if isinstance(t, GroupedTensor):
+            out += [a for a in (t.columnwise_data, t.columnwise_scale, t.amax_columnwise)
+                    if a is not None]
+        elif t is not None:
+            out.append(t)
+    return out
+
+
+def grouped_mlp_backward(dy, ctx: GroupedMLPContext, *, seed: int | None = None):
+    """Backward of :func:`grouped_mlp_forward`.
+
+    Parameters
+    ----------
+    dy : array ``[M, N2]`` of the layer dtype, or a pre-quantized rowwise MXFP8 GroupedTensor
+        (E5M2 for the "hybrid" recipe, else E4M3).
+    ctx : GroupedMLPContext
+        From the forward; usable once.
+    seed : int, optional
+        Stochastic-rounding seed (default: the forward's ``seed``).
+
+    Returns
+    -------
+    GroupedMLPGrads
+    """
+    if not isinstance(ctx, GroupedMLPContext):
+        raise TypeError(f"ctx must be a GroupedMLPContext, got {type(ctx).__name__}")
+    if ctx.used:
+        raise ValueError("this GroupedMLPContext was already used by a backward call; run the "
+                         "forward again")
+    recipe = ctx.recipe
+    seed = ctx.seed if seed is None else V.check_seed(seed)
+    wire = isinstance(dy, GroupedTensor)
+    if wire:
+        check_wire("dy", dy, recipe, recipe.dy_fp8_dtype)
+        if tuple(dy.shape) != (ctx.m, ctx.n2):
+            raise ValueError(f"dy.shape={tuple(dy.shape)} must be (M, N2)={(ctx.m, ctx.n2)}")
+        if tuple(dy.splits) != tuple(ctx.splits):
+            raise ValueError(f"dy.splits={list(dy.splits)} differ from the forward's "
+                             f"splits={list(ctx.splits)}")
+        dy_hp = dy.dequantize("rowwise", dtype="bfloat16")
+    else:
+        V.check_array("dy", dy)
+        dy = V.as_2d(dy)
+        if tuple(dy.shape) != (ctx.m, ctx.n2):
+            raise ValueError(f"dy.shape={tuple(dy.shape)} must be (M, N2)={(ctx.m, ctx.n2)}")
+        if V.dtype_name(dy.dtype) != ctx.dtype:
+            raise TypeError(f"dy.dtype={V.dtype_name(dy.dtype)} must match the forward output "
+                            f"dtype {ctx.dtype}")
+        dy_hp = dy
+    xp = get_xp(dy_hp, *_saved_arrays(ctx))  # no NumPy / CuPy mixing with the forward's arrays
+    ctx.used = True
+
+    splits, dt = ctx.splits, ctx.dtype
+    need_dx, need_dw = ctx.input_requires_grad, ctx.weight_requires_grad
+    probs = ctx.probs
+
+    # fc2's scaled bias: dbias2_g = sum dy_g * p, dprobs_i = sum_j dy_ij b2_j (fp32)
+    dfc2_bias = dprobs_fc2 = None
+    if ctx.fc2_bias is not None:
+        ns = SimpleNamespace(bias=ctx.fc2_bias, splits=splits, m=ctx.m, n=ctx.n2,
+                             probs=None if probs is None else probs.astype(xp.float32))
+        dfc2_bias, dprobs_fc2 = _bias_grads(dy_hp, ns)
+
+    # fc2 dgrad / wgrad
+    dz = dfc2_weight = None
+    if not recipe.quantized:
+        if ctx.need_dz:
+            dz = grouped_gemm_dgrad(dy_hp, ctx.w2_saved, splits, out_dtype=dt)
+        if need_dw:
+            dfc2_weight = grouped_gemm_wgrad(dy_hp, ctx.z_saved, splits,
+                                             out_dtype=ctx.fc2_weight_dtype)
+    elif ctx.need_dz or need_dw:
+        if wire:
+            dyq = dy.with_columnwise() if need_dw else dy
+        else:
+            q = _grad_quant(recipe, rowwise=ctx.need_dz, columnwise=need_dw,
+                            rht=ctx.z_rht and need_dw, seed=seed)
+            dyq = GroupedTensor.quantize(dy, splits, q.pop("format"), **q)
+        if ctx.need_dz:
+            dz = grouped_gemm_dgrad(dyq, ctx.w2_saved, splits, out_dtype=dt)
+        if need_dw:
+            dfc2_weight = grouped_gemm_wgrad(dyq, ctx.z_saved, splits,
+                                             out_dtype=ctx.fc2_weight_dtype)
+        del dyq
+
+    # activation backward (fused with dh's quantization), fc1 dgrad / wgrad
+    dx = dfc1_weight = dfc1_bias = dprobs_act = None
+    if ctx.need_dz:
+        q = None
+        if recipe.quantized and (need_dx or need_dw):
+            q = _grad_quant(recipe, rowwise=need_dx, columnwise=need_dw,
+                            rht=ctx.x_rht and need_dw, seed=_fc1_seed(seed))
+        ag = activation_backward(dz, ctx.h, ctx.activation, probs, splits=splits, quantize=q,
+                                 want_dh=not recipe.quantized and (need_dx or need_dw),
+                                 want_dprobs=True, want_dbias=ctx.fc1_bias_dtype is not None,
+                                 fused=ctx.fused)
+        del dz
+        dh = ag.dh_quantized if recipe.quantized else ag.dh
+        if need_dx:
+            dx = grouped_gemm_dgrad(dh, ctx.w1_saved, splits, out_dtype=dt)
+        if need_dw:
+            dfc1_weight = grouped_gemm_wgrad(dh, ctx.x_saved, splits,
+                                             out_dtype=ctx.fc1_weight_dtype)
+        if ag.dbias is not None:
+            dfc1_bias = ag.dbias.astype(_np_dtype(ctx.fc1_bias_dtype))
+        dprobs_act = ag.dprobs
+
+    dprobs = None
+    if probs is not None:  # fp32 sum of the two shares, one rounding to the probs' dtype
+        total = xp.zeros(ctx.m, dtype=xp.float32)
+        for share in (dprobs_act, dprobs_fc2):
+            if share is not None:
+                total = total + share
+        dprobs = total.astype(probs.dtype)
+    ctx.x_saved = ctx.w1_saved = ctx.h = ctx.z_saved = ctx.w2_saved = None
+    return GroupedMLPGrads(dx=dx, dfc1_weight=dfc1_weight, dfc1_bias=dfc1_bias,
+                           dfc2_weight=dfc2_weight, dfc2_bias=dfc2_bias, dprobs=dprobs)
+
+
+# ============================================================================================
+# module-style wrapper
+
+
+class GroupedMLP:
+    """Parameters of a grouped MLP expert block plus forward / backward calls.
+
+    Parameters
+    ----------
+    num_experts : int
+    hidden_size : int
+        K: fc1's input and fc2's output features.
+    ffn_hidden_size : int
+        F: the activation's output features (fc1 has 2F outputs for GLU activations).
+    activation : str
+        "swiglu" (default), "clamped_swiglu" or "srelu".
+    glu_interleave : int, optional
+    bias : bool
+        Give fc1 and fc2 a bias.
+    recipe : Recipe
+    dtype : str or dtype
+        Parameter dtype ("float32", "bfloat16", "float16").
+    xp : module
+        ``numpy`` or ``cupy``: where the parameters live.
+    seed : int
+        Initialisation seed (uniform in ``+-1/sqrt(fan_in)``, as torch.nn.Linear).
+    limit, alpha : float, optional
+        clamped_swiglu parameters.
+
+    Each :meth:`backward` call advances an internal step counter used as the stochastic-rounding
+    seed, so repeated steps draw fresh random bits while runs stay reproducible.
+    """
+
+    def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int, *,
+                 activation: str = "swiglu", glu_interleave: int | None = None,
+                 bias: bool = True, recipe: Recipe | None = None, dtype="float32", xp=np,
+                 seed: int = 0, limit=None, alpha=None):
+        for name, v in (("num_experts", num_experts), ("hidden_size", hidden_size),
+                        ("ffn_hidden_size", ffn_hidden_size)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+                raise ValueError(f"{name}={v!r} must be a positive int")
+        self.activation = make_activation(activation, glu_interleave, limit, alpha)
+        if glu_interleave is not None and ffn_hidden_size % glu_interleave:
+            raise ValueError(f"glu_interleave={glu_interleave} must divide "
+                             f"ffn_hidden_size={ffn_hidden_size}")
+        self.recipe = _check_recipe(recipe if recipe is not None else Recipe.bf16())
+        dt = _np_dtype(dtype)
+        rng = np.random.default_rng(seed)
+        e, k, f = int(num_experts), int(hidden_size), int(ffn_hidden_size)
+        n1 = self.activation.input_features(f)
+
+        def uniform(shape, fan_in):
+            bound = 1.0 / np.sqrt(fan_in)
+            return xp.asarray(rng.uniform(-bound, bound, shape).astype(np.float32).astype(dt))
+
+        self.fc1_weight = uniform((e, n1, k), k)
+        self.fc2_weight = uniform((e, k, f), f)
+        self.fc1_bias = uniform((e, n1), k) if bias else None
+        self.fc2_bias = uniform((e, k), f) if bias else None
+        self.step = 0
+
+    def forward(self, x, splits, probs=None, *, input_requires_grad: bool = True,
+                weight_requires_grad: bool = True):
+        """``(y, ctx)`` of :func:`grouped_mlp_forward` with this block's parameters."""
+        return grouped_mlp_forward(x, splits, self.fc1_weight, self.fc2_weight, self.fc1_bias,
+                                   self.fc2_bias, probs=probs, activation=self.activation,
+                                   recipe=self.recipe, input_requires_grad=input_requires_grad,
+                                   weight_requires_grad=weight_requires_grad, seed=self.step)
+
+    __call__ = forward
+
+    def backward(self, dy, ctx) -> GroupedMLPGrads:
+        """Gradients of :func:`grouped_mlp_backward`; advances the SR step counter."""
+        grads = grouped_mlp_backward(dy, ctx)
+        self.step += 1
+        return grads

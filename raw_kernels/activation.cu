@@ -1,0 +1,659 @@
+// lowprec_moe: GroupedMLP activation kernels (forward and backward), optionally fused with the
+// MXFP8 quantization of their output. Launched by lowprec_moe/cuda/activation.py.
+//
+// Semantics (SPEC section 8; lowprec_moe/reference/activations.py is the definition): fp32 math,
+// every operation one IEEE round-to-nearest-even step without flush-to-zero, in the order the
+// reference writes it, and an exponential built from such operations (Cody-Waite reduction, a
+// degree-7 Horner polynomial, exact power-of-two scaling), so that every activation value and
+// element gradient is bit-identical to the NumPy reference. CuPy compiles with -ftz=true: all
+// arithmetic here goes through the non-flushing helpers of lpm_formats.cuh, comparisons through
+// setp without .ftz, negation through the sign bit.
+//
+// Kernels
+//   lpm_act_fwd_{f32,f16,bf16}      z = round(act(h) * p) -> z [M, F] of the layer dtype
+//   lpm_act_fwd_mx_{f32,f16,bf16}   the same values quantized to MXFP8 rowwise and/or columnwise
+//                                   (z never written); bytes equal to quantizing z
+//   lpm_act_bwd_{f32,f16,bf16}      dh = round(act'(h) * (dz * p)) -> dh [M, W] (optional),
+//                                   per-row dprobs partials, per-tile column sums of dh
+//   lpm_act_bwd_mx_{f32,f16,bf16}   the same with dh quantized to MXFP8 (E4M3 / E5M2)
+//   lpm_act_segment_colsum          per-expert sums of the per-tile column sums (bias gradient)
+//   lpm_act_row_sum                 per-row sums of the dprobs partials
+//
+// Work decomposition (shared by all modes, so that fused and unfused runs sum in the same order):
+// one warp per (32-row tile of one expert, TILE_COLS output features), the tile shape of the
+// MXFP8 quantizer (mxfp8_impl.cuh): lane = (rsub, chunk), rows rsub + 2j (j < 16), features
+// f0 = tile start + chunk * VEC .. + VEC. The values a lane computes are packed exactly as the
+// quantizer would have loaded them from memory and handed to lpm_mx::process_tile, which is why
+// the fused output equals the unfused chain bit for bit. In the backward, a warp writes the gate
+// gradients (phase 0) then the linear gradients (phase 1) of its features; with MXFP8 output every
+// aligned 32-column block of dh must be all gate or all linear (glu_interleave % 32 == 0).
+//
+// Reductions: dprobs partial of (row, feature tile) = fp32 sum over the lane's VEC features in
+// order, then a butterfly over the 16 lanes of the row (xor 1, 2, 4, 8); lpm_act_row_sum adds
+// the partials of a row in order. Column sums: fp32 sum of the lane's 16 rows in order, plus the
+// other row parity (xor 16); per expert, lpm_act_segment_colsum adds the tiles in order.
+// Deterministic and independent of the other experts (grouped == per expert, bitwise); not the
+// NumPy summation order.
+
+#include "mxfp8_impl.cuh"
+
+// ------------------------------------------------------------------------------------------
+// Exponential constants: fp32 bit patterns, mirrored by EXP_CONST_BITS in
+// lowprec_moe/reference/activations.py (tests/test_activations.py checks that they agree).
+constexpr unsigned int LPM_ACT_LOG2E_BITS = 0x3FB8AA3Bu;
+constexpr unsigned int LPM_ACT_LN2_HI_BITS = 0x3F317200u;
+constexpr unsigned int LPM_ACT_LN2_LO_BITS = 0x35BFBE8Eu;
+constexpr unsigned int LPM_ACT_RINT_MAGIC_BITS = 0x4B400000u;
+constexpr unsigned int LPM_ACT_EXP_MAX_IN_BITS = 0x42B20000u;
+constexpr unsigned int LPM_ACT_EXP_MIN_IN_BITS = 0xC2D00000u;
+constexpr unsigned int LPM_ACT_C2_BITS = 0x3F000000u;
+constexpr unsigned int LPM_ACT_C3_BITS = 0x3E2AAAABu;
+constexpr unsigned int LPM_ACT_C4_BITS = 0x3D2AAAABu;
+constexpr unsigned int LPM_ACT_C5_BITS = 0x3C088889u;
+constexpr unsigned int LPM_ACT_C6_BITS = 0x3AB60B61u;
+constexpr unsigned int LPM_ACT_C7_BITS = 0x39500D01u;
+
+// Launch-time constants shared with lowprec_moe/cuda/activation.py
+constexpr int LPM_ACT_WARPS_PER_CTA = 4;
+constexpr int LPM_ACT_FWD_MX_MIN_CTAS_PER_SM = 4;  // lpm_act_fwd_mx_*: <= 128 registers
+constexpr int LPM_ACT_BWD_MX_MIN_CTAS_PER_SM = 3;  // lpm_act_bwd_mx_*: <= 168 registers
+constexpr int LPM_ACT_COLSUM_THREADS = 256;
+constexpr int LPM_ACT_SWIGLU = 0;
+constexpr int LPM_ACT_CLAMPED_SWIGLU = 1;
+constexpr int LPM_ACT_SRELU = 2;
+static_assert(LPM_ACT_SRELU != LPM_ACT_SWIGLU && LPM_ACT_SRELU != LPM_ACT_CLAMPED_SWIGLU,
+              "activation ids must differ (act_value / act_grad treat every other id as srelu)");
+// `flags`: LPM_MX_FLAG_ROWWISE (1), LPM_MX_FLAG_COLUMNWISE (2), LPM_MX_FLAG_E5M2 (8) and
+constexpr int LPM_ACT_FLAG_VEC = 64;  // 16-byte vector loads / stores allowed (host-checked)
+
+namespace lpm_act {
+
+using lpm_mx::Kind;
+using lpm_mx::KIND_BF16;
+using lpm_mx::KIND_F16;
+using lpm_mx::KIND_F32;
+using lpm_mx::FMT_E4M3;
+using lpm_mx::FMT_E5M2;
+using lpm_mx::TileOut;
+using lpm_mx::TileRows;
+typedef unsigned char u8;
+typedef unsigned int u32;
+
+constexpr int ROWS_PER_LANE = LPM_MX_ROWS_PER_LANE;  // 16: a warp tile is 32 rows
+
+// ---- non-flushing comparisons, negation -----------------------------------------------------
+
+__device__ __forceinline__ bool f_gt(float a, float b) {
+    u32 r;
+    asm("{\n\t.reg .pred p;\n\tsetp.gt.f32 p, %1, %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(r) : "f"(a), "f"(b));
+    return r != 0u;
+}
+
+__device__ __forceinline__ bool f_lt(float a, float b) { return f_gt(b, a); }
+
+__device__ __forceinline__ bool f_le(float a, float b) {
+    u32 r;
+    asm("{\n\t.reg .pred p;\n\tsetp.le.f32 p, %1, %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+        : "=r"(r) : "f"(a), "f"(b));
+    return r != 0u;
+}
+
+__device__ __forceinline__ bool f_ge(float a, float b) { return f_le(b, a); }
+
+__device__ __forceinline__ float f_neg(float x) {
+    return __uint_as_float(__float_as_uint(x) ^ 0x80000000u);
+}
+
+__device__ __forceinline__ float cbits(u32 b) { return __uint_as_float(b); }
+
+// ---- exp and sigmoid (reference: exp_f32, sigmoid_f32) ---------------------------------------
+
+__device__ __forceinline__ float exp_f32(float x) {
+    // NaN fails both comparisons and propagates through the arithmetic.
+    float xc = f_gt(x, cbits(LPM_ACT_EXP_MAX_IN_BITS)) ? cbits(LPM_ACT_EXP_MAX_IN_BITS) : x;
+    xc = f_lt(xc, cbits(LPM_ACT_EXP_MIN_IN_BITS)) ? cbits(LPM_ACT_EXP_MIN_IN_BITS) : xc;
+    const float t = lpm_mul_rn(xc, cbits(LPM_ACT_LOG2E_BITS));
+    const float n = lpm_sub_rn(lpm_add_rn(t, cbits(LPM_ACT_RINT_MAGIC_BITS)),
+                               cbits(LPM_ACT_RINT_MAGIC_BITS));
+    float r = lpm_sub_rn(xc, lpm_mul_rn(n, cbits(LPM_ACT_LN2_HI_BITS)));
+    r = lpm_sub_rn(r, lpm_mul_rn(n, cbits(LPM_ACT_LN2_LO_BITS)));
+    float p = cbits(LPM_ACT_C7_BITS);
+    p = lpm_add_rn(lpm_mul_rn(p, r), cbits(LPM_ACT_C6_BITS));
+    p = lpm_add_rn(lpm_mul_rn(p, r), cbits(LPM_ACT_C5_BITS));
+    p = lpm_add_rn(lpm_mul_rn(p, r), cbits(LPM_ACT_C4_BITS));
+    p = lpm_add_rn(lpm_mul_rn(p, r), cbits(LPM_ACT_C3_BITS));
+    p = lpm_add_rn(lpm_mul_rn(p, r), cbits(LPM_ACT_C2_BITS));
+    p = lpm_add_rn(lpm_mul_rn(p, r), 1.0f);
+    p = lpm_add_rn(lpm_mul_rn(p, r), 1.0f);
+    const int ni = __float2int_rz(n);  // exact: n is an integer in [-150, 129] (NaN -> 0)
+    const int n1 = ni >> 1;            // floor(n / 2)
+    const int n2 = ni - n1;
+    const float s1 = __uint_as_float((u32)(n1 + 127) << 23);
+    const float s2 = __uint_as_float((u32)(n2 + 127) << 23);
+    return lpm_mul_rn(lpm_mul_rn(p, s1), s2);
+}
+
+__device__ __forceinline__ float sigmoid_f32(float t) {
+    return lpm_div_rn(1.0f, lpm_add_rn(1.0f, exp_f32(f_neg(t))));
+}
+
+// ---- the activations (reference: act_forward_f32, act_backward_f32) --------------------------
+
+struct Params {
+    int act;
+    float limit;
+    float alpha;
+};
+
+// Activation value from gate (or unary input) g and linear l.
+__device__ __forceinline__ float act_value(const Params& P, float g, float l) {
+    if (P.act == LPM_ACT_SWIGLU) {
+        const float s = sigmoid_f32(g);
+        return lpm_mul_rn(lpm_mul_rn(g, s), l);
+    }
+    if (P.act == LPM_ACT_CLAMPED_SWIGLU) {
+        const float lim = P.limit;
+        const float gc = f_gt(g, lim) ? lim : g;
+        const float lc = f_gt(l, lim) ? lim : (f_lt(l, f_neg(lim)) ? f_neg(lim) : l);
+        const float s = sigmoid_f32(lpm_mul_rn(P.alpha, gc));
+        return lpm_mul_rn(lpm_mul_rn(gc, s), lpm_add_rn(lc, 1.0f));
+    }
+    return f_le(g, 0.0f) ? 0.0f : lpm_mul_rn(g, g);  // srelu
+}
+
+// Gradient w.r.t. the gate / unary input (phase 0) or the linear input (phase 1).
+__device__ __forceinline__ float act_grad(const Params& P, float g, float l, float da,
+                                          int phase) {
+    if (P.act == LPM_ACT_SWIGLU) {
+        const float s = sigmoid_f32(g);
+        if (phase == 1) return lpm_mul_rn(da, lpm_mul_rn(g, s));
+        const float dsilu = lpm_mul_rn(s, lpm_add_rn(1.0f, lpm_mul_rn(g, lpm_sub_rn(1.0f, s))));
+        return lpm_mul_rn(lpm_mul_rn(da, l), dsilu);
+    }
+    if (P.act == LPM_ACT_CLAMPED_SWIGLU) {
+        const float lim = P.limit;
+        const float gc = f_gt(g, lim) ? lim : g;
+        const float t = lpm_mul_rn(P.alpha, gc);
+        const float s = sigmoid_f32(t);
+        if (phase == 1) {
+            const bool inside = f_ge(l, f_neg(lim)) && f_le(l, lim);
+            return inside ? lpm_mul_rn(da, lpm_mul_rn(gc, s)) : 0.0f;
+        }
+        const float lc = f_gt(l, lim) ? lim : (f_lt(l, f_neg(lim)) ? f_neg(lim) : l);
+        const float dsg = lpm_mul_rn(s, lpm_add_rn(1.0f, lpm_mul_rn(t, lpm_sub_rn(1.0f, s))));
+        return f_le(g, lim) ? lpm_mul_rn(lpm_mul_rn(da, lpm_add_rn(lc, 1.0f)), dsg) : 0.0f;
+    }
+    return f_le(g, 0.0f) ? 0.0f : lpm_mul_rn(lpm_add_rn(g, g), da);  // srelu
+}
+
+// ---- element formats ----------------------------------------------------------------------------
+
+// fp32 -> bit pattern of the layer dtype (RNE, no flush; fp32 unchanged).
+template <int KIND>
+__device__ __forceinline__ u32 enc(float v) {
+    if (KIND == KIND_F32) return __float_as_uint(v);
+    if (KIND == KIND_BF16) return (u32)lpm_f32_to_bf16_bits_rn(v);
+    unsigned short r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return (u32)r;
+}
+
+template <int KIND>
+__device__ __forceinline__ float dec(u32 bits) {
+    if (KIND == KIND_F32) return __uint_as_float(bits);
+    if (KIND == KIND_BF16) return __uint_as_float(bits << 16);
+    return lpm_f16_bits_to_f32((unsigned short)bits);
+}
+
+template <int KIND>
+__device__ __forceinline__ float load_one(const u8* __restrict__ base, long long elem) {
+    if (KIND == KIND_F32) return __uint_as_float(__ldg(reinterpret_cast<const u32*>(base) + elem));
+    return dec<KIND>((u32)__ldg(reinterpret_cast<const unsigned short*>(base) + elem));
+}
+
+// VEC consecutive elements starting at `elem` (16-byte aligned).
+template <int KIND>
+__device__ __forceinline__ void load_vec(const u8* __restrict__ base, long long elem,
+                                         float (&v)[Kind<KIND>::VEC]) {
+    const uint4 w = __ldg(reinterpret_cast<const uint4*>(base + elem * Kind<KIND>::ELEM_BYTES));
+    const u32 words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int c = 0; c < Kind<KIND>::VEC; ++c)
+        v[c] = KIND == KIND_F32 ? __uint_as_float(words[c])
+                                : lpm_mx::elem_to_f32<KIND>(words[c / 2], (c & 1) != 0);
+}
+
+// Pack VEC layer-dtype patterns into the 4 words the MXFP8 tile code expects.
+template <int KIND>
+__device__ __forceinline__ void pack(const u32 (&e)[Kind<KIND>::VEC], u32 (&w)[4]) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+        w[q] = KIND == KIND_F32 ? e[q] : (e[2 * q] | (e[2 * q + 1] << 16));
+}
+
+template <int KIND>
+__device__ __forceinline__ u32 unpack(const u32 (&w)[4], int c) {
+    if (KIND == KIND_F32) return w[c];
+    return (c & 1) ? (w[c / 2] >> 16) : (w[c / 2] & 0xFFFFu);
+}
+
+template <int KIND>
+__device__ __forceinline__ void store_one(u8* __restrict__ base, long long elem, u32 bits) {
+    if (KIND == KIND_F32) {
+        reinterpret_cast<u32*>(base)[elem] = bits;
+    } else {
+        reinterpret_cast<unsigned short*>(base)[elem] = (unsigned short)bits;
+    }
+}
+
+// ---- GLU column layout -----------------------------------------------------------------------
+
+// Column of feature f in the activation input: gate (phase 0) or linear (phase 1) half; unary
+// activations (glu == 0) read column f.
+__device__ __forceinline__ long long in_col(long long f, int phase, int glu, long long f_dim,
+                                            int il) {
+    if (!glu) return f;
+    if (il == 0) return phase == 0 ? f : f_dim + f;
+    const long long c = (f / il) * (2LL * il) + f % il;
+    return phase == 0 ? c : c + il;
+}
+
+// ---- tile set-up -------------------------------------------------------------------------------
+
+struct Tile {
+    long long rt, ft;  // row tile, feature tile
+    TileRows tr;
+    int rsub, chunk;
+    long long f0;      // first feature of the lane
+    bool col_ok;       // f0 < F
+    int nvalid;        // features of the lane inside F (0..VEC)
+    bool vec;          // vector loads / stores for this lane
+};
+
+template <int KIND>
+__device__ __forceinline__ bool setup_tile(Tile& t, long long f_dim, long long m_total,
+                                           const long long* __restrict__ row_off,
+                                           const long long* __restrict__ tile_off,
+                                           int num_groups, long long num_row_tiles, int flags) {
+    constexpr int VEC = Kind<KIND>::VEC;
+    constexpr int TILE_COLS = Kind<KIND>::TILE_COLS;
+    const int lane = threadIdx.x & 31;
+    const long long f_tiles = (f_dim + TILE_COLS - 1) / TILE_COLS;
+    const long long warp_id =
+        (long long)blockIdx.x * LPM_ACT_WARPS_PER_CTA + (long long)(threadIdx.x >> 5);
+    if (warp_id >= num_row_tiles * f_tiles) return false;  // whole warp
+    t.rt = warp_id / f_tiles;
+    t.ft = warp_id - t.rt * f_tiles;
+    t.tr = lpm_mx::locate_tile(t.rt, m_total, row_off, tile_off, num_groups);
+    t.rsub = lane >> 4;
+    t.chunk = lane & 15;
+    t.f0 = t.ft * TILE_COLS + (long long)t.chunk * VEC;
+    t.col_ok = t.f0 < f_dim;
+    const long long left = f_dim - t.f0;
+    t.nvalid = !t.col_ok ? 0 : (left < VEC ? (int)left : VEC);
+    t.vec = (flags & LPM_ACT_FLAG_VEC) != 0 && t.nvalid == VEC;
+    return true;
+}
+
+// The gate (phase 0; unary input) and linear (GLU only) values of the lane's features in one row.
+template <int KIND>
+__device__ __forceinline__ void load_inputs(const u8* __restrict__ h, long long row,
+                                            long long h_width, long long f_dim, int glu, int il,
+                                            const Tile& t, float (&g)[Kind<KIND>::VEC],
+                                            float (&l)[Kind<KIND>::VEC]) {
+    constexpr int VEC = Kind<KIND>::VEC;
+    const long long base = row * h_width;
+    if (t.vec) {
+        load_vec<KIND>(h, base + in_col(t.f0, 0, glu, f_dim, il), g);
+        if (glu) {
+            load_vec<KIND>(h, base + in_col(t.f0, 1, glu, f_dim, il), l);
+        } else {
+#pragma unroll
+            for (int c = 0; c < VEC; ++c) l[c] = 0.0f;
+        }
+        return;
+    }
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) {
+        g[c] = 0.0f;
+        l[c] = 0.0f;
+        if (c < t.nvalid) {
+            g[c] = load_one<KIND>(h, base + in_col(t.f0 + c, 0, glu, f_dim, il));
+            if (glu) l[c] = load_one<KIND>(h, base + in_col(t.f0 + c, 1, glu, f_dim, il));
+        }
+    }
+}
+
+// Store the lane's VEC values of one row (layer dtype) at output columns of `phase`.
+template <int KIND>
+__device__ __forceinline__ void store_row(u8* __restrict__ out, long long row, long long width,
+                                          const u32 (&w)[4], const Tile& t, int phase, int glu,
+                                          long long f_dim, int il) {
+    constexpr int VEC = Kind<KIND>::VEC;
+    const long long base = row * width;
+    if (t.vec) {
+        const long long c0 = in_col(t.f0, phase, glu, f_dim, il);
+        uint4 v;
+        v.x = w[0];
+        v.y = w[1];
+        v.z = w[2];
+        v.w = w[3];
+        *reinterpret_cast<uint4*>(out + (base + c0) * Kind<KIND>::ELEM_BYTES) = v;
+        return;
+    }
+#pragma unroll
+    for (int c = 0; c < VEC; ++c)
+        if (c < t.nvalid)
+            store_one<KIND>(out, base + in_col(t.f0 + c, phase, glu, f_dim, il),
+                            unpack<KIND>(w, c));
+}
+
+// ---- per-warp staging of the packed tile (MXFP8 output) ------------------------------------
+//
+// The rows of a lane are computed in a rolled loop (one copy of the activation math per feature
+// instead of one per (row, feature): the kernels stay small and compile fast); the packed words
+// of each row go through shared memory so that the MXFP8 tile code gets them in registers.
+
+constexpr int STAGE_ROWS = 2 * ROWS_PER_LANE;  // 32
+constexpr int STAGE_CHUNKS = 16;
+
+struct Stage {
+    uint4 w[LPM_ACT_WARPS_PER_CTA][STAGE_ROWS][STAGE_CHUNKS];
+};
+
+__device__ __forceinline__ void stage_put(Stage& st, int r, int chunk, const u32 (&w)[4]) {
+    uint4 v;
+    v.x = w[0];
+    v.y = w[1];
+    v.z = w[2];
+    v.w = w[3];
+    st.w[threadIdx.x >> 5][r][chunk] = v;
+}
+
+__device__ __forceinline__ void stage_get(const Stage& st, int rsub, int chunk,
+                                          u32 (&raw)[ROWS_PER_LANE][4]) {
+#pragma unroll
+    for (int j = 0; j < ROWS_PER_LANE; ++j) {
+        const uint4 v = st.w[threadIdx.x >> 5][rsub + 2 * j][chunk];
+        raw[j][0] = v.x;
+        raw[j][1] = v.y;
+        raw[j][2] = v.z;
+        raw[j][3] = v.w;
+    }
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+
+template <int KIND, bool MX, int FMT>
+__device__ __forceinline__ void fwd_body(const u8* __restrict__ h, const float* __restrict__ probs,
+                                         long long f_dim, long long h_width, int glu, int il,
+                                         const Params& P, long long m_total,
+                                         const long long* __restrict__ row_off,
+                                         const long long* __restrict__ tile_off, int num_groups,
+                                         long long num_row_tiles, u8* __restrict__ z,
+                                         const TileOut& o, int flags, Stage& st) {
+    constexpr int VEC = Kind<KIND>::VEC;
+    Tile t;
+    if (!setup_tile<KIND>(t, f_dim, m_total, row_off, tile_off, num_groups, num_row_tiles, flags))
+        return;
+#pragma unroll 1
+    for (int j = 0; j < ROWS_PER_LANE; ++j) {
+        const int r = t.rsub + 2 * j;
+        const bool valid = t.col_ok && r < t.tr.valid;
+        const long long row = t.tr.in_row0 + r;
+        u32 e[VEC];
+        if (valid) {
+            float g[VEC], l[VEC];
+            load_inputs<KIND>(h, row, h_width, f_dim, glu, il, t, g, l);
+            const float p = probs != nullptr ? __ldg(probs + row) : 1.0f;
+#pragma unroll
+            for (int c = 0; c < VEC; ++c) {
+                float a = act_value(P, g[c], l[c]);
+                if (probs != nullptr) a = lpm_mul_rn(a, p);
+                e[c] = c < t.nvalid ? enc<KIND>(a) : 0u;
+            }
+        } else {
+#pragma unroll
+            for (int c = 0; c < VEC; ++c) e[c] = 0u;
+        }
+        u32 w[4];
+        pack<KIND>(e, w);
+        if (MX) {
+            stage_put(st, r, t.chunk, w);
+        } else if (valid) {
+            store_row<KIND>(z, row, f_dim, w, t, 0, 0, f_dim, 0);
+        }
+    }
+    if (MX) {
+        __syncwarp();
+        u32 raw[ROWS_PER_LANE][4];
+        stage_get(st, t.rsub, t.chunk, raw);
+        lpm_mx::process_tile<KIND, FMT, true>(raw, o, f_dim, t.rt, t.tr, t.f0, t.col_ok, t.rsub,
+                                              t.chunk, (flags & LPM_MX_FLAG_ROWWISE) != 0,
+                                              (flags & LPM_MX_FLAG_COLUMNWISE) != 0, false);
+    }
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+
+template <int KIND, bool MX, int FMT>
+__device__ __forceinline__ void bwd_body(const u8* __restrict__ dz, const u8* __restrict__ h,
+                                         const float* __restrict__ probs, long long f_dim,
+                                         long long h_width, int glu, int il, const Params& P,
+                                         long long m_total, const long long* __restrict__ row_off,
+                                         const long long* __restrict__ tile_off, int num_groups,
+                                         long long num_row_tiles, u8* __restrict__ dh,
+                                         const TileOut& o, int flags,
+                                         float* __restrict__ dprobs_part,
+                                         float* __restrict__ colsum_part, Stage& st) {
+    constexpr int VEC = Kind<KIND>::VEC;
+    constexpr int TILE_COLS = Kind<KIND>::TILE_COLS;
+    Tile t;
+    if (!setup_tile<KIND>(t, f_dim, m_total, row_off, tile_off, num_groups, num_row_tiles, flags))
+        return;
+    const bool want_p = dprobs_part != nullptr && probs != nullptr;
+    const long long f_tiles = (f_dim + TILE_COLS - 1) / TILE_COLS;
+
+    const int nphase = glu ? 2 : 1;
+#pragma unroll 1
+    for (int phase = 0; phase < nphase; ++phase) {
+        float s[VEC];  // column sums of the lane's rows
+#pragma unroll
+        for (int c = 0; c < VEC; ++c) s[c] = 0.0f;
+#pragma unroll 1
+        for (int j = 0; j < ROWS_PER_LANE; ++j) {
+            const int r = t.rsub + 2 * j;
+            const bool valid = t.col_ok && r < t.tr.valid;
+            const long long row = t.tr.in_row0 + r;
+            u32 e[VEC];
+            float pj = 0.0f;  // this row's dprobs partial over the lane's features
+            if (valid) {
+                float g[VEC], l[VEC], d[VEC];
+                load_inputs<KIND>(h, row, h_width, f_dim, glu, il, t, g, l);
+                if (t.vec) {
+                    load_vec<KIND>(dz, row * f_dim + t.f0, d);
+                } else {
+#pragma unroll
+                    for (int c = 0; c < VEC; ++c)
+                        d[c] = c < t.nvalid ? load_one<KIND>(dz, row * f_dim + t.f0 + c) : 0.0f;
+                }
+                const float p = probs != nullptr ? __ldg(probs + row) : 1.0f;
+#pragma unroll
+                for (int c = 0; c < VEC; ++c) {
+                    const float da = probs != nullptr ? lpm_mul_rn(d[c], p) : d[c];
+                    e[c] = c < t.nvalid ? enc<KIND>(act_grad(P, g[c], l[c], da, phase)) : 0u;
+                    if (want_p && phase == 0 && c < t.nvalid)
+                        pj = lpm_add_rn(pj, lpm_mul_rn(act_value(P, g[c], l[c]), d[c]));
+                }
+            } else {
+#pragma unroll
+                for (int c = 0; c < VEC; ++c) e[c] = 0u;
+            }
+#pragma unroll
+            for (int c = 0; c < VEC; ++c) s[c] = lpm_add_rn(s[c], dec<KIND>(e[c]));
+            u32 w[4];
+            pack<KIND>(e, w);
+            if (MX) stage_put(st, r, t.chunk, w);
+            if (dh != nullptr && valid)
+                store_row<KIND>(dh, row, h_width, w, t, phase, glu, f_dim, il);
+            if (want_p && phase == 0) {
+                // butterfly over the 16 lanes of this row (uniform: every lane runs it)
+#pragma unroll
+                for (int sh = 1; sh < 16; sh <<= 1)
+                    pj = lpm_add_rn(pj, __shfl_xor_sync(0xFFFFFFFFu, pj, sh));
+                if (t.chunk == 0 && r < t.tr.valid) dprobs_part[row * f_tiles + t.ft] = pj;
+            }
+        }
+        if (colsum_part != nullptr) {
+#pragma unroll
+            for (int c = 0; c < VEC; ++c)
+                s[c] = lpm_add_rn(s[c], __shfl_xor_sync(0xFFFFFFFFu, s[c], 16));
+            if (t.rsub == 0) {
+                float* dst = colsum_part + t.rt * h_width;
+#pragma unroll
+                for (int c = 0; c < VEC; ++c)
+                    if (c < t.nvalid) dst[in_col(t.f0 + c, phase, glu, f_dim, il)] = s[c];
+            }
+        }
+        if (MX) {
+            __syncwarp();
+            u32 raw[ROWS_PER_LANE][4];
+            stage_get(st, t.rsub, t.chunk, raw);
+            lpm_mx::process_tile<KIND, FMT, true>(
+                raw, o, h_width, t.rt, t.tr, in_col(t.f0, phase, glu, f_dim, il), t.col_ok,
+                t.rsub, t.chunk, (flags & LPM_MX_FLAG_ROWWISE) != 0,
+                (flags & LPM_MX_FLAG_COLUMNWISE) != 0, false);
+            __syncwarp();  // the next phase overwrites the staging buffer
+        }
+    }
+}
+
+}  // namespace lpm_act
+
+// ================================================================================================
+// extern "C" entry points
+// ================================================================================================
+
+// Forward. h [m_total, h_width] (h_width = 2 f_dim for GLU, f_dim for srelu; dtype in the name),
+// probs fp32 [m_total] or nullptr, il = glu_interleave (0: none). Row tiles: the per-member
+// 32-row tiles (row_off / tile_off: device int64 [num_groups + 1]). Plain kernels write
+// z [m_total, f_dim]; _mx kernels write MXFP8 of z as the grouped quantizer lays it out (flags:
+// rowwise / columnwise / e5m2). Grid: ceil(num_row_tiles * ceil(f_dim / TILE_COLS) / 4) CTAs of
+// 128 threads.
+#define LPM_ACT_FWD_KERNEL(NAME, KIND, MX)                                                         \
+    extern "C" __global__ void                                                                     \
+    __launch_bounds__(LPM_ACT_WARPS_PER_CTA * 32, MX ? LPM_ACT_FWD_MX_MIN_CTAS_PER_SM : 1)         \
+        NAME(const void* __restrict__ h, const float* __restrict__ probs, long long f_dim,         \
+             long long h_width, int glu, int il, int act, float limit, float alpha,                \
+             long long m_total, const long long* __restrict__ row_off,                             \
+             const long long* __restrict__ tile_off, int num_groups, long long num_row_tiles,      \
+             void* __restrict__ z, unsigned char* __restrict__ row_data,                           \
+             unsigned char* __restrict__ row_scale, unsigned char* __restrict__ col_data,          \
+             unsigned char* __restrict__ col_scale, int flags) {                                   \
+        __shared__ lpm_act::Stage st;                                                              \
+        const lpm_act::Params P = {act, limit, alpha};                                             \
+        lpm_act::TileOut o;                                                                        \
+        o.row_data = row_data;                                                                     \
+        o.row_scale = row_scale;                                                                   \
+        o.col_data = col_data;                                                                     \
+        o.col_scale = col_scale;                                                                   \
+        const unsigned char* hb = static_cast<const unsigned char*>(h);                            \
+        unsigned char* zb = static_cast<unsigned char*>(z);                                        \
+        if (MX && (flags & LPM_MX_FLAG_E5M2) != 0) {                                               \
+            lpm_act::fwd_body<KIND, MX, lpm_act::FMT_E5M2>(hb, probs, f_dim, h_width, glu, il, P,  \
+                                                           m_total, row_off, tile_off,             \
+                                                           num_groups, num_row_tiles, zb, o,       \
+                                                           flags, st);                             \
+        } else {                                                                                   \
+            lpm_act::fwd_body<KIND, MX, lpm_act::FMT_E4M3>(hb, probs, f_dim, h_width, glu, il, P,  \
+                                                           m_total, row_off, tile_off,             \
+                                                           num_groups, num_row_tiles, zb, o,       \
+                                                           flags, st);                             \
+        }                                                                                          \
+    }
+
+LPM_ACT_FWD_KERNEL(lpm_act_fwd_f32, lpm_act::KIND_F32, false)
+LPM_ACT_FWD_KERNEL(lpm_act_fwd_f16, lpm_act::KIND_F16, false)
+LPM_ACT_FWD_KERNEL(lpm_act_fwd_bf16, lpm_act::KIND_BF16, false)
+LPM_ACT_FWD_KERNEL(lpm_act_fwd_mx_f32, lpm_act::KIND_F32, true)
+LPM_ACT_FWD_KERNEL(lpm_act_fwd_mx_f16, lpm_act::KIND_F16, true)
+LPM_ACT_FWD_KERNEL(lpm_act_fwd_mx_bf16, lpm_act::KIND_BF16, true)
+
+#undef LPM_ACT_FWD_KERNEL
+
+// Backward. dz [m_total, f_dim] and h [m_total, h_width] of the same dtype; probs as above.
+// Optional outputs (nullptr: skipped): dh [m_total, h_width] (layer dtype); the MXFP8 copies of
+// dh (_mx kernels, flags); dprobs_part fp32 [m_total, ceil(f_dim / TILE_COLS)] (needs probs);
+// colsum_part fp32 [num_row_tiles, h_width]. Grid as the forward.
+#define LPM_ACT_BWD_KERNEL(NAME, KIND, MX)                                                         \
+    extern "C" __global__ void                                                                     \
+    __launch_bounds__(LPM_ACT_WARPS_PER_CTA * 32, MX ? LPM_ACT_BWD_MX_MIN_CTAS_PER_SM : 1)         \
+        NAME(const void* __restrict__ dz, const void* __restrict__ h,                              \
+             const float* __restrict__ probs, long long f_dim, long long h_width, int glu,         \
+             int il, int act, float limit, float alpha, long long m_total,                         \
+             const long long* __restrict__ row_off, const long long* __restrict__ tile_off,        \
+             int num_groups, long long num_row_tiles, void* __restrict__ dh,                       \
+             unsigned char* __restrict__ row_data, unsigned char* __restrict__ row_scale,          \
+             unsigned char* __restrict__ col_data, unsigned char* __restrict__ col_scale,          \
+             int flags, float* __restrict__ dprobs_part, float* __restrict__ colsum_part) {        \
+        __shared__ lpm_act::Stage st;                                                              \
+        const lpm_act::Params P = {act, limit, alpha};                                             \
+        lpm_act::TileOut o;                                                                        \
+        o.row_data = row_data;                                                                     \
+        o.row_scale = row_scale;                                                                   \
+        o.col_data = col_data;                                                                     \
+        o.col_scale = col_scale;                                                                   \
+        const unsigned char* dzb = static_cast<const unsigned char*>(dz);                          \
+        const unsigned char* hb = static_cast<const unsigned char*>(h);                            \
+        unsigned char* dhb = static_cast<unsigned char*>(dh);                                      \
+        if (MX && (flags & LPM_MX_FLAG_E5M2) != 0) {                                               \
+            lpm_act::bwd_body<KIND, MX, lpm_act::FMT_E5M2>(                                        \
+                dzb, hb, probs, f_dim, h_width, glu, il, P, m_total, row_off, tile_off,            \
+                num_groups, num_row_tiles, dhb, o, flags, dprobs_part, colsum_part, st);           \
+        } else {                                                                                   \
+            lpm_act::bwd_body<KIND, MX, lpm_act::FMT_E4M3>(                                        \
+                dzb, hb, probs, f_dim, h_width, glu, il, P, m_total, row_off, tile_off,            \
+                num_groups, num_row_tiles, dhb, o, flags, dprobs_part, colsum_part, st);           \
+        }                                                                                          \
+    }
+
+LPM_ACT_BWD_KERNEL(lpm_act_bwd_f32, lpm_act::KIND_F32, false)
+LPM_ACT_BWD_KERNEL(lpm_act_bwd_f16, lpm_act::KIND_F16, false)
+LPM_ACT_BWD_KERNEL(lpm_act_bwd_bf16, lpm_act::KIND_BF16, false)
+LPM_ACT_BWD_KERNEL(lpm_act_bwd_mx_f32, lpm_act::KIND_F32, true)
+LPM_ACT_BWD_KERNEL(lpm_act_bwd_mx_f16, lpm_act::KIND_F16, true)
+LPM_ACT_BWD_KERNEL(lpm_act_bwd_mx_bf16, lpm_act::KIND_BF16, true)
+
+#undef LPM_ACT_BWD_KERNEL
+
+// out[g, c] = sum over the row tiles t of member g (tile_off, device int64 [num_groups + 1]) of
+// part[t, c], in tile order (fp32, non-flushing); 0 for members without rows. One thread per
+// (member, column).
+extern "C" __global__ void __launch_bounds__(LPM_ACT_COLSUM_THREADS)
+    lpm_act_segment_colsum(const float* __restrict__ part, long long width,
+                           const long long* __restrict__ tile_off, int num_groups,
+                           float* __restrict__ out) {
+    const long long idx = (long long)blockIdx.x * LPM_ACT_COLSUM_THREADS + threadIdx.x;
+    if (idx >= (long long)num_groups * width) return;
+    const long long g = idx / width;
+    const long long c = idx - g * width;
+    const long long t1 = __ldg(tile_off + g + 1);
+    float s = 0.0f;
+    for (long long t = __ldg(tile_off + g); t < t1; ++t)
+        s = lpm_add_rn(s, __ldg(part + t * width + c));
+    out[idx] = s;
+}
+
+// out[r] = sum over c < n_cols of part[r, c], in column order (fp32, non-flushing): the per-row
+// dprobs from the per-(row, feature tile) partials. One thread per row; the order does not depend
+// on the number of rows, so a grouped call and one call per expert give the same bits.
+extern "C" __global__ void __launch_bounds__(LPM_ACT_COLSUM_THREADS)
+    lpm_act_row_sum(const float* __restrict__ part, long long n_cols, long long rows,
+                    float* __restrict__ out) {
+    const long long r = (long long)blockIdx.x * LPM_ACT_COLSUM_THREADS + threadIdx.x;
+    if (r >= rows) return;
+    float s = 0.0f;
+    for (long long c = 0; c < n_cols; ++c) s = lpm_add_rn(s, __ldg(part + r * n_cols + c));
+    out[r] = s;
+}

@@ -1,0 +1,757 @@
+"""GroupedMLP forward / backward (SPEC sections 6-9), on both backends through ``xp``.
+
+Two yardsticks:
+
+* **Analytic float64** (bf16 recipe, float32 inputs): per expert, ``h = x W1^T + b1``,
+  ``z = act(h) p``, ``y = z W2^T + b2 p`` and every gradient written out by hand in float64 --
+  forward and all six gradients must agree to ~1e-5 (fp32 GEMMs, fp32 activation math).
+* **Stage by stage** (quantized recipes): every GEMM the layer runs is recorded and compared with
+  the float64 product of its *dequantized* operands (SPEC 7 tolerance), and the operands are
+  checked to be exactly what the chain should feed them: quantize(x), quantize(act(h) p) of the
+  recorded fc1 output, quantize(dy), quantize(act'(h) dz p) of the recorded fc2 dgrad output
+  (with the recipe's options and stochastic-rounding seeds). An end-to-end comparison against
+  the analytic result, loose, confirms the quantization error is of the expected size.
+
+Also bit for bit: pre-quantized (wire) x / dy == their bf16 dequantization, frozen weights /
+input give the same remaining gradients, grouped == per expert, fused == unfused kernels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import lowprec_moe as lpm
+import lowprec_moe.mlp as mlp_mod
+from lowprec_moe import GroupedTensor, Recipe
+from lowprec_moe.activations import make_activation
+from lowprec_moe.reference import activations as R
+
+from conftest import assert_bytes_equal, assert_quantized_equal, requires_gpu, to_host
+
+BF16 = ml_dtypes.bfloat16
+G, K, F = 3, 64, 64
+SPLITS = (40, 0, 57)  # M = 97: an empty expert, no split a multiple of 16 or 32
+SEED = 77
+RTOL = 1e-5
+
+QUANT_RECIPES = {
+    "mxfp8-e4m3": Recipe.mxfp8(),
+    "mxfp8-hybrid": Recipe.mxfp8(fp8_format="hybrid"),
+    "nvfp4": Recipe.nvfp4(),  # RHT (bf16 inputs) and SR on the gradients
+    "nvfp4-row-scaled": Recipe.nvfp4(row_scaled_activation=True),
+}
+NO_SR_RECIPES = {
+    "bf16": Recipe.bf16(),
+    "mxfp8-e4m3": Recipe.mxfp8(),
+    "nvfp4-no-sr": Recipe.nvfp4(stochastic_rounding=False),
+}
+ACTS = [("swiglu", None), ("swiglu", 32), ("clamped_swiglu", None), ("clamped_swiglu", 32),
+        ("srelu", None)]
+
+
+# ============================================================================================
+# data
+
+
+def make_data(act, dtype=np.float32, splits=SPLITS, seed=0, k=K, f=F, n2=K):
+    rng = np.random.default_rng(seed)
+    m, g = int(sum(splits)), len(splits)
+    n1 = act.input_features(f)
+    x = rng.standard_normal((m, k)) * 10.0 ** rng.uniform(-0.3, 0.3, (m, 1))
+    w1 = rng.standard_normal((g, n1, k)) * (2.0 / np.sqrt(k))
+    b1 = rng.standard_normal((g, n1)) * 0.5
+    w2 = rng.standard_normal((g, n2, f)) / np.sqrt(f)
+    b2 = rng.standard_normal((g, n2))
+    p = rng.uniform(0.1, 1.0, m)
+    dy = rng.standard_normal((m, n2)) * 10.0 ** rng.uniform(-0.5, 0.5, (m, 1))
+    cast = lambda a: a.astype(np.float32).astype(dtype)  # noqa: E731
+    return dict(x=cast(x), w1=cast(w1), b1=cast(b1), w2=cast(w2), b2=cast(b2),
+                probs=p.astype(np.float32), dy=cast(dy))
+
+
+def on(xp, d):
+    return {k: (xp.asarray(v) if v is not None else None) for k, v in d.items()}
+
+
+def offsets(splits):
+    return np.concatenate([[0], np.cumsum(splits)]).astype(np.int64)
+
+
+def run(xp, d, recipe, act, splits=SPLITS, *, bias=True, probs=True, seed=SEED, **kw):
+    a = on(xp, d)
+    y, ctx = lpm.grouped_mlp_forward(a["x"], list(splits), a["w1"], a["w2"],
+                                     a["b1"] if bias else None, a["b2"] if bias else None,
+                                     probs=a["probs"] if probs else None, activation=act.name,
+                                     glu_interleave=act.glu_interleave, limit=_lim(act),
+                                     recipe=recipe, seed=seed, **kw)
+    grads = lpm.grouped_mlp_backward(a["dy"], ctx)
+    return y, grads, ctx
+
+
+def _lim(act):
+    return act.limit if act.name == "clamped_swiglu" else None
+
+
+# ============================================================================================
+# analytic float64 reference
+
+
+def _sig(t):
+    return 1.0 / (1.0 + np.exp(-t))
+
+
+def act64(act, h):
+    """float64 (a, dh/da per input column as (fac_gate, fac_lin)) of h [M, N1]."""
+    f = h.shape[1] // 2 if act.is_glu else h.shape[1]
+    if not act.is_glu:
+        return np.where(h > 0, h * h, 0.0), (np.where(h > 0, 2 * h, 0.0), None), None
+    gi, li = R.glu_columns(f, act.glu_interleave)
+    g, l = h[:, gi], h[:, li]
+    if act.name == "swiglu":
+        s = _sig(g)
+        return g * s * l, (l * s * (1 + g * (1 - s)), g * s), (gi, li)
+    lim, alpha = float(np.float32(act.limit)), float(np.float32(act.alpha))
+    gc, lc = np.minimum(g, lim), np.clip(l, -lim, lim)
+    t = alpha * gc
+    s = _sig(t)
+    return (gc * s * (lc + 1),
+            (np.where(g <= lim, (lc + 1) * s * (1 + t * (1 - s)), 0.0),
+             np.where(np.abs(l) <= lim, gc * s, 0.0)), (gi, li))
+
+
+def analytic(d, act, splits=SPLITS, *, bias=True, probs=True):
+    f64 = {k: v.astype(np.float64) for k, v in d.items()}
+    x, w1, w2, dy = f64["x"], f64["w1"], f64["w2"], f64["dy"]
+    g_count, n1, k = w1.shape
+    n2 = w2.shape[1]
+    b1 = f64["b1"] if bias else np.zeros((g_count, n1))
+    b2 = f64["b2"] if bias else np.zeros((g_count, n2))
+    m = x.shape[0]
+    p = f64["probs"] if probs else np.ones(m)
+    offs = offsets(splits)
+    out = dict(y=np.zeros((m, n2)), dx=np.zeros((m, k)), dfc1_weight=np.zeros_like(w1),
+               dfc1_bias=np.zeros((g_count, n1)), dfc2_weight=np.zeros_like(w2),
+               dfc2_bias=np.zeros((g_count, n2)), dprobs=np.zeros(m))
+    for g in range(g_count):
+        s = slice(offs[g], offs[g + 1])
+        if offs[g + 1] == offs[g]:
+            continue
+        ps = p[s, None]
+        h = x[s] @ w1[g].T + b1[g]
+        a, (fg, fl), cols = act64(act, h)
+        z = a * ps
+        out["y"][s] = z @ w2[g].T + b2[g] * ps
+        dz = dy[s] @ w2[g]
+        out["dfc2_weight"][g] = dy[s].T @ z
+        out["dfc2_bias"][g] = (dy[s] * ps).sum(axis=0)
+        out["dprobs"][s] = (a * dz).sum(axis=1) + dy[s] @ b2[g]
+        da = dz * ps
+        dh = np.zeros_like(h)
+        if cols is None:
+            dh[:] = da * fg
+        else:
+            dh[:, cols[0]] = da * fg
+            dh[:, cols[1]] = da * fl
+        out["dfc1_weight"][g] = dh.T @ x[s]
+        out["dfc1_bias"][g] = dh.sum(axis=0)
+        out["dx"][s] = dh @ w1[g]
+    return out
+
+
+def assert_near(got, ref, what, rtol):
+    """|got - ref| <= rtol * (|ref| + rms(ref))."""
+    g = to_host(got).astype(np.float64)
+    assert g.shape == ref.shape, f"{what}: shape {g.shape} != {ref.shape}"
+    assert np.isfinite(g).all(), f"{what}: non-finite values"
+    scale = np.sqrt(np.mean(ref ** 2)) if ref.size else 0.0
+    tol = rtol * (np.abs(ref) + scale)
+    err = np.abs(g - ref)
+    if (err > tol).any():
+        i = np.unravel_index(int(np.argmax(err - tol)), err.shape)
+        raise AssertionError(f"{what}: {int((err > tol).sum())} of {err.size} out of tolerance; "
+                             f"worst at {i}: got {g[i]!r}, expected {ref[i]!r}, tol {tol[i]:.3g}")
+
+
+GRADS = ("dx", "dfc1_weight", "dfc1_bias", "dfc2_weight", "dfc2_bias", "dprobs")
+
+
+@pytest.mark.parametrize("with_probs", [True, False], ids=["probs", "noprobs"])
+@pytest.mark.parametrize("act", ACTS, ids=[f"{a}-il{i}" for a, i in ACTS])
+def test_bf16_recipe_matches_analytic(xp, act, with_probs):
+    act = make_activation(*act, limit=3.0 if act[0] == "clamped_swiglu" else None)
+    d = make_data(act)
+    y, grads, _ = run(xp, d, Recipe.bf16(), act, probs=with_probs)
+    ref = analytic(d, act, probs=with_probs)
+    assert y.dtype == np.float32 and y.shape == (sum(SPLITS), K)
+    assert_near(y, ref["y"], "y", 2e-5)
+    for name in GRADS:
+        got = getattr(grads, name)
+        if name == "dprobs" and not with_probs:
+            assert got is None
+            continue
+        assert got.dtype == np.float32, name
+        assert_near(got, ref[name], name, 2e-5)
+    # empty expert 1: zero weight and bias gradients, exactly
+    for name in ("dfc1_weight", "dfc1_bias", "dfc2_weight", "dfc2_bias"):
+        assert not to_host(getattr(grads, name))[1].any(), name
+    if act.name == "clamped_swiglu":  # the test data does reach the clamps
+        h = d["x"].astype(np.float64)[:40] @ d["w1"][0].astype(np.float64).T + d["b1"][0]
+        assert (h > 3.0).any() and (h < -3.0).any()
+
+
+def test_bf16_recipe_without_biases(xp):
+    act = make_activation("swiglu", 32)
+    d = make_data(act)
+    y, grads, _ = run(xp, d, Recipe.bf16(), act, bias=False)
+    ref = analytic(d, act, bias=False)
+    assert grads.dfc1_bias is None and grads.dfc2_bias is None
+    assert_near(y, ref["y"], "y", 2e-5)
+    for name in ("dx", "dfc1_weight", "dfc2_weight", "dprobs"):
+        assert_near(getattr(grads, name), ref[name], name, 2e-5)
+
+
+def test_bf16_recipe_bf16_dtypes(xp):
+    """bf16 parameters and inputs: outputs keep the dtypes, values near the analytic ones."""
+    act = make_activation("swiglu")
+    d = make_data(act, dtype=BF16)
+    y, grads, _ = run(xp, d, Recipe.bf16(), act)
+    ref = analytic(d, act)
+    assert np.dtype(y.dtype) == np.dtype(BF16)
+    for name in GRADS:
+        got = getattr(grads, name)
+        want = np.float32 if name == "dprobs" else BF16
+        assert np.dtype(got.dtype) == np.dtype(want), name
+        assert_near(got, ref[name], name, 3e-2)
+
+
+# ============================================================================================
+# quantized recipes: every GEMM against its dequantized operands
+
+
+def _ulp(v, dtype_name):
+    mant, emin = {"bfloat16": (7, -126), "float16": (10, -14), "float32": (23, -126)}[dtype_name]
+    e = np.floor(np.log2(np.maximum(np.abs(v), 2.0 ** -200)))
+    return 2.0 ** (np.maximum(e, emin) - mant)
+
+
+def _rows(gt):
+    return to_host(gt.dequantize("rowwise", dtype="float32")).astype(np.float64)
+
+
+def _cols(gt, g):
+    """Member g's stored columnwise copy as values [Mp, K] (padding rows kept, RHT kept)."""
+    q = gt.member(g)
+    m, k = q.shape
+    block = 16 if gt.format == "nvfp4" else 32
+    q = q.replace(rht=False, shape=(-(-m // block) * block, k))
+    return to_host(lpm.dequantize(q, "columnwise", dtype="float32")).astype(np.float64)
+
+
+def _hp(a):
+    return to_host(a).astype(np.float64)
+
+
+def emulate_gemm(call):
+    """float64 (value, bound) of one recorded GEMM from its operands (SPEC 7)."""
+    mode, a, b, splits, kw = call["mode"], call["a"], call["b"], call["splits"], call["kw"]
+    offs = offsets(splits)
+    quant = isinstance(a, GroupedTensor)
+    g_count = len(splits)
+    if mode == "wgrad":
+        n, k = a.shape[1], b.shape[1]
+        val, bnd = np.zeros((g_count, n, k)), np.zeros((g_count, n, k))
+        for g in range(g_count):
+            if offs[g + 1] == offs[g]:
+                continue
+            if quant:
+                A, B = _cols(a, g), _cols(b, g)
+            else:
+                s = slice(offs[g], offs[g + 1])
+                A, B = _hp(a)[s], _hp(b)[s]
+            val[g], bnd[g] = A.T @ B, np.abs(A).T @ np.abs(B)
+        return val, bnd
+    A = _rows(a) if quant else _hp(a)
+    if quant:
+        n_w = b.splits[0]
+        W = (_rows(b).reshape(g_count, n_w, -1) if mode == "fprop"
+             else np.stack([_cols(b, g) for g in range(g_count)]))
+    else:
+        W = _hp(b)
+    out_cols = W.shape[1] if mode == "fprop" else W.shape[2]
+    val, bnd = np.zeros((A.shape[0], out_cols)), np.zeros((A.shape[0], out_cols))
+    for g in range(g_count):
+        s = slice(offs[g], offs[g + 1])
+        Wg = W[g].T if mode == "fprop" else W[g]
+        val[s], bnd[s] = A[s] @ Wg, np.abs(A[s]) @ np.abs(Wg)
+        if kw.get("bias") is not None:
+            bias = _hp(kw["bias"])[g][None, :]
+            if kw.get("probs") is not None:
+                bias = bias * _hp(kw["probs"])[s, None]
+            val[s] += bias
+            bnd[s] += np.abs(bias)
+    return val, bnd
+
+
+def assert_gemm_close(call, what):
+    val, bnd = emulate_gemm(call)
+    got = to_host(call["out"])
+    name = np.dtype(got.dtype).name
+    g = got.astype(np.float64)
+    tol = RTOL * bnd + (0 if name == "float32" else _ulp(np.maximum(np.abs(val), np.abs(g)),
+                                                         name))
+    err = np.abs(g - val)
+    if (err > tol).any():
+        i = np.unravel_index(int(np.argmax(err - tol)), err.shape)
+        raise AssertionError(f"{what}: {int((err > tol).sum())} of {err.size} out of tolerance; "
+                             f"worst at {i}: got {g[i]!r}, expected {val[i]!r}")
+
+
+def record_gemms(monkeypatch):
+    calls = []
+    for mode in ("fprop", "dgrad", "wgrad"):
+        orig = getattr(mlp_mod, f"grouped_gemm_{mode}")
+
+        def spy(a, b, splits=None, *, _orig=orig, _mode=mode, **kw):
+            out = _orig(a, b, splits, **kw)
+            calls.append(dict(mode=_mode, a=a, b=b, splits=tuple(splits), kw=kw, out=out))
+            return out
+
+        monkeypatch.setattr(mlp_mod, f"grouped_gemm_{mode}", spy)
+    return calls
+
+
+def _x_opts(recipe, dtype_name, columnwise=True):
+    if recipe.name == "mxfp8":
+        return dict(rowwise=True, columnwise=columnwise, fp8_dtype="e4m3")
+    return dict(rowwise=True, columnwise=columnwise, row_scaled=recipe.row_scaled_activation,
+                rht=recipe.rht and columnwise and dtype_name == "bfloat16")
+
+
+def _grad_opts(recipe, rht, seed, rowwise=True, columnwise=True):
+    if recipe.name == "mxfp8":
+        return dict(rowwise=rowwise, columnwise=columnwise, fp8_dtype=recipe.dy_fp8_dtype)
+    return dict(rowwise=rowwise, columnwise=columnwise, rht=rht,
+                stochastic_rounding=recipe.stochastic_rounding, seed=seed)
+
+
+def _weight_q(xp, w, recipe):
+    g, n, k = w.shape
+    return GroupedTensor.quantize(xp.asarray(w).reshape(g * n, k), [n] * g, recipe.format,
+                                  rowwise=True, columnwise=True,
+                                  block_2d=recipe.weight_2d, fp8_dtype="e4m3")
+
+
+@pytest.mark.parametrize("act", [("swiglu", None), ("clamped_swiglu", 32), ("srelu", None)],
+                         ids=lambda a: f"{a[0]}-il{a[1]}")
+@pytest.mark.parametrize("rname", list(QUANT_RECIPES))
+def test_quantized_recipe_stage_by_stage(xp, monkeypatch, rname, act):
+    recipe = QUANT_RECIPES[rname]
+    act = make_activation(*act, limit=3.0 if act[0] == "clamped_swiglu" else None)
+    d = make_data(act, dtype=BF16)
+    calls = record_gemms(monkeypatch)
+    y, grads, _ = run(xp, d, recipe, act)
+    monkeypatch.undo()
+    assert [c["mode"] for c in calls] == ["fprop", "fprop", "dgrad", "wgrad", "dgrad", "wgrad"]
+    fc1, fc2, fc2_dg, fc2_wg, fc1_dg, fc1_wg = calls
+
+    # 1. each GEMM against the float64 product of its dequantized operands
+    for c, what in ((fc1, "fc1 fprop"), (fc2, "fc2 fprop"), (fc2_dg, "fc2 dgrad"),
+                    (fc2_wg, "fc2 wgrad"), (fc1_dg, "fc1 dgrad"), (fc1_wg, "fc1 wgrad")):
+        assert_gemm_close(c, f"{rname} {what}")
+
+    # 2. the operands are the chain's values, quantized as the recipe says
+    a = on(xp, d)
+    dn = "bfloat16"
+    xq = GroupedTensor.quantize(a["x"], SPLITS, recipe.format, **_x_opts(recipe, dn))
+    assert_quantized_equal(fc1["a"], xq, "fc1 x")
+    assert_quantized_equal(fc1_wg["b"], dataclasses.replace(
+        xq, rowwise_data=None, rowwise_scale=None, amax_rowwise=None), "fc1 x columnwise")
+    w1q, w2q = _weight_q(xp, d["w1"], recipe), _weight_q(xp, d["w2"], recipe)
+    assert_bytes_equal(fc1["b"].rowwise_data, w1q.rowwise_data, "W1 rowwise")
+    assert_bytes_equal(fc1_dg["b"].columnwise_data, w1q.columnwise_data, "W1 columnwise")
+    assert_bytes_equal(fc2["b"].rowwise_data, w2q.rowwise_data, "W2 rowwise")
+    assert_bytes_equal(fc2_dg["b"].columnwise_data, w2q.columnwise_data, "W2 columnwise")
+
+    h = to_host(fc1["out"])
+    assert np.dtype(h.dtype) == np.dtype(BF16)
+    z_ref = R.forward(h, act, d["probs"])
+    zq = GroupedTensor.quantize(xp.asarray(z_ref), SPLITS, recipe.format, **_x_opts(recipe, dn))
+    assert_quantized_equal(fc2["a"], zq, "fc2 input")
+    assert fc2_wg["b"] is not fc2["a"] and fc2_wg["b"].rowwise_data is None
+    assert_bytes_equal(fc2_wg["b"].columnwise_data, zq.columnwise_data, "fc2 input col")
+
+    rht = recipe.name == "nvfp4" and recipe.rht
+    dyq = GroupedTensor.quantize(a["dy"], SPLITS, recipe.format, **_grad_opts(recipe, rht, SEED))
+    assert_quantized_equal(fc2_dg["a"], dyq, "dy")
+    assert fc2_wg["a"] is fc2_dg["a"]
+
+    dz = to_host(fc2_dg["out"])
+    dh_ref, dp_act = R.backward(dz, h, act, d["probs"])
+    dhq = GroupedTensor.quantize(xp.asarray(dh_ref), SPLITS, recipe.format,
+                                 **_grad_opts(recipe, rht, mlp_mod._fc1_seed(SEED)))
+    assert_quantized_equal(fc1_dg["a"], dhq, "dh")
+    assert fc1_wg["a"] is fc1_dg["a"]
+
+    # 3. the outputs are the GEMM outputs; the reductions are right
+    assert y is fc2["out"] and grads.dx is fc1_dg["out"]
+    assert grads.dfc1_weight is fc1_wg["out"] and grads.dfc2_weight is fc2_wg["out"]
+    db1 = R.segment_colsum(dh_ref, SPLITS)
+    np.testing.assert_allclose(to_host(grads.dfc1_bias).astype(np.float32), db1,
+                               rtol=1e-2, atol=1e-2 * np.abs(db1).max())
+    dy64, b2 = d["dy"].astype(np.float64), d["b2"].astype(np.float64)
+    rows_b2 = b2[np.repeat(np.arange(G), SPLITS)]
+    dp_ref = dp_act.astype(np.float64) + (dy64 * rows_b2).sum(axis=1)
+    bound = (np.abs(R.forward(h, act).astype(np.float64)) * np.abs(dz.astype(np.float64))).sum(1)
+    bound += (np.abs(dy64) * np.abs(rows_b2)).sum(axis=1)
+    assert np.all(np.abs(to_host(grads.dprobs) - dp_ref) <= 1e-5 * bound), "dprobs"
+    p = d["probs"].astype(np.float64)
+    db2 = np.stack([(dy64[s] * p[s, None]).sum(0) for s in
+                    (slice(o0, o1) for o0, o1 in zip(offsets(SPLITS)[:-1], offsets(SPLITS)[1:]))])
+    np.testing.assert_allclose(to_host(grads.dfc2_bias).astype(np.float64), db2, rtol=1e-2,
+                               atol=1e-2)
+
+    # 4. end to end: a quantization error of the expected size (clamped_swiglu's gradient jumps
+    # at the clamps, so quantizing h moves some of its values across them: larger dh errors)
+    ref = analytic(d, act)
+    limit = 0.3 if recipe.name == "mxfp8" else 0.6
+    for name in ("y", "dx", "dfc1_weight", "dfc2_weight"):
+        got = to_host(y if name == "y" else getattr(grads, name)).astype(np.float64)
+        rel = np.linalg.norm(got - ref[name]) / np.linalg.norm(ref[name])
+        assert 1e-3 < rel < limit, f"{rname} {name}: relative error {rel:.3g} vs float64"
+
+
+# ============================================================================================
+# pre-quantized MXFP8 (wire) inputs
+
+
+def _wire(xp, t, fp8_dtype="e4m3"):
+    full = GroupedTensor.quantize(xp.asarray(t), SPLITS, "mxfp8", fp8_dtype=fp8_dtype)
+    return GroupedTensor.from_mxfp8_rowwise(full.rowwise_data, full.rowwise_scale, SPLITS,
+                                            fp8_dtype=fp8_dtype)
+
+
+@pytest.mark.parametrize("which", ["x", "dy", "both"])
+@pytest.mark.parametrize("fp8_format", ["e4m3", "hybrid"])
+def test_wire_equals_dequantized(xp, fp8_format, which):
+    recipe = Recipe.mxfp8(fp8_format=fp8_format)
+    act = make_activation("swiglu", 32)
+    d = make_data(act, dtype=BF16)
+    a = on(xp, d)
+    x_in = x_plain = a["x"]
+    dy_in = dy_plain = a["dy"]
+    if which in ("x", "both"):
+        x_in = _wire(xp, d["x"])
+        x_plain = x_in.dequantize(dtype="bfloat16")
+    if which in ("dy", "both"):
+        dy_in = _wire(xp, d["dy"], recipe.dy_fp8_dtype)
+        dy_plain = dy_in.dequantize(dtype="bfloat16")
+    kw = dict(probs=a["probs"], activation="swiglu", glu_interleave=32, recipe=recipe, seed=SEED)
+    y_w, ctx_w = lpm.grouped_mlp_forward(x_in, None if which != "dy" else SPLITS, a["w1"],
+                                         a["w2"], a["b1"], a["b2"], **kw)
+    g_w = lpm.grouped_mlp_backward(dy_in, ctx_w)
+    y_p, ctx_p = lpm.grouped_mlp_forward(x_plain, SPLITS, a["w1"], a["w2"], a["b1"], a["b2"],
+                                         **kw)
+    g_p = lpm.grouped_mlp_backward(dy_plain, ctx_p)
+    assert np.dtype(y_w.dtype) == np.dtype(BF16) and np.dtype(g_w.dx.dtype) == np.dtype(BF16)
+    assert_bytes_equal(y_w, y_p, "y")
+    for name in GRADS:
+        assert_bytes_equal(getattr(g_w, name), getattr(g_p, name), name)
+
+
+def test_wire_x_keeps_columnwise_only(xp):
+    act = make_activation("swiglu")
+    d = make_data(act, dtype=BF16)
+    a = on(xp, d)
+    wire = _wire(xp, d["x"])
+    _, ctx = lpm.grouped_mlp_forward(wire, SPLITS, a["w1"], a["w2"], recipe=Recipe.mxfp8())
+    expect = GroupedTensor.quantize(wire.dequantize(dtype="bfloat16"), SPLITS, "mxfp8",
+                                    rowwise=False, columnwise=True)
+    assert ctx.x_saved.rowwise_data is None and ctx.dtype == "bfloat16"
+    assert_bytes_equal(ctx.x_saved.columnwise_data, expect.columnwise_data, "x columnwise")
+
+
+# ============================================================================================
+# what the context keeps; frozen weights; empty experts; grouped == per expert
+
+
+RECIPES = {"bf16": Recipe.bf16(), **QUANT_RECIPES}
+
+
+@pytest.mark.parametrize("rname", list(RECIPES))
+def test_frozen_weights_and_input(xp, rname):
+    recipe = RECIPES[rname]
+    act = make_activation("swiglu")
+    d = make_data(act, dtype=BF16)
+    y, full, ctx = run(xp, d, recipe, act)
+    assert ctx.x_saved is None and ctx.h is None and ctx.z_saved is None  # released
+    y1, frozen, ctx1 = run(xp, d, recipe, act, weight_requires_grad=False)
+    assert frozen.dfc1_weight is None and frozen.dfc2_weight is None
+    assert_bytes_equal(y1, y, "y (frozen)")
+    for name in ("dx", "dfc1_bias", "dfc2_bias", "dprobs"):
+        assert_bytes_equal(getattr(frozen, name), getattr(full, name), f"{name} (frozen)")
+    y2, no_dx, _ = run(xp, d, recipe, act, input_requires_grad=False)
+    assert no_dx.dx is None
+    assert_bytes_equal(y2, y, "y (no input grad)")
+    for name in ("dfc1_weight", "dfc1_bias", "dfc2_weight", "dfc2_bias", "dprobs"):
+        assert_bytes_equal(getattr(no_dx, name), getattr(full, name), f"{name} (no dx)")
+
+
+@pytest.mark.parametrize("rname", ["bf16", "mxfp8-e4m3", "nvfp4"])
+def test_context_contents(xp, rname):
+    recipe = RECIPES[rname]
+    act = make_activation("swiglu")
+    a = on(xp, make_data(act, dtype=BF16))
+
+    def fwd(bias=True, probs=True, **kw):
+        return lpm.grouped_mlp_forward(a["x"], SPLITS, a["w1"], a["w2"],
+                                       a["b1"] if bias else None, a["b2"] if bias else None,
+                                       probs=a["probs"] if probs else None, recipe=recipe,
+                                       **kw)[1]
+
+    ctx = fwd()
+    assert all(t is not None for t in (ctx.x_saved, ctx.w1_saved, ctx.h, ctx.z_saved,
+                                       ctx.w2_saved))
+    assert np.dtype(ctx.h.dtype) == np.dtype(BF16) and ctx.h.shape == (sum(SPLITS), 2 * F)
+    if recipe.quantized:
+        for t in (ctx.x_saved, ctx.w1_saved, ctx.z_saved, ctx.w2_saved):
+            assert t.rowwise_data is None and t.columnwise_data is not None
+    frozen = fwd(weight_requires_grad=False)
+    assert frozen.x_saved is None and frozen.z_saved is None and frozen.w1_saved is not None
+    no_dx = fwd(input_requires_grad=False)
+    assert no_dx.w1_saved is None and no_dx.x_saved is not None and no_dx.h is not None
+    # nothing that needs dz: no h, no fc2 dgrad operand
+    inert = fwd(bias=False, probs=False, input_requires_grad=False, weight_requires_grad=False)
+    assert inert.h is None and inert.w2_saved is None and inert.w1_saved is None
+    grads = lpm.grouped_mlp_backward(a["dy"], inert)
+    assert all(getattr(grads, n) is None for n in GRADS)
+    # probs only: dprobs still needs dz and h
+    only_p = fwd(bias=False, input_requires_grad=False, weight_requires_grad=False)
+    assert only_p.h is not None and only_p.w2_saved is not None
+    grads = lpm.grouped_mlp_backward(a["dy"], only_p)
+    assert grads.dprobs is not None and grads.dx is None
+
+
+@pytest.mark.parametrize("rname", ["bf16", "mxfp8-e4m3", "nvfp4"])
+@pytest.mark.parametrize("splits", [(0, 40, 57), (0, 97, 0), (0, 0, 0)],
+                         ids=["first-empty", "one", "none"])
+def test_empty_experts(xp, rname, splits):
+    recipe = RECIPES[rname]
+    act = make_activation("clamped_swiglu")
+    d = make_data(act, dtype=BF16, splits=splits)
+    y, grads, _ = run(xp, d, recipe, act, splits=splits)
+    assert y.shape == (sum(splits), K)
+    for name in ("dfc1_weight", "dfc1_bias", "dfc2_weight", "dfc2_bias"):
+        got = to_host(getattr(grads, name)).astype(np.float32)
+        for g, s in enumerate(splits):
+            if s == 0:
+                assert not got[g].any(), f"{name} expert {g}"
+    if sum(splits):
+        ref = analytic(d, act, splits)
+        rel = np.linalg.norm(to_host(y).astype(np.float64) - ref["y"]) / np.linalg.norm(ref["y"])
+        assert rel < 0.35
+
+
+@pytest.mark.parametrize("rname", list(NO_SR_RECIPES))
+def test_grouped_equals_per_expert(xp, rname):
+    recipe = NO_SR_RECIPES[rname]
+    act = make_activation("swiglu", 32)
+    d = make_data(act, dtype=BF16)
+    y, grads, _ = run(xp, d, recipe, act)
+    a = on(xp, d)
+    offs = offsets(SPLITS)
+    for g in range(G):
+        lo, hi = int(offs[g]), int(offs[g + 1])
+        if hi == lo:
+            continue
+        yg, ctx = lpm.grouped_mlp_forward(a["x"][lo:hi], [hi - lo], a["w1"][g:g + 1],
+                                          a["w2"][g:g + 1], a["b1"][g:g + 1], a["b2"][g:g + 1],
+                                          probs=a["probs"][lo:hi], glu_interleave=32,
+                                          recipe=recipe, seed=SEED)
+        gg = lpm.grouped_mlp_backward(a["dy"][lo:hi], ctx)
+        what = f"{rname} expert {g}"
+        assert_bytes_equal(yg, y[lo:hi], f"{what} y")
+        assert_bytes_equal(gg.dx, grads.dx[lo:hi], f"{what} dx")
+        assert_bytes_equal(gg.dprobs, grads.dprobs[lo:hi], f"{what} dprobs")
+        for name in ("dfc1_weight", "dfc1_bias", "dfc2_weight", "dfc2_bias"):
+            assert_bytes_equal(getattr(gg, name)[0], getattr(grads, name)[g], f"{what} {name}")
+
+
+@pytest.mark.parametrize("rname", ["bf16", "mxfp8-e4m3", "mxfp8-hybrid", "nvfp4"])
+@pytest.mark.parametrize("act", [("swiglu", None), ("clamped_swiglu", 32), ("srelu", None)],
+                         ids=lambda a: f"{a[0]}-il{a[1]}")
+def test_fused_equals_unfused(xp, rname, act):
+    """The fused activation + quantize kernels give the unfused chain's bytes (GPU; on the CPU
+    both are one code path)."""
+    recipe = RECIPES[rname]
+    act = make_activation(*act)
+    d = make_data(act, dtype=BF16)
+    y0, g0, _ = run(xp, d, recipe, act, fused=False)
+    y1, g1, _ = run(xp, d, recipe, act, fused=True)
+    assert_bytes_equal(y1, y0, "y")
+    for name in GRADS:
+        assert_bytes_equal(getattr(g1, name), getattr(g0, name), name)
+
+
+def test_stochastic_rounding_seeds(xp):
+    act = make_activation("swiglu")
+    d = make_data(act, dtype=BF16)
+    _, g1, _ = run(xp, d, Recipe.nvfp4(), act, seed=5)
+    _, g2, _ = run(xp, d, Recipe.nvfp4(), act, seed=5)
+    _, g3, _ = run(xp, d, Recipe.nvfp4(), act, seed=6)
+    for name in ("dx", "dfc1_weight", "dfc2_weight"):
+        assert_bytes_equal(getattr(g1, name), getattr(g2, name), name)
+        assert not np.array_equal(to_host(getattr(g1, name)), to_host(getattr(g3, name)))
+    a = on(xp, d)
+    _, ctx = lpm.grouped_mlp_forward(a["x"], SPLITS, a["w1"], a["w2"], recipe=Recipe.nvfp4(),
+                                     seed=5)
+    g_default = lpm.grouped_mlp_backward(a["dy"], ctx)
+    _, ctx = lpm.grouped_mlp_forward(a["x"], SPLITS, a["w1"], a["w2"], recipe=Recipe.nvfp4())
+    g_override = lpm.grouped_mlp_backward(a["dy"], ctx, seed=5)
+    assert_bytes_equal(g_override.dx, g_default.dx, "dx")
+
+
+def test_rank3_input_is_flattened(xp):
+    act = make_activation("swiglu")
+    d = make_data(act, splits=(40, 0, 56))
+    a = on(xp, d)
+    y2, _ = lpm.grouped_mlp_forward(a["x"], (40, 0, 56), a["w1"], a["w2"], recipe=Recipe.mxfp8())
+    y3, _ = lpm.grouped_mlp_forward(a["x"].reshape(2, 48, K), (40, 0, 56), a["w1"], a["w2"],
+                                    recipe=Recipe.mxfp8())
+    assert_bytes_equal(y3, y2, "y")
+
+
+# ============================================================================================
+# GroupedMLP module
+
+
+def test_grouped_mlp_module(xp):
+    layer = lpm.GroupedMLP(G, K, F, activation="swiglu", glu_interleave=32,
+                           recipe=Recipe.nvfp4(), dtype="bfloat16", xp=xp, seed=3)
+    assert layer.fc1_weight.shape == (G, 2 * F, K) and layer.fc2_weight.shape == (G, K, F)
+    assert layer.fc1_bias.shape == (G, 2 * F) and layer.fc2_bias.shape == (G, K)
+    assert np.dtype(layer.fc1_weight.dtype) == np.dtype(BF16)
+    d = make_data(make_activation("swiglu"), dtype=BF16)
+    a = on(xp, d)
+    y, ctx = layer(a["x"], SPLITS, a["probs"])
+    g1 = layer.backward(a["dy"], ctx)
+    assert layer.step == 1 and g1.dfc1_weight.shape == (G, 2 * F, K)
+    y2, ctx2 = layer.forward(a["x"], SPLITS, a["probs"])
+    assert_bytes_equal(y2, y, "y")
+    g2 = layer.backward(a["dy"], ctx2)  # fresh SR bits per step
+    assert not np.array_equal(to_host(g2.dfc1_weight), to_host(g1.dfc1_weight))
+    again = lpm.GroupedMLP(G, K, F, glu_interleave=32, recipe=Recipe.nvfp4(), dtype="bfloat16",
+                           xp=xp, seed=3)
+    assert_bytes_equal(again.fc1_weight, layer.fc1_weight, "init is seeded")
+    srelu = lpm.GroupedMLP(G, K, F, activation="srelu", bias=False, xp=xp)
+    assert srelu.fc1_weight.shape == (G, F, K) and srelu.fc1_bias is None
+    with pytest.raises(ValueError, match="num_experts"):
+        lpm.GroupedMLP(0, K, F)
+    with pytest.raises(ValueError, match="glu_interleave=24 must divide"):
+        lpm.GroupedMLP(G, K, F, glu_interleave=24)
+    with pytest.raises(ValueError, match="valid activations"):
+        lpm.GroupedMLP(G, K, F, activation="gelu")
+    with pytest.raises(TypeError, match="recipe"):
+        lpm.GroupedMLP(G, K, F, recipe="mxfp8")
+
+
+# ============================================================================================
+# bad input (SPEC 9): same exception type on both backends
+
+
+FWD_ERRORS = {
+    "unknown-activation": (ValueError, "swiglu, clamped_swiglu, srelu",
+                           lambda a, xp: dict(activation="geglu")),
+    "fc1-not-2F": (ValueError, "needs N = 2\\*F",
+                   lambda a, xp: dict(w1=a["w1"][:, :F + 32], b1=None)),
+    "fc1-2F-for-srelu": (ValueError, "srelu",
+                         lambda a, xp: dict(activation="srelu")),
+    "interleave-not-dividing": (ValueError, "glu_interleave=48 must divide F=64",
+                                lambda a, xp: dict(glu_interleave=48)),
+    "interleave-for-srelu": (ValueError, "applies to GLU",
+                             lambda a, xp: dict(activation="srelu", glu_interleave=32)),
+    "limit-for-swiglu": (ValueError, "limit", lambda a, xp: dict(limit=3.0)),
+    "experts-fc2": (ValueError, "fc2_weight has G=2",
+                    lambda a, xp: dict(w2=a["w2"][:2], b2=a["b2"][:2])),
+    "experts-splits": (ValueError, "mismatched expert count",
+                       lambda a, xp: dict(splits=[40, 57])),
+    "experts-bias": (ValueError, "fc1_bias has G=2", lambda a, xp: dict(b1=a["b1"][:2])),
+    "bias-shape": (ValueError, "fc2_bias.shape", lambda a, xp: dict(b2=a["b2"][:, :32])),
+    "k-mismatch": (ValueError, "K=", lambda a, xp: dict(w1=a["w1"][:, :, :32])),
+    "weight-rank": (ValueError, "rank 3", lambda a, xp: dict(w2=a["w2"][0])),
+    "probs-shape": (ValueError, "probs", lambda a, xp: dict(probs=a["probs"][:-1])),
+    "splits-sum": (ValueError, "sum to", lambda a, xp: dict(splits=[40, 0, 56])),
+    "f-block": (ValueError, "F=48 must be a multiple of 32",
+                lambda a, xp: dict(w1=a["w1"][:, :96], b1=a["b1"][:, :96],
+                                   w2=a["w2"][:, :, :48])),
+    "n2-block": (ValueError, "N2=48", lambda a, xp: dict(w2=a["w2"][:, :48], b2=a["b2"][:, :48])),
+    "x-int": (TypeError, "x.dtype", lambda a, xp: dict(x=xp.ones((97, K), dtype=xp.int32))),
+    "bf16-dtype-mismatch": (TypeError, "fc2_weight.dtype",
+                            lambda a, xp: dict(recipe=Recipe.bf16(),
+                                               w2=a["w2"].astype(xp.float16))),
+    "recipe-string": (TypeError, "recipe", lambda a, xp: dict(recipe="mxfp8")),
+    "wire-nvfp4-recipe": (ValueError, "recipe",
+                          lambda a, xp: dict(x=_wire(xp, a["x"]), recipe=Recipe.nvfp4())),
+    "wire-e5m2": (ValueError, "e5m2", lambda a, xp: dict(x=_wire(xp, a["x"], "e5m2"))),
+    "seed": (TypeError, "seed", lambda a, xp: dict(seed=1.5)),
+}
+
+
+@pytest.mark.parametrize("case", list(FWD_ERRORS))
+def test_forward_errors(xp, case):
+    exc, match, change = FWD_ERRORS[case]
+    a = on(xp, make_data(make_activation("swiglu"), dtype=BF16))
+    kw = dict(x=a["x"], splits=list(SPLITS), w1=a["w1"], w2=a["w2"], b1=a["b1"], b2=a["b2"],
+              probs=a["probs"], activation="swiglu", recipe=Recipe.mxfp8())
+    kw.update(change(a, xp))
+    args = [kw.pop(k) for k in ("x", "splits", "w1", "w2", "b1", "b2")]
+    with pytest.raises(exc, match=match):
+        lpm.grouped_mlp_forward(*args, **kw)
+
+
+def test_backward_errors(xp):
+    act = make_activation("swiglu")
+    a = on(xp, make_data(act, dtype=BF16))
+
+    def ctx(recipe=None):
+        return lpm.grouped_mlp_forward(a["x"], SPLITS, a["w1"], a["w2"], a["b1"], a["b2"],
+                                       probs=a["probs"], recipe=recipe or Recipe.mxfp8())[1]
+
+    c = ctx()
+    with pytest.raises(ValueError, match="dy.shape"):
+        lpm.grouped_mlp_backward(a["dy"][:, :32], c)
+    with pytest.raises(TypeError, match="dy.dtype"):
+        lpm.grouped_mlp_backward(a["dy"].astype(xp.float32), c)
+    with pytest.raises(TypeError, match="ctx"):
+        lpm.grouped_mlp_backward(a["dy"], {"splits": SPLITS})
+    lpm.grouped_mlp_backward(a["dy"], c)  # failed calls did not consume it
+    with pytest.raises(ValueError, match="already used"):
+        lpm.grouped_mlp_backward(a["dy"], c)
+    with pytest.raises(ValueError, match="e4m3"):
+        lpm.grouped_mlp_backward(_wire(xp, a["dy"]), ctx(Recipe.mxfp8("hybrid")))
+    with pytest.raises(ValueError, match="recipe"):
+        lpm.grouped_mlp_backward(_wire(xp, a["dy"]), ctx(Recipe.nvfp4()))
+    with pytest.raises(TypeError, match="seed"):
+        lpm.grouped_mlp_backward(a["dy"], ctx(), seed="1")
+
+
+@requires_gpu
+@pytest.mark.gpu
+def test_numpy_cupy_mixed():
+    import cupy
+
+    act = make_activation("swiglu")
+    d = make_data(act)
+    a, c = on(np, d), on(cupy, d)
+    with pytest.raises(TypeError):
+        lpm.grouped_mlp_forward(a["x"], SPLITS, c["w1"], c["w2"], recipe=Recipe.mxfp8())
+    with pytest.raises(TypeError):
+        lpm.grouped_mlp_forward(c["x"], SPLITS, c["w1"], c["w2"], probs=a["probs"],
+                                recipe=Recipe.mxfp8())
+    _, ctx = lpm.grouped_mlp_forward(c["x"], SPLITS, c["w1"], c["w2"], recipe=Recipe.mxfp8())
+    with pytest.raises(TypeError):
+        lpm.grouped_mlp_backward(a["dy"], ctx)
+    lpm.grouped_mlp_backward(c["dy"], ctx)
