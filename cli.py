@@ -268,7 +268,7 @@ def inspect_cmd(path, against) -> None:
 @click.option("--k", "k", type=int, default=1024, show_default=True, help="Columns of the input.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random input.")
 def demo(device: str, m: int, k: int, seed: int) -> None:
-    """Quantize / dequantize random data with every recipe and print the errors.
+    """Quantize / dequantize round trips and a GroupedLinear step per recipe, with errors.
 
     \b
     Example:

@@ -524,12 +524,13 @@ class GroupedMLP:
         self.step = 0
 
     def forward(self, x, splits, probs=None, *, input_requires_grad: bool = True,
-                weight_requires_grad: bool = True):
+                weight_requires_grad: bool = True, fused: bool = True):
         """``(y, ctx)`` of :func:`grouped_mlp_forward` with this block's parameters."""
         return grouped_mlp_forward(x, splits, self.fc1_weight, self.fc2_weight, self.fc1_bias,
                                    self.fc2_bias, probs=probs, activation=self.activation,
                                    recipe=self.recipe, input_requires_grad=input_requires_grad,
-                                   weight_requires_grad=weight_requires_grad, seed=self.step)
+                                   weight_requires_grad=weight_requires_grad, seed=self.step,
+                                   fused=fused)
 
     __call__ = forward
 
