@@ -52,6 +52,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import formats as F
+
 ACTIVATIONS = ("swiglu", "clamped_swiglu", "srelu")
 GLU_ACTIVATIONS = ("swiglu", "clamped_swiglu")
 
@@ -98,8 +100,8 @@ def exp_f32(x) -> np.ndarray:
         ni = n.astype(np.int32)
         n1 = ni >> 1
         n2 = ni - n1
-        s1 = ((n1 + 127).astype(np.uint32) << np.uint32(23)).view(np.float32)
-        s2 = ((n2 + 127).astype(np.uint32) << np.uint32(23)).view(np.float32)
+        s1 = ((n1 + F.FP32_EXP_BIAS).astype(np.uint32) << np.uint32(F.FP32_MANT_BITS)).view(np.float32)
+        s2 = ((n2 + F.FP32_EXP_BIAS).astype(np.uint32) << np.uint32(F.FP32_MANT_BITS)).view(np.float32)
         out = (p * s1) * s2
     return np.where(nan, x, out).astype(np.float32)
 
