@@ -48,7 +48,10 @@ def f32_to_e2m1(y: np.ndarray) -> np.ndarray:
     for mid, tie_up in zip(_E2M1_MIDS, _E2M1_TIE_UP):
         code += (a >= mid) if tie_up else (a > mid)
     code |= np.signbit(y).astype(np.uint8) << 3
-    return np.where(np.isnan(y), np.uint8(F.E2M1_MAX_CODE), code).astype(np.uint8)
+    nan = np.isnan(y)
+    if nan.any():
+        code[nan] = F.E2M1_MAX_CODE
+    return code
 
 
 def e2m1_to_f32(codes: np.ndarray) -> np.ndarray:

@@ -77,8 +77,19 @@ def _sr_round(y: np.ndarray, rbits: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(y), np.uint8(F.E2M1_MAX_CODE), code).astype(np.uint8)
 
 
+def block_amax(a: np.ndarray, block_2d: bool = False) -> np.ndarray:
+    """float32 ``[R, C/16]`` amax of each 16-element block (or its 16x16 tile, repeated)."""
+    rows, cols = a.shape
+    nb = cols // _B
+    if block_2d:
+        bamax = amax_f32(a.reshape(rows // _B, _B, nb, _B), axis=(1, 3))  # [R/16, nb]
+        return np.repeat(bamax, _B, axis=0)
+    return amax_f32(a.reshape(rows, nb, _B), axis=2)
+
+
 def quantize_matrix(a: np.ndarray, amax: np.ndarray, *, block_2d: bool = False,
-                    sr_bits: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                    sr_bits: np.ndarray | None = None,
+                    bamax: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Quantize the rows of a float32 matrix with 16-element blocks.
 
     Parameters
@@ -91,6 +102,8 @@ def quantize_matrix(a: np.ndarray, amax: np.ndarray, *, block_2d: bool = False,
         One block amax per 16x16 tile instead of per 16 elements of a row.
     sr_bits : numpy.ndarray, optional
         uint32 ``[R, C]`` random words; when given, elements are stochastically rounded.
+    bamax : numpy.ndarray, optional
+        Precomputed :func:`block_amax` of ``a`` (saves a pass over the data).
 
     Returns
     -------
@@ -106,12 +119,8 @@ def quantize_matrix(a: np.ndarray, amax: np.ndarray, *, block_2d: bool = False,
     s_enc = encode_scale(amax).reshape(-1, 1)  # (1,1) or (R,1)
     s_dec = (np.float32(1) / s_enc).astype(np.float32)
     blocks = a.reshape(rows, nb, _B)
-    if block_2d:
-        tiles = a.reshape(rows // _B, _B, nb, _B)
-        bamax = amax_f32(tiles, axis=(1, 3))  # [R/16, nb]
-        bamax = np.repeat(bamax, _B, axis=0)
-    else:
-        bamax = amax_f32(blocks, axis=2)  # [R, nb]
+    if bamax is None:
+        bamax = block_amax(a, block_2d)
     with np.errstate(over="ignore"):
         s = bamax * (s_enc * _ONE_SIXTH).astype(np.float32)
     s = np.minimum(s.astype(np.float32), _FLT_MAX)
@@ -120,7 +129,7 @@ def quantize_matrix(a: np.ndarray, amax: np.ndarray, *, block_2d: bool = False,
         enc = np.float32(1) / (e4m3_to_f32(scale) * s_dec).astype(np.float32)
     enc = np.minimum(enc.astype(np.float32), _FLT_MAX)
     with np.errstate(invalid="ignore", over="ignore"):
-        y = (blocks * enc[:, :, None]).astype(np.float32).reshape(rows, cols)
+        y = np.multiply(blocks, enc[:, :, None], dtype=np.float32).reshape(rows, cols)
     codes = f32_to_e2m1(y) if sr_bits is None else _sr_round(y, sr_bits)
     return pack_fp4(codes), scale
 
@@ -168,25 +177,31 @@ def quantize_nvfp4(x: np.ndarray, *, rowwise: bool = True, columnwise: bool = Fa
     m, k = a.shape
     out = dict(rowwise_data=None, rowwise_scale=None, columnwise_data=None,
                columnwise_scale=None, amax_rowwise=None, amax_columnwise=None)
-    if row_scaled:
-        amax_row = amax_f32(a, axis=1) if m else np.zeros(0, np.float32)
-        amax_col = amax_f32(a, axis=0)
-    else:
-        amax_row = amax_f32(a).reshape(1)
-        amax_col = amax_row
-    if rowwise:
-        bits = sr_random_bits(seed, member, 0, (m, k)) if stochastic_rounding else None
-        d, s = quantize_matrix(a, amax_row, block_2d=block_2d, sr_bits=bits)
-        out.update(rowwise_data=d, rowwise_scale=s, amax_rowwise=amax_row)
+    # Global amaxes are taken as the max of block amaxes (the same value, one pass fewer).
+    bam_row = block_amax(a, block_2d) if rowwise else None
+    at = bam_col = None
     if columnwise:
         mp = -(-m // _B) * _B
         at = np.zeros((k, mp), dtype=np.float32)
         at[:, :m] = a.T
+        bam_col = block_amax(at, block_2d)
+    if row_scaled:
+        amax_row = amax_f32(bam_row, axis=1) if rowwise else None
+        amax_col = amax_f32(bam_col, axis=1) if columnwise else None
+    else:
+        amax_row = amax_f32(bam_row if rowwise else bam_col).reshape(1)
+        amax_col = amax_row
+    if rowwise:
+        bits = sr_random_bits(seed, member, 0, (m, k)) if stochastic_rounding else None
+        d, s = quantize_matrix(a, amax_row, block_2d=block_2d, sr_bits=bits, bamax=bam_row)
+        out.update(rowwise_data=d, rowwise_scale=s, amax_rowwise=amax_row)
+    if columnwise:
         if rht:
             at = rht_forward(at).astype(np.float32)
-            amax_col = amax_f32(at).reshape(1)
+            bam_col = block_amax(at, block_2d)
+            amax_col = amax_f32(bam_col).reshape(1)
         bits = sr_random_bits(seed, member, 1, (k, mp)) if stochastic_rounding else None
-        d, s = quantize_matrix(at, amax_col, block_2d=block_2d, sr_bits=bits)
+        d, s = quantize_matrix(at, amax_col, block_2d=block_2d, sr_bits=bits, bamax=bam_col)
         out.update(columnwise_data=d, columnwise_scale=s, amax_columnwise=amax_col)
         if not rowwise:
             out["amax_rowwise"] = None
