@@ -28,8 +28,8 @@ Numerics
 --------
 Operands are dequantized exactly (NVFP4 ``e2m1 * e4m3``, MXFP8 ``fp8 * 2**k``, without the global
 fp32 factors), multiplied with fp32 accumulation, then the epilogue runs in fp32 in this order:
-NVFP4 scaling (per tensor ``acc * ((amax_a * amax_b) * fp32(1/7225344))``, or row-scaled
-``(acc * fp32(1/7225344)) * (amax_row[m] * amax_col[n])``), bias (``+ bias[n]`` or
+NVFP4 scaling (per tensor ``acc * ((amax_a * amax_b) * fp32(1/NVFP4_GEMM_FACTOR))``, or row-scaled
+``(acc * fp32(1/NVFP4_GEMM_FACTOR)) * (amax_row[m] * amax_col[n])``), bias (``+ bias[n]`` or
 ``+ bias[n] * probs[m]``), then one rounding to the output dtype or ``out += t`` in fp32.
 Results are deterministic, and a grouped call equals one call per expert bit for bit. wgrad
 writes zeros for experts without tokens. The NumPy path is :mod:`lowprec_moe.reference.gemm`; the

@@ -243,6 +243,37 @@ def _columnwise_only(t: GroupedTensor) -> GroupedTensor:
 # backward
 
 
+def check_backward_dy(dy, recipe: Recipe, m: int, n: int, splits, y_dtype: str):
+    """Validate a backward's output gradient (an array or a rowwise MXFP8 wire tensor).
+
+    Returns
+    -------
+    dy : array ``[M, N]`` or GroupedTensor
+        The gradient as the GEMMs take it (arrays viewed as 2-D).
+    dy_hp : array ``[M, N]``
+        High-precision dy for the bias / probs gradients (``dequantize(dy)`` in bf16 for a wire dy).
+    wire : bool
+        Whether dy arrived pre-quantized.
+    """
+    wire = isinstance(dy, GroupedTensor)
+    if wire:
+        check_wire("dy", dy, recipe, recipe.dy_fp8_dtype)
+        if tuple(dy.shape) != (m, n):
+            raise ValueError(f"dy.shape={tuple(dy.shape)} must be (M, N)={(m, n)}")
+        if tuple(dy.splits) != tuple(splits):
+            raise ValueError(f"dy.splits={list(dy.splits)} differ from the forward's "
+                             f"splits={list(splits)}")
+        return dy, dy.dequantize("rowwise", dtype="bfloat16"), True
+    V.check_array("dy", dy)
+    dy = V.as_2d(dy)
+    if tuple(dy.shape) != (m, n):
+        raise ValueError(f"dy.shape={tuple(dy.shape)} must be (M, N)={(m, n)}")
+    if V.dtype_name(dy.dtype) != y_dtype:
+        raise TypeError(f"dy.dtype={V.dtype_name(dy.dtype)} must match the forward output "
+                        f"dtype {y_dtype}")
+    return dy, dy, False
+
+
 def grouped_linear_backward(dy, ctx: GroupedLinearContext, *, seed: int | None = None):
     """Backward of :func:`grouped_linear_forward`.
 
@@ -268,24 +299,7 @@ def grouped_linear_backward(dy, ctx: GroupedLinearContext, *, seed: int | None =
                          "run the forward again")
     recipe = ctx.recipe
     seed = ctx.seed if seed is None else V.check_seed(seed)
-    wire = isinstance(dy, GroupedTensor)
-    if wire:
-        check_wire("dy", dy, recipe, recipe.dy_fp8_dtype)
-        if tuple(dy.shape) != (ctx.m, ctx.n):
-            raise ValueError(f"dy.shape={tuple(dy.shape)} must be (M, N)={(ctx.m, ctx.n)}")
-        if tuple(dy.splits) != tuple(ctx.splits):
-            raise ValueError(f"dy.splits={list(dy.splits)} differ from the forward's "
-                             f"splits={list(ctx.splits)}")
-        dy_hp = dy.dequantize("rowwise", dtype="bfloat16")
-    else:
-        V.check_array("dy", dy)
-        dy = V.as_2d(dy)
-        if tuple(dy.shape) != (ctx.m, ctx.n):
-            raise ValueError(f"dy.shape={tuple(dy.shape)} must be (M, N)={(ctx.m, ctx.n)}")
-        if V.dtype_name(dy.dtype) != ctx.y_dtype:
-            raise TypeError(f"dy.dtype={V.dtype_name(dy.dtype)} must match the forward output "
-                            f"dtype {ctx.y_dtype}")
-        dy_hp = dy
+    dy, dy_hp, wire = check_backward_dy(dy, recipe, ctx.m, ctx.n, ctx.splits, ctx.y_dtype)
     saved = []
     for t in (ctx.x_saved, ctx.w_saved):
         if isinstance(t, GroupedTensor):

@@ -53,7 +53,7 @@ from .backend import get_xp
 from .gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
 from .grouped_tensor import GroupedTensor
 from .linear import (_bias_grads, _check_recipe, _columnwise_only, _np_dtype, _quantize_x,
-                     check_wire, quantize_weight)
+                     check_backward_dy, check_wire, quantize_weight)
 from .recipe import Recipe
 
 __all__ = [
@@ -374,24 +374,7 @@ def grouped_mlp_backward(dy, ctx: GroupedMLPContext, *, seed: int | None = None)
                          "forward again")
     recipe = ctx.recipe
     seed = ctx.seed if seed is None else V.check_seed(seed)
-    wire = isinstance(dy, GroupedTensor)
-    if wire:
-        check_wire("dy", dy, recipe, recipe.dy_fp8_dtype)
-        if tuple(dy.shape) != (ctx.m, ctx.n2):
-            raise ValueError(f"dy.shape={tuple(dy.shape)} must be (M, N2)={(ctx.m, ctx.n2)}")
-        if tuple(dy.splits) != tuple(ctx.splits):
-            raise ValueError(f"dy.splits={list(dy.splits)} differ from the forward's "
-                             f"splits={list(ctx.splits)}")
-        dy_hp = dy.dequantize("rowwise", dtype="bfloat16")
-    else:
-        V.check_array("dy", dy)
-        dy = V.as_2d(dy)
-        if tuple(dy.shape) != (ctx.m, ctx.n2):
-            raise ValueError(f"dy.shape={tuple(dy.shape)} must be (M, N2)={(ctx.m, ctx.n2)}")
-        if V.dtype_name(dy.dtype) != ctx.dtype:
-            raise TypeError(f"dy.dtype={V.dtype_name(dy.dtype)} must match the forward output "
-                            f"dtype {ctx.dtype}")
-        dy_hp = dy
+    dy, dy_hp, wire = check_backward_dy(dy, recipe, ctx.m, ctx.n2, ctx.splits, ctx.dtype)
     xp = get_xp(dy_hp, *_saved_arrays(ctx))  # no NumPy / CuPy mixing with the forward's arrays
     ctx.used = True
 

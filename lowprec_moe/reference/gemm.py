@@ -20,8 +20,8 @@ a validated :class:`lowprec_moe.gemm.GemmProblem` and computes, expert by expert
    fp32 on tensor cores in another order, hence the tolerances of the GPU tests.
 3. **Epilogue**, in float32 (IEEE, subnormals kept), in exactly this order:
 
-   * NVFP4 per tensor: ``acc * alpha`` with ``alpha = (amax_a * amax_b) * fp32(1/7225344)``;
-     row-scaled (either side a vector): ``t = acc * fp32(1/7225344)`` then
+   * NVFP4 per tensor: ``acc * alpha`` with ``alpha = (amax_a * amax_b) * fp32(1/NVFP4_GEMM_FACTOR)``;
+     row-scaled (either side a vector): ``t = acc * fp32(1/NVFP4_GEMM_FACTOR)`` then
      ``t * (amax_row[m] * amax_col[n])`` (a scalar side contributes its scalar);
    * bias: ``+ bias[n]``, or ``+ bias[n] * probs[m]``;
    * cast to the output dtype (one RNE rounding), or ``out + t`` into a float32 buffer.
