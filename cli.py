@@ -167,7 +167,7 @@ def quantize(src, dst, fmt, row_scaled, block_2d, columnwise, fp8_dtype, keys, g
     IN is a .npy, .npz or .safetensors file (float32, float16 or bfloat16 tensors). Tensors
     that are not selected by --keys or cannot be quantized (rank 1, K not a multiple of the
     block, integer dtypes) are copied unchanged and reported. OUT uses ModelOpt-compatible
-    names: NAME (data), NAME_scale, NAME_scale_2 (nvfp4: amax / 2688), plus NAME_amax and
+    names: NAME (data), NAME_scale, NAME_scale_2 (nvfp4: amax / (FP4_MAX * E4M3_MAX)), plus NAME_amax and
     NAME_columnwise* (see lowprec_moe.io.checkpoint).
 
     \b

@@ -9,17 +9,17 @@ name                       nvfp4                                  mxfp8
 =========================  =====================================  ===============================
 ``w``                      rowwise data, U8 (packed E2M1)         rowwise data, F8_E4M3 / F8_E5M2
 ``w_scale``                rowwise scales, F8_E4M3                rowwise scales, U8 (E8M0)
-``w_scale_2``              F32 ``amax / 2688`` (ModelOpt's         --
+``w_scale_2``              F32 ``amax / NVFP4_AMAX_DIVISOR`` (ModelOpt's         --
                            ``weight_scale_2``)
 ``w_amax``                 F32 amax, exact                        --
 ``w_columnwise``           columnwise data                        columnwise data
 ``w_columnwise_scale``     columnwise scales                      columnwise scales
-``w_columnwise_scale_2``   F32 ``amax / 2688``                    --
+``w_columnwise_scale_2``   F32 ``amax / NVFP4_AMAX_DIVISOR``                    --
 ``w_columnwise_amax``      F32 amax, exact                        --
 =========================  =====================================  ===============================
 
 Scales are compact (unpadded, not swizzled). ``_scale_2`` is a scalar per tensor (as ModelOpt
-writes it), ``[G]`` per member of a grouped tensor, and the amax vector divided by 2688 when
+writes it), ``[G]`` per member of a grouped tensor, and the amax vector divided by NVFP4_AMAX_DIVISOR when
 row-scaled. ``.npz`` files use the same names and store fp8 bytes as uint8.
 
 The ``__metadata__`` map holds ``"format": "pt"`` (safetensors only, which Hugging Face style
@@ -28,7 +28,7 @@ and, per tensor, its type, format, shape, options and the names of its arrays. L
 ``load(save(t))`` equals ``t`` byte for byte in every field. A safetensors file without that
 metadata is read as a ModelOpt NVFP4 checkpoint: ``w`` (U8), ``w_scale`` (F8_E4M3) and
 ``w_scale_2`` (F32 scalar) become a rowwise :class:`QuantizedTensor` with ``amax = w_scale_2 *
-2688``; every other array is returned as it is.
+NVFP4_AMAX_DIVISOR``; every other array is returned as it is.
 """
 
 from __future__ import annotations

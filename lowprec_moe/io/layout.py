@@ -82,9 +82,10 @@ def flatten(name: str, t) -> tuple[list[tuple[str, np.ndarray]], dict[str, Any]]
             arrays.append((name + _SUFFIX[s2], v))
             names[s2] = name + _SUFFIX[s2]
     if t.format == "nvfp4":
-        entry["scale_2"] = ("amax / 2688 per row (row-scaled; columnwise: per column)"
+        div = f"amax / {F.NVFP4_AMAX_DIVISOR:g}"
+        entry["scale_2"] = (f"{div} per row (row-scaled; columnwise: per column)"
                             if t.row_scaled else
-                            "amax / 2688 per member" if grouped else "amax / 2688 per tensor")
+                            f"{div} per member" if grouped else f"{div} per tensor")
     entry["arrays"] = names
     return arrays, entry
 

@@ -1,7 +1,7 @@
 """MXFP8 quantization and dequantization, NumPy reference (SPEC section 3).
 
 Input ``x`` ``[M, K]`` (float32, float16 or bfloat16, upcast exactly), element type E4M3
-(max 448) or E5M2 (max 57344), blocks of 32 elements with one UE8M0 scale each.
+(max E4M3_MAX) or E5M2 (max E5M2_MAX), blocks of 32 elements with one UE8M0 scale each.
 
 Scale exponent (a ceiling, as TE and torchao's RCEIL mode; computed from fp32 bits)::
 

@@ -6,7 +6,7 @@ All arithmetic is IEEE float32 with subnormals (no flush-to-zero).
 Global scale (per tensor, or per row when row-scaled)::
 
     amax  = max |x|                (NaN ignored; an all-NaN or empty tensor gives 0)
-    S_enc = min(2688 / amax, FLT_MAX);  S_enc = 1 if amax == 0 or S_enc == 0 (amax = inf)
+    S_enc = min(NVFP4_AMAX_DIVISOR / amax, FLT_MAX);  S_enc = 1 if amax == 0 or S_enc == 0 (amax = inf)
     S_dec = 1 / S_enc
 
 Block scale (16 consecutive elements; one 16x16 tile with ``block_2d``)::
@@ -29,7 +29,7 @@ uses ``amax_columnwise[k] = max_i |x[i, k]|``.
 
 Dequantization (as TE)::
 
-    value = e2m1(code) * ((float(scale) * amax) * fp32(1/2688))
+    value = e2m1(code) * ((float(scale) * amax) * fp32(1/NVFP4_AMAX_DIVISOR))
 """
 
 from __future__ import annotations
