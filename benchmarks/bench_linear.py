@@ -35,7 +35,7 @@ import statistics
 import sys
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +46,8 @@ except ImportError:  # running from a checkout that is not installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import lowprec_moe as lpm
 
-import ml_dtypes
 
-BF16 = ml_dtypes.bfloat16
+from _harness import Backend, rel_err, torch_module  # noqa: E402
 
 RECIPES = {
     "bf16": lpm.Recipe.bf16(),
@@ -122,86 +121,13 @@ def smoke_cases() -> list[Case]:
 # timing
 
 
-class Backend:
-    """Array module, random data and timers of one device."""
-
-    def __init__(self, device: str):
-        self.gpu = device == "gpu"
-        if self.gpu:
-            import cupy
-
-            self.xp = cupy
-            props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-            name = props["name"]
-            self.name = name.decode() if isinstance(name, bytes) else str(name)
-        else:
-            self.xp = np
-            self.name = "cpu (NumPy reference)"
-
-    def randn_bf16(self, shape, seed: int, scale: float = 1.0):
-        xp = self.xp
-        if self.gpu:
-            a = xp.random.RandomState(seed).standard_normal(shape, dtype=xp.float32)
-        else:
-            a = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
-        if scale != 1.0:
-            a *= np.float32(scale)
-        return a.astype(BF16)
-
-    def sync(self) -> None:
-        if self.gpu:
-            self.xp.cuda.get_current_stream().synchronize()
-
-    def time_ms(self, fn, *, warmup: int, reps: int, budget_s: float) -> tuple[float, int]:
-        """Median ms of ``fn()`` over at most ``reps`` timed calls (fewer when a call is so slow
-        that ``reps`` of them would exceed ``budget_s``). Returns (median ms, calls timed)."""
-        t_last = 0.0
-        for _ in range(max(1, warmup)):
-            t0 = time.perf_counter()
-            fn()
-            self.sync()
-            t_last = time.perf_counter() - t0
-        reps = max(1, min(reps, int(budget_s / max(t_last, 1e-6))))
-        times = []
-        for _ in range(reps):
-            if self.gpu:
-                cp = self.xp
-                start, end = cp.cuda.Event(), cp.cuda.Event()
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(cp.cuda.get_elapsed_time(start, end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append(1e3 * (time.perf_counter() - t0))
-        return statistics.median(times), reps
-
-    def free(self) -> None:
-        gc.collect()
-        if self.gpu:
-            self.xp.get_default_memory_pool().free_all_blocks()
-            self.xp.get_default_pinned_memory_pool().free_all_blocks()
-
-
-def _rel_err(xp, a, b) -> float:
-    d = xp.linalg.norm((a.astype(xp.float32) - b.astype(xp.float32)).ravel())
-    r = xp.linalg.norm(b.astype(xp.float32).ravel())
-    return float(d / r) if float(r) else float(d)
-
-
-# ============================================================================================
-# ours
-
-
 def bench_ours(be: Backend, case: Case, recipe_names, args,
                torch_ms: float | None = None) -> list[dict]:
     xp = be.xp
     m, k, n, g = case.m, case.k, case.n, case.experts
-    x = be.randn_bf16((m, k), 1)
-    w = be.randn_bf16((g, n, k), 2, 1.0 / math.sqrt(k))
-    dy = be.randn_bf16((m, n), 3, 1.0 / math.sqrt(m))
+    x = be.randn((m, k), 1)
+    w = be.randn((g, n, k), 2, 1.0 / math.sqrt(k))
+    dy = be.randn((m, n), 3, 1.0 / math.sqrt(m))
     splits = list(case.splits)
     rows = []
     y_ref = None
@@ -227,7 +153,7 @@ def bench_ours(be: Backend, case: Case, recipe_names, args,
                     y_ref = y
                     row["err_y"] = 0.0
                 elif y_ref is not None:
-                    row["err_y"] = _rel_err(xp, y, y_ref)
+                    row["err_y"] = rel_err(xp, y, y_ref)
                 del y
             except Exception as exc:  # keep going: report and move on
                 row["error"] = f"{type(exc).__name__}: {exc}"
@@ -244,18 +170,6 @@ def bench_ours(be: Backend, case: Case, recipe_names, args,
 
 # ============================================================================================
 # torch peer
-
-
-def torch_module(args):
-    if args.no_torch or args.device != "gpu":
-        return None
-    try:
-        import torch  # noqa: PLC0415 - optional peer, never a library dependency
-    except Exception:
-        return None
-    if not torch.cuda.is_available() or not hasattr(torch, "_grouped_mm"):
-        return None
-    return torch
 
 
 def bench_torch(torch, be: Backend, case: Case, args) -> dict:

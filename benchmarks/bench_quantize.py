@@ -16,7 +16,6 @@ import statistics
 import sys
 
 import ml_dtypes
-import numpy as np
 
 
 def _time(fn, repeat: int, inner: int = 10) -> float:
