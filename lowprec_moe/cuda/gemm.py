@@ -54,41 +54,22 @@ import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from .. import formats as F
 from .. import kernels
+from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
+    BK, CONFIGS, DESC_WORDS, D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD, D_B_SOFF,
+    D_B_SLD, D_ROWS, D_LEN, D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS, EK_F32, EK_BF16,
+    EK_F16, EK_FP4, EK_E4M3, EK_E5M2, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K,
+    KIND_HP_MN, MMA_PARAMS, OUT_TYPES, Operand, Plan, SIMT_PARAMS, SIMT_TILE, THREADS, _cdiv,
+    _flat_amax, descriptors, plan, tile_table)
 
 __all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV"]
 
 #: Environment variable selecting the kernel family: "auto" (default) or "simt".
 KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
-
-# ---- mirrored from raw_kernels/grouped_gemm_common.cuh -------------------------------------
-DESC_WORDS = 16
-(D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD, D_B_SOFF, D_B_SLD, D_ROWS, D_LEN,
- D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS) = range(15)
-KIND_HP_K, KIND_HP_MN, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN = range(5)
-OUT_TYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
-BK = 64
-THREADS = 256
-#: CTA tiles of the tensor-core kernels: name suffix -> (BM, BN). mma.sync: l, s; wgmma (sm_90):
-#: w, v. Within a family every tile uses the same MMA instruction, so the choice (made from the
-#: splits) never changes the arithmetic: grouped calls equal per-expert calls bit for bit.
-CONFIGS = {"l": (128, 256), "s": (32, 256), "w": (128, 256), "v": (64, 256)}
-#: Parameter names, in order, of the tensor-core kernels (LPM_GG_PARAMS in the .cuh) and of
-#: lpm_gg_simt; tests/test_gemm.py checks them against the CUDA sources.
-MMA_PARAMS = ("tiles", "n_col_tiles", "desc", "n_cols", "a_data", "a_scale", "a_ch", "a_e5m2",
-              "b_data", "b_scale", "b_ch", "b_e5m2", "amax_a", "amax_b", "a_vec", "b_vec",
-              "scale_mode", "bias", "probs", "has_bias", "has_probs", "out", "out_type",
-              "accumulate", "zero_if_empty")
-SIMT_PARAMS = tuple({"a_ch": "a_kind", "a_e5m2": "a_mn", "b_ch": "b_kind",
-                     "b_e5m2": "b_mn"}.get(n, n) for n in MMA_PARAMS)
-# ---- mirrored from raw_kernels/grouped_gemm_simt.cu ----------------------------------------
-EK_F32, EK_BF16, EK_F16, EK_FP4, EK_E4M3, EK_E5M2 = range(6)
-SIMT_TILE = 64
 
 _MAX_CACHED = 64
 _lock = threading.Lock()
@@ -102,191 +83,6 @@ def _cupy():
     import cupy
 
     return cupy
-
-
-def _cdiv(a, b):
-    return -(-a // b)
-
-
-# ============================================================================================
-# Operand description
-
-
-@dataclass
-class Operand:
-    """One GEMM operand as the kernels see it (per-expert arrays are host int64 ``[G]``)."""
-
-    data: Any            # cupy array holding element (0, 0) of every expert at data + off[g]
-    scale: Any           # cupy uint8 array of block scales, or None
-    mn: bool             # rows contiguous (True) or contraction contiguous (False)
-    kind: int            # tensor-core kernel kind (KIND_*)
-    ek: int              # SIMT element kind (EK_*)
-    es_num: int          # bytes per element along the contiguous dimension = es_num / es_den
-    es_den: int
-    off: np.ndarray
-    ld: np.ndarray
-    soff: np.ndarray
-    sld: np.ndarray
-    e5m2: bool = False
-    amax: Any = None     # cupy float32 flat array (NVFP4), or None
-    amax_vec: bool = False
-    amax_base: np.ndarray | None = None
-
-
-_HP_EK = {"float32": EK_F32, "bfloat16": EK_BF16, "float16": EK_F16}
-
-
-def _zeros(g):
-    return np.zeros(g, dtype=np.int64)
-
-
-def _full(g, v):
-    return np.full(g, int(v), dtype=np.int64)
-
-
-def _hp_operand(arr, *, mn: bool, off, ld) -> Operand:
-    es = int(arr.dtype.itemsize)
-    g = len(off)
-    return Operand(data=arr, scale=None, mn=mn, kind=KIND_HP_MN if mn else KIND_HP_K,
-                   ek=_HP_EK[np.dtype(arr.dtype).name], es_num=es, es_den=1,
-                   off=np.asarray(off, np.int64) * 1, ld=_full(g, ld) if np.isscalar(ld) else ld,
-                   soff=_zeros(g), sld=_zeros(g))
-
-
-def _flat_amax(a):
-    from ..backend import get_xp
-
-    xp = get_xp(a)
-    return xp.ascontiguousarray(a.astype(xp.float32, copy=False)).reshape(-1)
-
-
-def _rowwise_operand(gt, row0: np.ndarray, amax_vec_base: np.ndarray | None) -> Operand:
-    """Rowwise copy of a GroupedTensor; expert g's operand starts at row ``row0[g]``."""
-    k = int(gt.shape[1])
-    g = len(row0)
-    if gt.format == "nvfp4":
-        kw = dict(kind=KIND_FP4_K, ek=EK_FP4, es_num=1, es_den=2, off=row0 * (k // 2),
-                  ld=_full(g, k // 2), soff=row0 * (k // F.NVFP4_BLOCK),
-                  sld=_full(g, k // F.NVFP4_BLOCK))
-    else:
-        kw = dict(kind=KIND_FP8_K, ek=EK_E5M2 if gt.fp8_dtype == "e5m2" else EK_E4M3, es_num=1,
-                  es_den=1, off=row0 * k, ld=_full(g, k), soff=row0 * (k // F.MXFP8_BLOCK),
-                  sld=_full(g, k // F.MXFP8_BLOCK), e5m2=gt.fp8_dtype == "e5m2")
-    op = Operand(data=gt.rowwise_data, scale=gt.rowwise_scale, mn=False, **kw)
-    if gt.format == "nvfp4":
-        op.amax = _flat_amax(gt.amax_rowwise)
-        op.amax_vec = bool(gt.row_scaled)
-        op.amax_base = amax_vec_base if gt.row_scaled else np.arange(g, dtype=np.int64)
-    return op
-
-
-def _columnwise_operand(gt, member_rows: np.ndarray) -> Operand:
-    """Columnwise copy of a GroupedTensor, read as ``[cols of x, padded member rows]``.
-
-    ``member_rows[g]`` is the number of (unpadded) rows of member g: NVFP4 stores ``[X, Mp/2]``
-    (contraction contiguous), MXFP8 ``[Mp, X]`` (rows contiguous).
-    """
-    x_cols = int(gt.shape[1])
-    g = len(member_rows)
-    doff = np.asarray(gt.columnwise_data_offsets, dtype=np.int64)[:g]
-    soff = np.asarray(gt.columnwise_scale_offsets, dtype=np.int64)[:g]
-    if gt.format == "nvfp4":
-        mp = _cdiv(member_rows, F.NVFP4_BLOCK) * F.NVFP4_BLOCK
-        op = Operand(data=gt.columnwise_data, scale=gt.columnwise_scale, mn=False,
-                     kind=KIND_FP4_K, ek=EK_FP4, es_num=1, es_den=2, off=doff,
-                     ld=(mp // 2).astype(np.int64), soff=soff,
-                     sld=(mp // F.NVFP4_BLOCK).astype(np.int64))
-        op.amax = _flat_amax(gt.amax_columnwise)
-        op.amax_vec = bool(gt.row_scaled)
-        op.amax_base = (np.arange(g, dtype=np.int64) * x_cols if gt.row_scaled
-                        else np.arange(g, dtype=np.int64))
-        return op
-    e5 = gt.fp8_dtype == "e5m2"
-    return Operand(data=gt.columnwise_data, scale=gt.columnwise_scale, mn=True, kind=KIND_FP8_MN,
-                   ek=EK_E5M2 if e5 else EK_E4M3, es_num=1, es_den=1, off=doff,
-                   ld=_full(g, x_cols), soff=soff, sld=_full(g, x_cols), e5m2=e5)
-
-
-@dataclass
-class Plan:
-    """Everything a launch needs (host side)."""
-
-    a: Operand
-    b: Operand
-    rows: np.ndarray      # valid output rows per expert
-    length: np.ndarray    # contraction length per expert (elements)
-    out_off: np.ndarray   # element offset of each expert's output row 0
-    bias_base: np.ndarray
-    probs_base: np.ndarray
-    n_cols: int
-    zero_if_empty: bool
-
-
-def plan(p) -> Plan:
-    """Describe a validated problem in the kernels' canonical form (see the module docstring)."""
-    g = p.num_groups
-    gi = np.arange(g, dtype=np.int64)
-    splits = np.asarray(p.splits, dtype=np.int64)
-    row0 = np.asarray(p.offsets[:-1], dtype=np.int64)
-    n, k = p.n, p.k
-    if p.mode in ("fprop", "dgrad"):
-        contr = k if p.mode == "fprop" else n
-        if p.fmt == "hp":
-            es = p.a.dtype.itemsize
-            a = _hp_operand(p.a, mn=False, off=row0 * contr * es, ld=contr * es)
-            if p.mode == "fprop":
-                b = _hp_operand(p.b, mn=False, off=gi * n * k * es, ld=k * es)
-            else:  # W_g^T: element (row kk, contraction nn) at W[g, nn, kk]
-                b = _hp_operand(p.b, mn=True, off=gi * n * k * es, ld=k * es)
-        else:
-            a = _rowwise_operand(p.a, row0, row0)
-            if p.mode == "fprop":
-                b = _rowwise_operand(p.b, gi * n, gi * n)
-            else:
-                b = _columnwise_operand(p.b, _full(g, n))
-        n_cols = n if p.mode == "fprop" else k
-        return Plan(a=a, b=b, rows=splits, length=_full(g, contr), out_off=row0 * n_cols,
-                    bias_base=gi * n_cols, probs_base=row0, n_cols=n_cols, zero_if_empty=False)
-    # wgrad: rows n of dy^T, columns k of x^T, contraction over the expert's tokens
-    if p.fmt == "hp":
-        es = p.a.dtype.itemsize
-        a = _hp_operand(p.a, mn=True, off=row0 * n * es, ld=n * es)
-        b = _hp_operand(p.b, mn=True, off=row0 * k * es, ld=k * es)
-        length = splits
-    else:
-        a = _columnwise_operand(p.a, splits)
-        b = _columnwise_operand(p.b, splits)
-        blk = F.NVFP4_BLOCK if p.fmt == "nvfp4" else F.MXFP8_BLOCK
-        length = _cdiv(splits, blk) * blk
-    return Plan(a=a, b=b, rows=_full(g, n), length=np.asarray(length, np.int64),
-                out_off=gi * n * k, bias_base=_zeros(g), probs_base=_zeros(g), n_cols=k,
-                zero_if_empty=True)
-
-
-def descriptors(pl: Plan) -> np.ndarray:
-    """The int64 ``[G, 16]`` descriptor table of a plan."""
-    g = len(pl.rows)
-    d = np.zeros((g, DESC_WORDS), dtype=np.int64)
-    d[:, D_A_OFF], d[:, D_A_LD], d[:, D_A_SOFF], d[:, D_A_SLD] = (pl.a.off, pl.a.ld, pl.a.soff,
-                                                                  pl.a.sld)
-    d[:, D_B_OFF], d[:, D_B_LD], d[:, D_B_SOFF], d[:, D_B_SLD] = (pl.b.off, pl.b.ld, pl.b.soff,
-                                                                  pl.b.sld)
-    d[:, D_ROWS] = pl.rows
-    d[:, D_LEN] = pl.length
-    d[:, D_OUT_OFF] = pl.out_off
-    d[:, D_AMAX_A] = pl.a.amax_base if pl.a.amax_base is not None else 0
-    d[:, D_AMAX_B] = pl.b.amax_base if pl.b.amax_base is not None else 0
-    d[:, D_BIAS] = pl.bias_base
-    d[:, D_PROBS] = pl.probs_base
-    return d
-
-
-def tile_table(rows: np.ndarray, include: np.ndarray, bm: int) -> np.ndarray:
-    """int32 ``[entries, 2]``: (expert, row tile) for every row tile of every included expert."""
-    nrt = np.where(include, _cdiv(rows, bm), 0).astype(np.int64)
-    g = np.repeat(np.arange(len(rows), dtype=np.int64), nrt)
-    t = np.arange(int(nrt.sum()), dtype=np.int64) - np.repeat(np.cumsum(nrt) - nrt, nrt)
-    return np.stack([g, t], axis=1).astype(np.int32).reshape(-1, 2)
 
 
 # ============================================================================================
