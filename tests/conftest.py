@@ -34,6 +34,15 @@ def xp(request):
     return cupy
 
 
+@pytest.fixture(scope="module")
+def cp():
+    """The cupy module; skips the test when CuPy or a CUDA device is missing."""
+    cupy = pytest.importorskip("cupy")
+    if not GPU_AVAILABLE:
+        pytest.skip("no CUDA device")
+    return cupy
+
+
 def to_host(a):
     """A NumPy copy of a NumPy or CuPy array (tests only)."""
     if a is None or isinstance(a, np.ndarray):

@@ -46,13 +46,6 @@ def make(act, f, dtype, m, seed=0):
     return (h.astype(np.float32).astype(dtype), dz.astype(np.float32).astype(dtype), p)
 
 
-@pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
 # ============================================================================================
 # fused == unfused
 

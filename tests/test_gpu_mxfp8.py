@@ -33,13 +33,6 @@ QKEYS = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale")
 
 # ------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
 def mx():
     from lowprec_moe.cuda import mxfp8
 

@@ -43,13 +43,6 @@ OPTIONS = {
 
 # ------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
-def cp():
-    import cupy
-
-    return cupy
-
-
-@pytest.fixture(scope="module")
 def nv():
     from lowprec_moe.cuda import nvfp4
 

@@ -17,8 +17,6 @@ from lowprec_moe.reference.layouts import (
     swizzle_grouped_np,
     swizzle_scales_np,
     swizzled_size,
-    unswizzle_grouped_np,
-    unswizzle_scales_np,
 )
 
 SHAPES = [
@@ -335,17 +333,6 @@ def test_bad_shape(xp):
 
 # ------------------------------------------------------------------------------------------
 # GPU only: large shapes, zero-copy grouped input, wrong array kind
-
-
-@pytest.fixture
-def cp():
-    cupy = pytest.importorskip("cupy")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except Exception as exc:  # no driver / no device
-        pytest.skip(f"no CUDA device: {exc}")
-    return cupy
 
 
 @pytest.mark.gpu
