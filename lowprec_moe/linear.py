@@ -29,7 +29,7 @@ import numpy as np
 from . import _validate as V
 from .backend import get_xp, is_cupy_array
 from .gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
-from .grouped_tensor import GroupedTensor
+from .grouped_tensor import GroupedTensor, _offsets
 from .recipe import Recipe
 
 
@@ -362,7 +362,7 @@ def _bias_grads(dy_hp, ctx: GroupedLinearContext):
         return None, xp.zeros(ctx.m, dtype=ctx.probs.dtype)
     xp = get_xp(dy_hp)
     dy32 = dy_hp.astype(xp.float32)
-    offs = np.concatenate([[0], np.cumsum(ctx.splits)])
+    offs = _offsets(ctx.splits)
     weighted = dy32 if ctx.probs is None else dy32 * ctx.probs.astype(xp.float32)[:, None]
     dbias = xp.zeros((len(ctx.splits), ctx.n), dtype=xp.float32)
     for g in range(len(ctx.splits)):
