@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import _validate as V
-from .backend import get_xp, is_cupy_array
+from .backend import get_xp
 from .gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
 from .grouped_tensor import GroupedTensor, _offsets
 from .recipe import Recipe

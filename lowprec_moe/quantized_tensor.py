@@ -5,10 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import numpy as np
 
 from . import _validate as V
-from . import formats as F
 from ._dispatch import implementation
 from .backend import get_xp, is_cupy_array
 
