@@ -82,7 +82,8 @@ def main() -> int:
     ab = cp.zeros(2, dtype=cp.uint32)
     tabs = cp.empty(2 * 132, dtype=cp.float32)
     amax_fn = kernels.get_function("nvfp4", "lpm_nvfp4_amax_tensor_bf16")
-    q_fn = kernels.get_function("nvfp4", "lpm_nvfp4_quantize_bf16")
+    q_name = "lpm_nvfp4_quantize_pipe_bf16"  # the launcher's kernel for 1-D blocks
+    q_fn = kernels.get_function("nvfp4", q_name)
     grid_x = max(1, min(-(-(m * k // 8) // 1024), 4 * sm))
 
     def amax_raw():
@@ -96,11 +97,12 @@ def main() -> int:
     cd = cp.empty(k * m // 2, cp.uint8)
     cs = cp.empty(k * m // 16, cp.uint8)
     n_tiles = (-(-m // 64)) * (k // 128)
+    q_grid = min(n_tiles, NV._resident_ctas("nvfp4", q_name, q_fn))
     amax_f = ab[:1].view(cp.float32)
 
     def q_raw(flags):
         def f():
-            q_fn((n_tiles,), (128,), (x, np.int64(k), np.int64(m), NULL, np.int32(0),
+            q_fn((q_grid,), (128,), (x, np.int64(k), np.int64(m), NULL, np.int32(0),
                                       np.int32(k // 128), np.int32(flags), np.uint32(0),
                                       np.uint64(0), amax_f, amax_f, tabs, rd, rs, cd, cs))
         return f

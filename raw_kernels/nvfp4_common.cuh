@@ -261,6 +261,9 @@ LPM_DEV unsigned int q_e2m1_sr(float y, unsigned int r) {
 
 // Codes (without sign bits) of 8 elements, element 0 in the low nibble: fast path (no NaN among
 // v[0..7]).
+// Horner sum over j of 16^j * bits(t_j), bits(t_j) = 0x4B000000 + m_j + code_j (mod 2^32): the
+// magic constants sum to 0xFB000000 + 80 * 16^5 = 2^32, so no correction is needed. m_5 = 80 is
+// even, so ties-to-even on m_5 + g is ties-to-even on g.
 LPM_DEV unsigned int q_codes8_fast(const float* v, float enc) {
     unsigned int p = 0u;
 #pragma unroll
@@ -269,12 +272,12 @@ LPM_DEV unsigned int q_codes8_fast(const float* v, float enc) {
         const float s1 = q_mul_sat(a, 0.5f);
         const float s2 = q_fma_sat(a, 0.5f, -1.0f);
         const float s3 = q_fma_sat(a, 0.5f, -2.0f);
-        float t = lpm_fma_rn(s1, 4.0f, 8388608.0f);
+        float t = lpm_fma_rn(s1, 4.0f, j == 5 ? 8388688.0f : 8388608.0f);  // 2^23 (+ 80)
         t = lpm_fma_rn(s2, 2.0f, t);
         t = lpm_add_rn(t, s3);
-        p = p * 16u + __float_as_uint(t);  // Horner: nibble j = 0x4B000000 + code_j (mod 2^32)
+        p = p * 16u + __float_as_uint(t);  // Horner: nibble j = code_j once the constants cancel
     }
-    return p + 0x05000000u;  // sum_j 0x4B000000 * 16^j = 0xFB000000 (mod 2^32)
+    return p;
 }
 
 // Sign bits of 8 elements at bit 4j+3 (funnel shifts of the top nibbles, any layout).
@@ -498,17 +501,31 @@ struct QTile {
     long long k0;        // first column of the tile
 };
 
-// Tile of this CTA. G == 0: a single tensor of M_single rows. Otherwise meta (int64) holds
+LPM_DEV QTile q_tile_rc(long long rt, int ct, long long M_single, const long long* __restrict__ meta,
+                        int G, int tile_rows, int tile_cols);
+
+// Tile number `tile` (row tiles x n_ct column tiles). G == 0: a single tensor of M_single rows.
+// Otherwise meta (int64) holds
 // [row offsets (G+1) | columnwise padded-row prefix (G+1) | row-tile prefix (G+1)].
-// `reverse`: CTA 0 takes the last tile (the quantizer runs right after the amax pass, which ends
-// by reading the end of x: that part is still in L2).
-LPM_DEV QTile q_resolve_tile(long long M_single, const long long* __restrict__ meta, int G,
-                             int n_ct, int tile_rows, int tile_cols, bool reverse = false) {
+LPM_DEV QTile q_tile_at(long long tile, long long M_single, const long long* __restrict__ meta,
+                        int G, int n_ct, int tile_rows, int tile_cols) {
+    long long rt;
+    int ct;
+    if (tile <= 0x7FFFFFFFll) {  // (always, in practice: a 32-bit division)
+        const unsigned int q = (unsigned int)tile / (unsigned int)n_ct;
+        rt = (long long)q;
+        ct = (int)((unsigned int)tile - q * (unsigned int)n_ct);
+    } else {
+        rt = tile / n_ct;
+        ct = (int)(tile - rt * n_ct);
+    }
+    return q_tile_rc(rt, ct, M_single, meta, G, tile_rows, tile_cols);
+}
+
+// Tile (row tile rt, column tile ct); G, meta as q_tile_at.
+LPM_DEV QTile q_tile_rc(long long rt, int ct, long long M_single, const long long* __restrict__ meta,
+                        int G, int tile_rows, int tile_cols) {
     QTile t;
-    const long long tile = reverse ? (long long)gridDim.x - 1 - (long long)blockIdx.x
-                                   : (long long)blockIdx.x;
-    const long long rt = tile / n_ct;
-    const int ct = (int)(tile - rt * n_ct);
     t.k0 = (long long)ct * tile_cols;
     if (G == 0) {
         t.g = 0;
@@ -534,6 +551,15 @@ LPM_DEV QTile q_resolve_tile(long long M_single, const long long* __restrict__ m
     }
     t.Mp = (t.M + 15) & ~15ll;
     return t;
+}
+
+// Tile of this CTA. `reverse`: CTA 0 takes the last tile (the quantizer runs right after the amax
+// pass, which ends by reading the end of x: that part is still in L2).
+LPM_DEV QTile q_resolve_tile(long long M_single, const long long* __restrict__ meta, int G,
+                             int n_ct, int tile_rows, int tile_cols, bool reverse = false) {
+    const long long tile = reverse ? (long long)gridDim.x - 1 - (long long)blockIdx.x
+                                   : (long long)blockIdx.x;
+    return q_tile_at(tile, M_single, meta, G, n_ct, tile_rows, tile_cols);
 }
 
 // Load this thread's row blocks of the tile (zeros outside the member / matrix) and, when
@@ -1075,6 +1101,336 @@ LPM_DEV void quantize_impl(const unsigned char* __restrict__ x, long long K, lon
         quantize_phases<DT, EXT, false>(ti, K, flags, member_base, seed, rw, s_tile, s_tamax, s_tab,
                                         s_rs, s_cs, s_cd, s_csc, row_data, row_scale, col_data,
                                       col_scale);
+}
+
+// ==========================================================================================
+// Kernel: quantize, pipelined (1-D blocks, per-tensor or row-scaled; no RHT, SR or 2-D blocks)
+// ==========================================================================================
+//
+// Same results as quantize_impl for those flags. A CTA walks the tiles blockIdx.x,
+// blockIdx.x + gridDim.x, ... (counted from the last tile, as quantize_impl's `reverse`) and
+// copies the next tile into the other of two shared buffers with cp.async (zero fill outside the
+// member / matrix) while it quantizes the current one, so a launch of about one CTA per resident
+// slot keeps loads in flight all the time and pays the per-CTA setup once. Both directions read
+// the tile from shared memory: rowwise, thread t owns half a tile row (row (t & 7) + 8 (t >> 4),
+// half (t >> 3) & 1: 4 blocks of a 16-bit input, 2 of fp32) and writes its data / scales with
+// one or two vector stores; columnwise as quantize_impl (staged, whole column runs).
+
+// Shared tile rows are padded to QP_ROW = 272 bytes (256 + one chunk): the cp.async writes, the
+// rowwise reads (a quarter warp = the same chunk of 8 consecutive rows) and the columnwise reads
+// (a half warp = 128 contiguous bytes of one row) are conflict-free, and every address is a
+// per-thread base plus a constant.
+constexpr int QP_ROW = Q_ROW_BYTES + 16;
+constexpr int QP_TILE = Q_TM * QP_ROW;
+
+LPM_DEV void qp_cp_async16(unsigned int dst, const void* src, unsigned int src_bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+}
+
+LPM_DEV void qp_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+LPM_DEV void qp_cp_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+
+// Number of tiles of a launch (as the launcher computes it: rows padded to 16 with the
+// columnwise copy).
+LPM_DEV long long qp_num_tiles(long long M_single, const long long* __restrict__ meta, int G,
+                               int n_ct, bool colwise) {
+    long long rt;
+    if (G == 0) {
+        const long long rows = colwise ? ((M_single + 15) & ~15ll) : M_single;
+        rt = (rows + Q_TM - 1) / Q_TM;
+    } else {
+        rt = meta[2 * (G + 1) + G];
+    }
+    return rt * n_ct;
+}
+
+// cp.async copies of tile ti into the shared buffer at sbuf: thread t copies chunk t & 15 of rows
+// (t >> 4) + 8j, j < 8 (zero fill outside the member / matrix).
+template <int DT>
+LPM_DEV void qp_issue(const unsigned char* __restrict__ x, long long K, const QTile& ti,
+                      unsigned int sbuf) {
+    typedef QCfg<DT> C;
+    const int tid = threadIdx.x;
+    const int r0 = tid >> 4, c = tid & 15;
+    const int rows_in = (int)min(ti.M - ti.row0, (long long)Q_TM);
+    const bool cok = (long long)c * C::EPC < K - ti.k0;
+    const long long stride8 = 8 * K * C::BYTES;
+    const unsigned char* src =
+        x + ((ti.row_base + ti.row0 + r0) * K + ti.k0) * C::BYTES + c * 16;
+    const unsigned int dst = sbuf + (unsigned int)(r0 * QP_ROW + c * 16);
+    if (rows_in == Q_TM && K - ti.k0 >= C::TK) {  // whole tile (uniform)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            qp_cp_async16(dst + (unsigned int)(j * 8 * QP_ROW), src, 16u);
+            src += stride8;
+        }
+    } else {  // edge tile: zero fill, and a valid address for the chunks outside
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            const bool ok = cok && r0 + 8 * j < rows_in;
+            qp_cp_async16(dst + (unsigned int)(j * 8 * QP_ROW), ok ? src : x, ok ? 16u : 0u);
+            src += stride8;
+        }
+    }
+}
+
+template <int DT>
+LPM_DEV void quantize_pipe_impl(const unsigned char* __restrict__ x, long long K, long long M_single,
+                                const long long* __restrict__ meta, int G, int n_ct, int flags,
+                                const float* __restrict__ amax_row, const float* __restrict__ amax_col,
+                                const float* __restrict__ tabs,
+                                unsigned char* __restrict__ row_data, unsigned char* __restrict__ row_scale,
+                                unsigned char* __restrict__ col_data, unsigned char* __restrict__ col_scale) {
+    typedef QCfg<DT> C;
+    constexpr int NB = C::BPR / 2;  // rowwise blocks per thread: 4 (16-bit input) or 2 (fp32)
+    __shared__ __align__(16) unsigned char s_buf[2 * QP_TILE];
+    __shared__ float s_tab[2][Q_TAB_STRIDE];  // per tensor: the member's two encode tables
+    __shared__ float s_rs[2][Q_TM];           // row-scaled: k6, S_dec per tile row
+    __shared__ float s_cs[2][128];            // row-scaled: k6, S_dec per tile column
+    __shared__ __align__(16) uint2 s_cd[4][128];
+    __shared__ __align__(16) unsigned char s_csc[4][128];
+    const int tid = threadIdx.x;
+    const bool rowwise = (flags & LPM_Q_ROWWISE) != 0;
+    const bool colwise = (flags & LPM_Q_COLWISE) != 0;
+    const bool row_scaled = (flags & LPM_Q_ROW_SCALED) != 0;
+    const long long n_tiles = qp_num_tiles(M_single, meta, G, n_ct, colwise);
+    long long t = (long long)blockIdx.x;
+    if (t >= n_tiles) return;
+    const unsigned int sbuf = static_cast<unsigned int>(__cvta_generic_to_shared(s_buf));
+    // tile n_tiles - 1 - t as (row tile rt, column tile ct); t advances by gridDim.x
+    const long long first = n_tiles - 1 - t;
+    long long rt = first / n_ct;
+    int ct = (int)(first - rt * n_ct);
+    const long long step_r = (long long)(gridDim.x / (unsigned int)n_ct);
+    const int step_c = (int)(gridDim.x % (unsigned int)n_ct);
+    QTile ti = q_tile_rc(rt, ct, M_single, meta, G, Q_TM, C::TK);
+    qp_issue<DT>(x, K, ti, sbuf);
+    qp_cp_commit();
+    int tab_g = -1;
+
+    for (int it = 0; t < n_tiles; ++it) {
+        // ---- prefetch the next tile into the other buffer (read last in the previous
+        // iteration, before its second barrier)
+        const long long tn = t + (long long)gridDim.x;
+        QTile tnext = ti;
+        if (tn < n_tiles) {
+            ct -= step_c;
+            rt -= step_r;
+            if (ct < 0) {
+                ct += n_ct;
+                --rt;
+            }
+            tnext = q_tile_rc(rt, ct, M_single, meta, G, Q_TM, C::TK);
+            qp_issue<DT>(x, K, tnext, sbuf + (unsigned int)(((it + 1) & 1) * QP_TILE));
+        }
+        qp_cp_commit();  // (possibly empty group: wait_group 1 below then covers this tile)
+
+        // ---- encode parameters of this tile (their readers finished before the last barrier)
+        if (!row_scaled) {
+            if (ti.g != tab_g) {  // uniform
+                tab_g = ti.g;
+                const float* tab = tabs + (long long)(2 * ti.g) * Q_TAB_STRIDE;
+                for (int c = tid; c < 2 * Q_TAB_STRIDE; c += Q_THREADS) (&s_tab[0][0])[c] = __ldg(tab + c);
+            }
+        } else {
+            if (tid < Q_TM) {
+                const long long m = ti.row0 + tid;
+                const float a = (rowwise && m < ti.M) ? amax_row[ti.row_base + m] : 0.0f;
+                const float se = q_encode_scale(a);
+                s_rs[0][tid] = q_k6(se);
+                s_rs[1][tid] = lpm_rcp_rn(se);
+            }
+            for (int c = tid; c < C::TK; c += Q_THREADS) {
+                const long long k = ti.k0 + c;
+                const float a = (colwise && k < K) ? amax_col[(long long)ti.g * K + k] : 0.0f;
+                const float se = q_encode_scale(a);
+                s_cs[0][c] = q_k6(se);
+                s_cs[1][c] = lpm_rcp_rn(se);
+            }
+        }
+        qp_cp_wait1();
+        __syncthreads();
+        const unsigned char* s_tile = s_buf + (it & 1) * QP_TILE;
+        const int rows_in = (int)min(ti.M - ti.row0, (long long)Q_TM);
+        const int cols_in = (int)min(K - ti.k0, (long long)C::TK);
+
+        // ---- rowwise: half a tile row per thread
+        if (rowwise) {
+            const int r = (tid & 7) + 8 * (tid >> 4), h = (tid >> 3) & 1;
+            if (r < rows_in) {
+                float k6, sdec = 0.0f;
+                if (row_scaled) {
+                    k6 = s_rs[0][r];
+                    sdec = s_rs[1][r];
+                } else {
+                    k6 = s_tab[0][128];
+                }
+                uint2 pk[NB];
+                unsigned int sc[NB];
+#pragma unroll
+                for (int b = 0; b < NB; ++b) {
+                    unsigned int w[C::WPB];
+#pragma unroll
+                    for (int q = 0; q < C::CPB; ++q) {
+                        const uint4 c4 = *reinterpret_cast<const uint4*>(
+                            s_tile + r * QP_ROW + ((h * NB + b) * C::CPB + q) * 16);
+                        w[4 * q + 0] = c4.x;
+                        w[4 * q + 1] = c4.y;
+                        w[4 * q + 2] = c4.z;
+                        w[4 * q + 3] = c4.w;
+                    }
+                    float v[16];
+                    q_unpack_block<DT>(w, v);
+                    float bmn;
+                    if (C::BYTES == 2) {
+                        bmn = q_block_max_words<DT>(w);
+                    } else {
+                        bmn = 0.0f;
+#pragma unroll
+                        for (int e = 0; e < 16; ++e) bmn = q_max_nan(bmn, q_abs(v[e]));
+                    }
+                    const bool has_nan = lpm_isnan_bits(bmn);
+                    const float bm = has_nan ? q_amax16(v) : bmn;
+                    const unsigned int s = q_block_scale(bm, k6);
+                    const float enc = row_scaled ? q_enc(s, sdec) : s_tab[0][s];
+                    pk[b] = q_block16<false>(v, C::BYTES == 2 ? w : nullptr, has_nan, enc, 0ull,
+                                             0ull, 0u, 0u);
+                    sc[b] = s;
+                }
+                const long long row = ti.row_base + ti.row0 + r;
+                const long long kb0 = ti.k0 + h * NB * 16;
+                unsigned char* dptr = row_data + row * (K >> 1) + (kb0 >> 1);
+                unsigned char* sptr = row_scale + row * (K >> 4) + (kb0 >> 4);
+                if (cols_in == C::TK) {
+                    if ((K & 31) == 0) {  // 16-byte aligned rows of data
+#pragma unroll
+                        for (int b = 0; b < NB; b += 2)
+                            *reinterpret_cast<uint4*>(dptr + 8 * b) =
+                                make_uint4(pk[b].x, pk[b].y, pk[b + 1].x, pk[b + 1].y);
+                    } else {
+#pragma unroll
+                        for (int b = 0; b < NB; ++b) *reinterpret_cast<uint2*>(dptr + 8 * b) = pk[b];
+                    }
+                    if (((K >> 4) % NB) == 0) {
+                        if constexpr (NB == 4)
+                            *reinterpret_cast<unsigned int*>(sptr) =
+                                sc[0] | (sc[1] << 8) | (sc[2] << 16) | (sc[3] << 24);
+                        else
+                            *reinterpret_cast<unsigned short*>(sptr) = (unsigned short)(sc[0] | (sc[1] << 8));
+                    } else {
+#pragma unroll
+                        for (int b = 0; b < NB; ++b) sptr[b] = (unsigned char)sc[b];
+                    }
+                } else {
+#pragma unroll
+                    for (int b = 0; b < NB; ++b) {
+                        if ((h * NB + b) * 16 < cols_in) {
+                            *reinterpret_cast<uint2*>(dptr + 8 * b) = pk[b];
+                            sptr[b] = (unsigned char)sc[b];
+                        }
+                    }
+                }
+            }
+        }
+
+        // ---- columnwise: 16 rows x CPU columns per thread, staged in shared memory
+        if (colwise) {
+            const int rc = tid >> 5, cg = tid & 31;
+            const long long mblk = ti.row0 + rc * 16;  // (warp-uniform)
+            if (mblk < ti.Mp) {
+                unsigned int cw[16][2];
+#pragma unroll
+                for (int i = 0; i < 16; ++i) {
+                    const uint2 w2 =
+                        *reinterpret_cast<const uint2*>(s_tile + (rc * 16 + i) * QP_ROW + cg * 8);
+                    cw[i][0] = w2.x;
+                    cw[i][1] = w2.y;
+                }
+                float cmax[C::CPU];
+                if constexpr (C::BYTES == 2) {
+#pragma unroll
+                    for (int q = 0; q < 2; ++q) {
+                        unsigned int a[8];
+#pragma unroll
+                        for (int i = 0; i < 8; ++i) a[i] = q_hmax2<DT>(cw[2 * i][q], cw[2 * i + 1][q]);
+                        const unsigned int m4 =
+                            q_hmax2<DT>(q_hmax2<DT>(q_hmax2<DT>(a[0], a[1]), q_hmax2<DT>(a[2], a[3])),
+                                        q_hmax2<DT>(q_hmax2<DT>(a[4], a[5]), q_hmax2<DT>(a[6], a[7])));
+                        cmax[2 * q] = q_lane_to_f32<DT>(m4 & 0x7FFFu);
+                        cmax[2 * q + 1] = q_lane_to_f32<DT>((m4 >> 16) & 0x7FFFu);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < C::CPU; ++j) {
+                        float m = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < 16; ++i) m = q_max_nan(m, q_abs(q_word_elem<DT>(cw[i][j], 0)));
+                        cmax[j] = m;
+                    }
+                }
+                const float k6_c = s_tab[1][128];
+#pragma unroll
+                for (int j = 0; j < C::CPU; ++j) {
+                    const int cl = cg * C::CPU + j;
+                    if (cl >= cols_in) continue;
+                    float v[16];
+                    q_col_values<DT>(cw, j, v);
+                    const bool has_nan = lpm_isnan_bits(cmax[j]);
+                    const float bm = has_nan ? q_amax16(v) : cmax[j];
+                    unsigned int s;
+                    float enc;
+                    if (row_scaled) {
+                        s = q_block_scale(bm, s_cs[0][cl]);
+                        enc = q_enc(s, s_cs[1][cl]);
+                    } else {
+                        s = q_block_scale(bm, k6_c);
+                        enc = s_tab[1][s];
+                    }
+                    s_cd[rc][cl] = q_block16<false>(v, nullptr, has_nan, enc, 0ull, 0ull, 1u, 0u);
+                    s_csc[rc][cl] = (unsigned char)s;
+                }
+            }
+        }
+        __syncthreads();  // staged columnwise results ready; every read of this buffer done
+
+        if (colwise) {
+            const int nrc = (int)min((ti.Mp - ti.row0) >> 4, 4ll);  // valid 16-row chunks
+            const long long ld = ti.Mp >> 1, ls = ti.Mp >> 4;
+            unsigned char* dbase = col_data + ti.cw_rows * K / 2 + (ti.row0 >> 1) + ti.k0 * ld;
+            unsigned char* sbase = col_scale + ti.cw_rows * K / 16 + (ti.row0 >> 4) + ti.k0 * ls;
+            const bool vec16 = nrc == 4 && (ld & 15) == 0;
+#pragma unroll
+            for (int i2 = 0; i2 < 2 * C::TK / Q_THREADS; ++i2) {
+                const int idx = tid + i2 * Q_THREADS;
+                const int c = idx >> 1, hh = idx & 1;
+                if (c < cols_in) {
+                    unsigned char* dst = dbase + (long long)c * ld + 16 * hh;
+                    const uint2 a = s_cd[2 * hh][c], b = s_cd[2 * hh + 1][c];
+                    if (vec16) {
+                        *reinterpret_cast<uint4*>(dst) = make_uint4(a.x, a.y, b.x, b.y);
+                    } else {
+                        if (2 * hh < nrc) *reinterpret_cast<uint2*>(dst) = a;
+                        if (2 * hh + 1 < nrc) *reinterpret_cast<uint2*>(dst + 8) = b;
+                    }
+                }
+            }
+            if (tid < cols_in) {  // (TK <= Q_THREADS)
+                unsigned char* dst = sbase + (long long)tid * ls;
+                if (nrc == 4 && (ls & 3) == 0) {
+                    *reinterpret_cast<unsigned int*>(dst) =
+                        (unsigned int)s_csc[0][tid] | ((unsigned int)s_csc[1][tid] << 8) |
+                        ((unsigned int)s_csc[2][tid] << 16) | ((unsigned int)s_csc[3][tid] << 24);
+                } else {
+                    for (int q = 0; q < nrc; ++q) dst[q] = s_csc[q][tid];
+                }
+            }
+        }
+        t = tn;
+        ti = tnext;
+    }
 }
 
 // ==========================================================================================

@@ -148,6 +148,32 @@ def _zeros(n: int, dtype):
     return a
 
 
+_resident: dict = {}
+
+
+def _resident_ctas(module: str, name: str, fn) -> int:
+    """CTAs of ``_Q_THREADS`` threads of kernel ``fn`` that fit on the device at once (a
+    persistent grid: more would run as a second, unbalanced wave)."""
+    cp = _cupy()
+    key = (cp.cuda.runtime.getDevice(), module, name)
+    n = _resident.get(key)
+    if n is None:
+        per_sm = 2
+        try:
+            fn.preferred_shared_memory_carveout = 100  # as much shared memory as the SM has
+            attrs = fn.attributes
+            dev = cp.cuda.Device().attributes
+            regs = -(-max(int(attrs["num_regs"]), 1) // 8) * 8 * _Q_THREADS
+            smem = int(attrs["shared_size_bytes"]) + 1024  # + the per-CTA reservation
+            per_sm = min(int(dev["MaxRegistersPerMultiprocessor"]) // regs,
+                         int(dev["MaxSharedMemoryPerMultiprocessor"]) // smem,
+                         int(dev["MaxThreadsPerMultiProcessor"]) // _Q_THREADS, 32)
+        except Exception:  # noqa: BLE001 (attributes unavailable: stay conservative)
+            pass
+        n = _resident[key] = max(1, per_sm) * _sm_count()
+    return n
+
+
 def _i64(v) -> np.int64:
     return np.int64(int(v))
 
@@ -251,11 +277,15 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
              | (_FLAG_ROW_SCALED if row_scaled else 0) | (_FLAG_BLOCK2D if block_2d else 0)
              | (_FLAG_RHT if rht else 0) | (_FLAG_SR if sr else 0))
     if n_tiles:
+        grid = n_tiles
         if sr or rht:
             fn = _get_fn(EXT_MODULE, f"lpm_nvfp4_quantize_ext_{sfx}")
-        else:
+        elif block_2d:
             fn = _get_fn(MODULE, f"lpm_nvfp4_quantize_{sfx}")
-        fn((n_tiles,), (_Q_THREADS,),
+        else:  # pipelined: each CTA loops over tiles
+            fn = _get_fn(MODULE, f"lpm_nvfp4_quantize_pipe_{sfx}")
+            grid = min(n_tiles, _resident_ctas(MODULE, f"lpm_nvfp4_quantize_pipe_{sfx}", fn))
+        fn((grid,), (_Q_THREADS,),
            (x, _i64(k), m_single, meta, _i32(g_arg), _i32(n_ct), _i32(flags),
             np.uint32(int(member_base) & 0xFFFFFFFF), np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF), amax_row, amax_col, tabs,
             row_data if rowwise else _NULL, row_scale if rowwise else _NULL,
