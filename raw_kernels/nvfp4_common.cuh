@@ -1110,11 +1110,13 @@ LPM_DEV void quantize_impl(const unsigned char* __restrict__ x, long long K, lon
 // Same results as quantize_impl for those flags. A CTA walks the tiles blockIdx.x,
 // blockIdx.x + gridDim.x, ... (counted from the last tile, as quantize_impl's `reverse`) and
 // copies the next tile into the other of two shared buffers with cp.async (zero fill outside the
-// member / matrix) while it quantizes the current one, so a launch of about one CTA per resident
-// slot keeps loads in flight all the time and pays the per-CTA setup once. Both directions read
-// the tile from shared memory: rowwise, thread t owns half a tile row (row (t & 7) + 8 (t >> 4),
-// half (t >> 3) & 1: 4 blocks of a 16-bit input, 2 of fp32) and writes its data / scales with
-// one or two vector stores; columnwise as quantize_impl (staged, whole column runs).
+// member / matrix) while it quantizes the current one (any grid works; the launcher gives each CTA
+// two tiles once the device is full, so loads stay in flight and the hardware still balances the
+// CTAs at the end). Both directions read
+// the tile from shared memory: rowwise, thread t owns half the blocks of tile row (t & 7) + 8 (t >> 4)
+// (4 of a 16-bit input, 2 of fp32), and every store writes whole 32-byte sectors of data (partial
+// sectors cost the memory system more than their bytes); columnwise as quantize_impl (staged,
+// whole column runs).
 
 // Shared tile rows are padded to QP_ROW = 272 bytes (256 + one chunk): the cp.async writes, the
 // rowwise reads (a quarter warp = the same chunk of 8 consecutive rows) and the columnwise reads
@@ -1257,10 +1259,15 @@ LPM_DEV void quantize_pipe_impl(const unsigned char* __restrict__ x, long long K
         const int rows_in = (int)min(ti.M - ti.row0, (long long)Q_TM);
         const int cols_in = (int)min(K - ti.k0, (long long)C::TK);
 
-        // ---- rowwise: half a tile row per thread
+        // ---- rowwise: half the blocks of a tile row per thread. Thread (r, h) owns blocks
+        // qp_blk(b, h) = 2h + (b & 1) + 4 (b >> 1): its partner (r, 1 - h), 8 lanes away, owns the
+        // other pairs, so each 16-byte data store of the pair fills whole 32-byte sectors.
         if (rowwise) {
             const int r = (tid & 7) + 8 * (tid >> 4), h = (tid >> 3) & 1;
-            if (r < rows_in) {
+            const bool live = r < rows_in;
+            uint2 pk[NB];
+            unsigned int sc[NB];
+            if (live) {
                 float k6, sdec = 0.0f;
                 if (row_scaled) {
                     k6 = s_rs[0][r];
@@ -1268,15 +1275,14 @@ LPM_DEV void quantize_pipe_impl(const unsigned char* __restrict__ x, long long K
                 } else {
                     k6 = s_tab[0][128];
                 }
-                uint2 pk[NB];
-                unsigned int sc[NB];
 #pragma unroll
                 for (int b = 0; b < NB; ++b) {
+                    const int cb = 2 * h + (b & 1) + 4 * (b >> 1);
                     unsigned int w[C::WPB];
 #pragma unroll
                     for (int q = 0; q < C::CPB; ++q) {
                         const uint4 c4 = *reinterpret_cast<const uint4*>(
-                            s_tile + r * QP_ROW + ((h * NB + b) * C::CPB + q) * 16);
+                            s_tile + r * QP_ROW + (cb * C::CPB + q) * 16);
                         w[4 * q + 0] = c4.x;
                         w[4 * q + 1] = c4.y;
                         w[4 * q + 2] = c4.z;
@@ -1285,7 +1291,7 @@ LPM_DEV void quantize_pipe_impl(const unsigned char* __restrict__ x, long long K
                     float v[16];
                     q_unpack_block<DT>(w, v);
                     float bmn;
-                    if (C::BYTES == 2) {
+                    if constexpr (C::BYTES == 2) {
                         bmn = q_block_max_words<DT>(w);
                     } else {
                         bmn = 0.0f;
@@ -1300,37 +1306,53 @@ LPM_DEV void quantize_pipe_impl(const unsigned char* __restrict__ x, long long K
                                              0ull, 0u, 0u);
                     sc[b] = s;
                 }
-                const long long row = ti.row_base + ti.row0 + r;
-                const long long kb0 = ti.k0 + h * NB * 16;
-                unsigned char* dptr = row_data + row * (K >> 1) + (kb0 >> 1);
-                unsigned char* sptr = row_scale + row * (K >> 4) + (kb0 >> 4);
-                if (cols_in == C::TK) {
-                    if ((K & 31) == 0) {  // 16-byte aligned rows of data
+            } else {
 #pragma unroll
-                        for (int b = 0; b < NB; b += 2)
-                            *reinterpret_cast<uint4*>(dptr + 8 * b) =
-                                make_uint4(pk[b].x, pk[b].y, pk[b + 1].x, pk[b + 1].y);
-                    } else {
+                for (int b = 0; b < NB; ++b) {
+                    pk[b] = make_uint2(0u, 0u);
+                    sc[b] = 0u;
+                }
+            }
+            const long long row = ti.row_base + ti.row0 + r;
+            unsigned char* drow = row_data + row * (K >> 1) + (ti.k0 >> 1);
+            unsigned char* srow = row_scale + row * (K >> 4) + (ti.k0 >> 4);
+            if (cols_in == C::TK) {  // (uniform)
+                if ((K & 31) == 0) {  // 16-byte aligned data rows
+                    if (live) {
 #pragma unroll
-                        for (int b = 0; b < NB; ++b) *reinterpret_cast<uint2*>(dptr + 8 * b) = pk[b];
+                        for (int p = 0; p < NB / 2; ++p)
+                            *reinterpret_cast<uint4*>(drow + 16 * h + 32 * p) =
+                                make_uint4(pk[2 * p].x, pk[2 * p].y, pk[2 * p + 1].x, pk[2 * p + 1].y);
                     }
-                    if (((K >> 4) % NB) == 0) {
+                } else if (live) {
+#pragma unroll
+                    for (int b = 0; b < NB; ++b)
+                        *reinterpret_cast<uint2*>(drow + 8 * (2 * h + (b & 1) + 4 * (b >> 1))) = pk[b];
+                }
+                // the row's 2 NB scale bytes: lane h = 0 stores them in one piece
+                unsigned int own = sc[0] | (sc[1] << 8);
+                if constexpr (NB == 4) own |= (sc[2] << 16) | (sc[3] << 24);
+                const unsigned int oth = __shfl_xor_sync(0xFFFFFFFFu, own, 8);
+                if (((K >> 4) & (2 * NB - 1)) == 0) {  // aligned scale rows
+                    if (live && h == 0) {
                         if constexpr (NB == 4)
-                            *reinterpret_cast<unsigned int*>(sptr) =
-                                sc[0] | (sc[1] << 8) | (sc[2] << 16) | (sc[3] << 24);
+                            *reinterpret_cast<uint2*>(srow) =
+                                make_uint2(q_prmt(own, oth, 0x5410u), q_prmt(own, oth, 0x7632u));
                         else
-                            *reinterpret_cast<unsigned short*>(sptr) = (unsigned short)(sc[0] | (sc[1] << 8));
-                    } else {
-#pragma unroll
-                        for (int b = 0; b < NB; ++b) sptr[b] = (unsigned char)sc[b];
+                            *reinterpret_cast<unsigned int*>(srow) = q_prmt(own, oth, 0x5410u);
                     }
-                } else {
+                } else if (live) {
 #pragma unroll
-                    for (int b = 0; b < NB; ++b) {
-                        if ((h * NB + b) * 16 < cols_in) {
-                            *reinterpret_cast<uint2*>(dptr + 8 * b) = pk[b];
-                            sptr[b] = (unsigned char)sc[b];
-                        }
+                    for (int b = 0; b < NB; ++b)
+                        srow[2 * h + (b & 1) + 4 * (b >> 1)] = (unsigned char)sc[b];
+                }
+            } else if (live) {
+#pragma unroll
+                for (int b = 0; b < NB; ++b) {
+                    const int cb = 2 * h + (b & 1) + 4 * (b >> 1);
+                    if (cb * 16 < cols_in) {
+                        *reinterpret_cast<uint2*>(drow + 8 * cb) = pk[b];
+                        srow[cb] = (unsigned char)sc[b];
                     }
                 }
             }

@@ -149,11 +149,11 @@ def _zeros(n: int, dtype):
 
 
 _resident: dict = {}
+_PIPE_TILES_PER_CTA = 2  # tiles per CTA of the pipelined quantizer once the device is full
 
 
 def _resident_ctas(module: str, name: str, fn) -> int:
-    """CTAs of ``_Q_THREADS`` threads of kernel ``fn`` that fit on the device at once (a
-    persistent grid: more would run as a second, unbalanced wave)."""
+    """CTAs of ``_Q_THREADS`` threads of kernel ``fn`` that fit on the device at once."""
     cp = _cupy()
     key = (cp.cuda.runtime.getDevice(), module, name)
     n = _resident.get(key)
@@ -282,9 +282,12 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
             fn = _get_fn(EXT_MODULE, f"lpm_nvfp4_quantize_ext_{sfx}")
         elif block_2d:
             fn = _get_fn(MODULE, f"lpm_nvfp4_quantize_{sfx}")
-        else:  # pipelined: each CTA loops over tiles
+        else:  # pipelined: a CTA loops over tiles (two each once the device is full: the
+            # hardware then balances the CTAs; a fully persistent grid leaves a ~5% tail)
             fn = _get_fn(MODULE, f"lpm_nvfp4_quantize_pipe_{sfx}")
-            grid = min(n_tiles, _resident_ctas(MODULE, f"lpm_nvfp4_quantize_pipe_{sfx}", fn))
+            per_cta = _PIPE_TILES_PER_CTA
+            if n_tiles > per_cta * _resident_ctas(MODULE, f"lpm_nvfp4_quantize_pipe_{sfx}", fn):
+                grid = _cdiv(n_tiles, per_cta)
         fn((grid,), (_Q_THREADS,),
            (x, _i64(k), m_single, meta, _i32(g_arg), _i32(n_ct), _i32(flags),
             np.uint32(int(member_base) & 0xFFFFFFFF), np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF), amax_row, amax_col, tabs,
