@@ -25,8 +25,6 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=7168)
     ap.add_argument("--cprofile", action="store_true",
                     help="also print the host-side profile of the grouped calls")
-    ap.add_argument("--grid-sweep", action="store_true",
-                    help="only time the pipelined NVFP4 quantize kernel for several grid sizes")
     args = ap.parse_args()
     import cupy as cp
 
@@ -84,8 +82,7 @@ def main() -> int:
     ab = cp.zeros(2, dtype=cp.uint32)
     tabs = cp.empty(2 * 132, dtype=cp.float32)
     amax_fn = kernels.get_function("nvfp4", "lpm_nvfp4_amax_tensor_bf16")
-    q_name = "lpm_nvfp4_quantize_pipe_bf16"  # the launcher's kernel for 1-D blocks
-    q_fn = kernels.get_function("nvfp4", q_name)
+    q_fn = kernels.get_function("nvfp4", "lpm_nvfp4_quantize_bf16")
     grid_x = max(1, min(-(-(m * k // 8) // 1024), 4 * sm))
 
     def amax_raw():
@@ -99,23 +96,15 @@ def main() -> int:
     cd = cp.empty(k * m // 2, cp.uint8)
     cs = cp.empty(k * m // 16, cp.uint8)
     n_tiles = (-(-m // 64)) * (k // 128)
-    q_grid = n_tiles  # as the launcher: two tiles per CTA once the device is full
-    if n_tiles > 2 * NV._resident_ctas("nvfp4", q_name, q_fn):
-        q_grid = -(-n_tiles // 2)
     amax_f = ab[:1].view(cp.float32)
 
     def q_raw(flags):
         def f():
-            q_fn((q_grid,), (128,), (x, np.int64(k), np.int64(m), NULL, np.int32(0),
+            q_fn((n_tiles,), (128,), (x, np.int64(k), np.int64(m), NULL, np.int32(0),
                                       np.int32(k // 128), np.int32(flags), np.uint32(0),
                                       np.uint64(0), amax_f, amax_f, tabs, rd, rs, cd, cs))
         return f
 
-    if args.grid_sweep:
-        return _grid_sweep(cp, NV, q_fn, q_name, q_grid, n_tiles, sm, gpu, copy_bw,
-                           xb + nv_out - 8, (x, np.int64(k), np.int64(m), NULL, np.int32(0),
-                                             np.int32(k // 128), np.int32(3), np.uint32(0),
-                                             np.uint64(0), amax_f, amax_f, tabs, rd, rs, cd, cs))
     add("nvfp4 raw amax kernel (+memset)", xb + 8, gpu(amax_raw))
     add("nvfp4 raw quantize row+col", xb + nv_out - 8, gpu(q_raw(3)))
     add("nvfp4 raw quantize row only", xb + nv_out // 2, gpu(q_raw(1)))
@@ -201,37 +190,6 @@ def main() -> int:
             cp.cuda.Device().synchronize()
             print(f"--- host profile: {name}, 50 calls (tottime, s)")
             pstats.Stats(pr).sort_stats("tottime").print_stats(8)
-    return 0
-
-
-def _grid_sweep(cp, NV, q_fn, q_name, q_grid, n_tiles, sm, gpu, copy_bw, nbytes, q_args):
-    """Occupancy facts of the pipelined kernel and its time for several grid sizes."""
-    attrs = dict(q_fn.attributes)
-    dev = cp.cuda.Device().attributes
-    print(f"kernel attributes: num_regs {attrs.get('num_regs')} shared_size_bytes "
-          f"{attrs.get('shared_size_bytes')} carveout {attrs.get('preferred_shared_memory_carveout')}")
-    print(f"device: MaxRegistersPerMultiprocessor {dev.get('MaxRegistersPerMultiprocessor')} "
-          f"MaxSharedMemoryPerMultiprocessor {dev.get('MaxSharedMemoryPerMultiprocessor')} "
-          f"MaxThreadsPerMultiProcessor {dev.get('MaxThreadsPerMultiProcessor')}")
-    try:
-        from cupy_backends.cuda.api import driver
-
-        occ = driver.occupancyMaxActiveBlocksPerMultiprocessor(q_fn.kernel.ptr, 128, 0)
-        print(f"driver occupancy: {occ} CTAs/SM")
-    except Exception as exc:  # noqa: BLE001
-        print(f"driver occupancy unavailable: {type(exc).__name__}: {exc}")
-    print(f"launcher grid {q_grid} ({q_grid / sm:.2f} per SM), tiles {n_tiles}")
-    print(f"{'grid':>8s} {'per SM':>7s} {'us':>8s} {'x copy':>7s}")
-    for g in sorted({q_grid, n_tiles, -(-n_tiles // 2), -(-n_tiles // 4), -(-n_tiles // 8),
-                     *(sm * c for c in range(1, 9))}):
-        t = gpu(lambda: q_fn((g,), (128,), q_args))
-        print(f"{g:8d} {g / sm:7.2f} {t * 1e6:8.1f} {nbytes / t / copy_bw:7.2f}")
-    from lowprec_moe import kernels
-
-    old = kernels.get_function("nvfp4", q_name.replace("_pipe", ""))
-    t = gpu(lambda: old((n_tiles,), (128,), q_args))
-    print(f"one-tile-per-CTA kernel {q_name.replace('_pipe', '')}: {t * 1e6:.1f} us "
-          f"{nbytes / t / copy_bw:.2f} x copy")
     return 0
 
 

@@ -46,20 +46,6 @@ extern "C" __global__ void __launch_bounds__(Q_THREADS, 5) lpm_nvfp4_quantize_f1
 extern "C" __global__ void __launch_bounds__(Q_THREADS, 5) lpm_nvfp4_quantize_bf16(LPM_QUANTIZE_ARGS) {
     quantize_impl<LPM_DT_BF16, false> LPM_QUANTIZE_CALL;
 }
-// Pipelined kernels (a CTA loops over tiles, copying the next while quantizing the current): 1-D
-// blocks, per-tensor or row-scaled; the launcher sends block_2d to the plain kernels above.
-#define LPM_QUANTIZE_PIPE_CALL                                                             \
-    (x, K, M, meta, G, n_ct, flags, amax_row, amax_col, tabs, row_data, row_scale, col_data, \
-     col_scale)
-extern "C" __global__ void __launch_bounds__(Q_THREADS, 5) lpm_nvfp4_quantize_pipe_f32(LPM_QUANTIZE_ARGS) {
-    quantize_pipe_impl<LPM_DT_F32> LPM_QUANTIZE_PIPE_CALL;
-}
-extern "C" __global__ void __launch_bounds__(Q_THREADS, 5) lpm_nvfp4_quantize_pipe_f16(LPM_QUANTIZE_ARGS) {
-    quantize_pipe_impl<LPM_DT_F16> LPM_QUANTIZE_PIPE_CALL;
-}
-extern "C" __global__ void __launch_bounds__(Q_THREADS, 5) lpm_nvfp4_quantize_pipe_bf16(LPM_QUANTIZE_ARGS) {
-    quantize_pipe_impl<LPM_DT_BF16> LPM_QUANTIZE_PIPE_CALL;
-}
 // ---- dequantize ----
 
 // Rowwise: data [R, C/2], scale [R, C/16] -> out [R, C] fp32. amax_mode 0: amax[0]; 1: amax[r];

@@ -130,29 +130,6 @@ def test_quantize_options(cp, nv, option, dtype, mode, shape):
     _check(cp, nv, x, f"{option} {dtype} {shape}", **_kw(*mode, **opts))
 
 
-@pytest.mark.parametrize("per_cta", [2, 5])
-def test_pipelined_quantizer_many_tiles_per_cta(cp, nv, monkeypatch, per_cta):
-    """The pipelined quantizer with few CTAs, each looping over many tiles (double buffer
-    parity, column-tile wrap, member changes, edge tiles), single and grouped."""
-    monkeypatch.setattr(nv, "_resident_ctas", lambda *a: 1)
-    monkeypatch.setattr(nv, "_PIPE_TILES_PER_CTA", per_cta)
-    specials = _special_tensors("bfloat16")["specials"]
-    for dtype in DTYPES:
-        for shape in ((300, 1040), (200, 1024)):  # unaligned / aligned rows of data and scales
-            x32 = _random(shape, seed=shape[1])
-            x32[:32, :64] = specials
-            x = _cast(x32, dtype)
-            for option in ("tensor", "row_scaled"):
-                for mode in MODES:
-                    _check(cp, nv, x, f"{shape} {dtype} {option} {mode} per_cta={per_cta}",
-                           **_kw(*mode, **OPTIONS[option]))
-        for k in (272, 256):
-            xg = _cast(_random((sum(SPLITS), k), seed=k), dtype)
-            for option in ("tensor", "row_scaled"):
-                _check_grouped(cp, nv, xg, SPLITS, f"grouped k={k} {dtype} {option} "
-                               f"per_cta={per_cta}", **_kw(**OPTIONS[option]))
-
-
 def test_sr_member_index_and_seeds(cp, nv):
     x = _cast(_random((40, 64), seed=3), "bfloat16")
     for member in (0, 3, 2**31 - 1, 2**32 - 1):

@@ -148,32 +148,6 @@ def _zeros(n: int, dtype):
     return a
 
 
-_resident: dict = {}
-_PIPE_TILES_PER_CTA = 2  # tiles per CTA of the pipelined quantizer once the device is full
-
-
-def _resident_ctas(module: str, name: str, fn) -> int:
-    """CTAs of ``_Q_THREADS`` threads of kernel ``fn`` that fit on the device at once."""
-    cp = _cupy()
-    key = (cp.cuda.runtime.getDevice(), module, name)
-    n = _resident.get(key)
-    if n is None:
-        per_sm = 2
-        try:
-            fn.preferred_shared_memory_carveout = 100  # as much shared memory as the SM has
-            attrs = fn.attributes
-            dev = cp.cuda.Device().attributes
-            regs = -(-max(int(attrs["num_regs"]), 1) // 8) * 8 * _Q_THREADS
-            smem = int(attrs["shared_size_bytes"]) + 1024  # + the per-CTA reservation
-            per_sm = min(int(dev["MaxRegistersPerMultiprocessor"]) // regs,
-                         int(dev["MaxSharedMemoryPerMultiprocessor"]) // smem,
-                         int(dev["MaxThreadsPerMultiProcessor"]) // _Q_THREADS, 32)
-        except Exception:  # noqa: BLE001 (attributes unavailable: stay conservative)
-            pass
-        n = _resident[key] = max(1, per_sm) * _sm_count()
-    return n
-
-
 def _i64(v) -> np.int64:
     return np.int64(int(v))
 
@@ -277,18 +251,11 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
              | (_FLAG_ROW_SCALED if row_scaled else 0) | (_FLAG_BLOCK2D if block_2d else 0)
              | (_FLAG_RHT if rht else 0) | (_FLAG_SR if sr else 0))
     if n_tiles:
-        grid = n_tiles
         if sr or rht:
             fn = _get_fn(EXT_MODULE, f"lpm_nvfp4_quantize_ext_{sfx}")
-        elif block_2d:
+        else:
             fn = _get_fn(MODULE, f"lpm_nvfp4_quantize_{sfx}")
-        else:  # pipelined: a CTA loops over tiles (two each once the device is full: the
-            # hardware then balances the CTAs; a fully persistent grid leaves a ~5% tail)
-            fn = _get_fn(MODULE, f"lpm_nvfp4_quantize_pipe_{sfx}")
-            per_cta = _PIPE_TILES_PER_CTA
-            if n_tiles > per_cta * _resident_ctas(MODULE, f"lpm_nvfp4_quantize_pipe_{sfx}", fn):
-                grid = _cdiv(n_tiles, per_cta)
-        fn((grid,), (_Q_THREADS,),
+        fn((n_tiles,), (_Q_THREADS,),
            (x, _i64(k), m_single, meta, _i32(g_arg), _i32(n_ct), _i32(flags),
             np.uint32(int(member_base) & 0xFFFFFFFF), np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF), amax_row, amax_col, tabs,
             row_data if rowwise else _NULL, row_scale if rowwise else _NULL,
