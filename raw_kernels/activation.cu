@@ -57,7 +57,14 @@ constexpr unsigned int LPM_ACT_C7_BITS = 0x39500D01u;
 // Launch-time constants shared with lowprec_moe/cuda/activation.py
 constexpr int LPM_ACT_WARPS_PER_CTA = 4;
 constexpr int LPM_ACT_FWD_MX_MIN_CTAS_PER_SM = 4;  // lpm_act_fwd_mx_*: <= 128 registers
-constexpr int LPM_ACT_BWD_MX_MIN_CTAS_PER_SM = 4;  // lpm_act_bwd_mx_*: <= 128 registers
+#ifndef LPM_ACT_BWD_MX_MINB
+#define LPM_ACT_BWD_MX_MINB 4
+#endif
+constexpr int LPM_ACT_BWD_MX_MIN_CTAS_PER_SM = LPM_ACT_BWD_MX_MINB;  // 4: <= 128 registers
+// Row loops load the inputs of row j + 1 before computing row j (vector path).
+#ifndef LPM_ACT_PREFETCH
+#define LPM_ACT_PREFETCH 1
+#endif
 constexpr int LPM_ACT_COLSUM_THREADS = 256;
 constexpr int LPM_ACT_SWIGLU = 0;
 constexpr int LPM_ACT_CLAMPED_SWIGLU = 1;
@@ -399,6 +406,46 @@ __device__ __forceinline__ void load_inputs(const u8* __restrict__ h, long long 
     }
 }
 
+// Raw 16-byte inputs of one row of the lane (vector path; zeros for rows past the member), loaded
+// one row ahead of their use (LPM_ACT_PREFETCH) so that the loads overlap the previous row's
+// arithmetic.
+struct RowIn {
+    uint4 g, l, d;
+    float p;
+};
+
+template <int KIND, bool BWD>
+__device__ __forceinline__ RowIn fetch_row(const u8* __restrict__ h, const u8* __restrict__ dz,
+                                           const float* __restrict__ probs, long long h_width,
+                                           long long f_dim, int glu, int il, const Tile& t,
+                                           int j) {
+    constexpr int EB = Kind<KIND>::ELEM_BYTES;
+    RowIn x;
+    x.g = x.l = x.d = make_uint4(0u, 0u, 0u, 0u);
+    x.p = 1.0f;
+    const int r = t.rsub + 2 * j;
+    if (t.vec && r < t.tr.valid) {
+        const long long row = t.tr.in_row0 + r;
+        const long long base = row * h_width;
+        x.g = __ldg(reinterpret_cast<const uint4*>(h + (base + in_col(t.f0, 0, glu, f_dim, il)) * EB));
+        if (glu)
+            x.l = __ldg(
+                reinterpret_cast<const uint4*>(h + (base + in_col(t.f0, 1, glu, f_dim, il)) * EB));
+        if (BWD) x.d = __ldg(reinterpret_cast<const uint4*>(dz + (row * f_dim + t.f0) * EB));
+        if (probs != nullptr) x.p = __ldg(probs + row);
+    }
+    return x;
+}
+
+template <int KIND>
+__device__ __forceinline__ void decode_vec(const uint4& w4, float (&v)[Kind<KIND>::VEC]) {
+    const u32 words[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+    for (int c = 0; c < Kind<KIND>::VEC; ++c)
+        v[c] = KIND == KIND_F32 ? __uint_as_float(words[c])
+                                : lpm_mx::elem_to_f32<KIND>(words[c / 2], (c & 1) != 0);
+}
+
 // Store the lane's VEC values of one row (layer dtype) at output columns of `phase`.
 template <int KIND>
 __device__ __forceinline__ void store_row(u8* __restrict__ out, long long row, long long width,
@@ -652,17 +699,34 @@ __device__ __forceinline__ void fwd_body(const u8* __restrict__ h, const float* 
     const bool stage = MX || (AMX && KIND == KIND_BF16 && (flags & LPM_ACT_FLAG_AMAX_RHT) != 0);
     MaxAcc A;
     acc_init(A);
+    constexpr bool PF = LPM_ACT_PREFETCH != 0;
+    RowIn nx;
+    if (PF) nx = fetch_row<KIND, false>(h, nullptr, probs, h_width, f_dim, glu, il, t, 0);
 #pragma unroll 1
     for (int j = 0; j < ROWS_PER_LANE; ++j) {
         const int r = t.rsub + 2 * j;
         const bool valid = t.col_ok && r < t.tr.valid;
         const long long row = t.tr.in_row0 + r;
+        RowIn cur;
+        if (PF) {
+            cur = nx;
+            if (j + 1 < ROWS_PER_LANE)
+                nx = fetch_row<KIND, false>(h, nullptr, probs, h_width, f_dim, glu, il, t, j + 1);
+        } else {
+            cur = fetch_row<KIND, false>(h, nullptr, probs, h_width, f_dim, glu, il, t, j);
+        }
         u32 e[VEC];
         if (valid) {
             float g[VEC], l[VEC], a[VEC];
-            load_inputs<KIND>(h, row, h_width, f_dim, glu, il, t, g, l);
+            float p = cur.p;
+            if (t.vec) {
+                decode_vec<KIND>(cur.g, g);
+                decode_vec<KIND>(cur.l, l);  // zeros for unary activations
+            } else {
+                load_inputs<KIND>(h, row, h_width, f_dim, glu, il, t, g, l);
+                p = probs != nullptr ? __ldg(probs + row) : 1.0f;
+            }
             act_values<VEC>(P, g, l, a);
-            const float p = probs != nullptr ? __ldg(probs + row) : 1.0f;
 #pragma unroll
             for (int c = 0; c < VEC; ++c) {
                 const float v = probs != nullptr ? lpm_mul_rn(a[c], p) : a[c];
@@ -734,24 +798,38 @@ __device__ __forceinline__ void bwd_body(const u8* __restrict__ dz, const u8* __
         MaxAcc A;
         acc_init(A);
         const bool want_v = want_p && phase == 0;
+        constexpr bool PF = LPM_ACT_PREFETCH != 0;
+        RowIn nx;
+        if (PF) nx = fetch_row<KIND, true>(h, dz, probs, h_width, f_dim, glu, il, t, 0);
 #pragma unroll 1
         for (int j = 0; j < ROWS_PER_LANE; ++j) {
             const int r = t.rsub + 2 * j;
             const bool valid = t.col_ok && r < t.tr.valid;
             const long long row = t.tr.in_row0 + r;
+            RowIn cur;
+            if (PF) {
+                cur = nx;
+                if (j + 1 < ROWS_PER_LANE)
+                    nx = fetch_row<KIND, true>(h, dz, probs, h_width, f_dim, glu, il, t, j + 1);
+            } else {
+                cur = fetch_row<KIND, true>(h, dz, probs, h_width, f_dim, glu, il, t, j);
+            }
             u32 e[VEC];
             float pj = 0.0f;  // this row's dprobs partial over the lane's features
             if (valid) {
                 float g[VEC], l[VEC], d[VEC], da[VEC], gr[VEC], val[VEC];
-                load_inputs<KIND>(h, row, h_width, f_dim, glu, il, t, g, l);
+                float p = cur.p;
                 if (t.vec) {
-                    load_vec<KIND>(dz, row * f_dim + t.f0, d);
+                    decode_vec<KIND>(cur.g, g);
+                    decode_vec<KIND>(cur.l, l);
+                    decode_vec<KIND>(cur.d, d);
                 } else {
+                    load_inputs<KIND>(h, row, h_width, f_dim, glu, il, t, g, l);
 #pragma unroll
                     for (int c = 0; c < VEC; ++c)
                         d[c] = c < t.nvalid ? load_one<KIND>(dz, row * f_dim + t.f0 + c) : 0.0f;
+                    p = probs != nullptr ? __ldg(probs + row) : 1.0f;
                 }
-                const float p = probs != nullptr ? __ldg(probs + row) : 1.0f;
 #pragma unroll
                 for (int c = 0; c < VEC; ++c) da[c] = probs != nullptr ? lpm_mul_rn(d[c], p) : d[c];
                 act_grads<VEC>(P, g, l, da, phase, want_v, gr, val);
