@@ -56,11 +56,12 @@ constexpr unsigned int LPM_ACT_C7_BITS = 0x39500D01u;
 
 // Launch-time constants shared with lowprec_moe/cuda/activation.py
 constexpr int LPM_ACT_WARPS_PER_CTA = 4;
-constexpr int LPM_ACT_FWD_MX_MIN_CTAS_PER_SM = 4;  // lpm_act_fwd_mx_*: <= 128 registers
+constexpr int LPM_ACT_FWD_MX_MIN_CTAS_PER_SM = 4;  // lpm_act_fwd_mx_*: <= 128 registers (uses ~96)
 #ifndef LPM_ACT_BWD_MX_MINB
-#define LPM_ACT_BWD_MX_MINB 4
+#define LPM_ACT_BWD_MX_MINB 3
 #endif
-constexpr int LPM_ACT_BWD_MX_MIN_CTAS_PER_SM = LPM_ACT_BWD_MX_MINB;  // 4: <= 128 registers
+// 3: <= 168 registers (the kernel needs ~160; 4 CTAs would force spills inside the row loop)
+constexpr int LPM_ACT_BWD_MX_MIN_CTAS_PER_SM = LPM_ACT_BWD_MX_MINB;
 // Row loops load the inputs of row j + 1 before computing row j (vector path).
 #ifndef LPM_ACT_PREFETCH
 #define LPM_ACT_PREFETCH 1
@@ -545,29 +546,14 @@ __device__ __forceinline__ u32 row_reduce(u32 m, int lanes) {
     return m;
 }
 
-// MXFP8 of the staged tile: maxima -> scales -> the lane's rows, quantized and stored. Columns
-// c0 .. c0 + VEC of a k-column output; row tile rt (rows tr.in_row0 + r, r < tr.valid).
-template <int KIND, int FMT>
-__device__ __forceinline__ void mx_emit(const Stage& st, MaxAcc& A, const TileOut& o,
-                                        long long k, long long rt, const TileRows& tr,
-                                        long long c0, bool col_ok, int rsub, int chunk,
-                                        bool do_row, bool do_col) {
+// The lane's 16 staged rows, quantized and stored (FIXNAN: canonical NaN bytes).
+template <int KIND, int FMT, bool FIXNAN>
+__device__ __forceinline__ void mx_emit_rows(const Stage& st, const TileOut& o, long long k,
+                                             long long rt, const TileRows& tr, long long c0,
+                                             bool col_ok, int rsub, int chunk, bool do_row,
+                                             bool do_col, const float (&mcol)[Kind<KIND>::VEC]) {
     constexpr int VEC = Kind<KIND>::VEC;
     constexpr int LB = Kind<KIND>::LANES_PER_BLOCK;
-    const bool has_nan = __any_sync(0xFFFFFFFFu, A.nan);
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-        A.col[q] = lpm_mx::max_word<KIND>(A.col[q], __shfl_xor_sync(0xFFFFFFFFu, A.col[q], 16));
-    u32 ecol[VEC];
-    float mcol[VEC];
-#pragma unroll
-    for (int c = 0; c < VEC; ++c) {
-        ecol[c] = do_col ? lpm_mx::scale_exponent_nonan<FMT>(
-                               lpm_mx::amax_bits_to_f32<KIND>(word_elem<KIND>(A.col, c)))
-                         : 0u;
-        mcol[c] = lpm_mx::scale_multiplier_finite(ecol[c]);
-    }
-    __syncwarp();  // the staged rows and row maxima of the other lanes
     const int warp = threadIdx.x >> 5;
     const long long kb = k / LPM_MXFP8_BLOCK;
     const long long r0 = tr.in_row0 + rsub;
@@ -593,7 +579,7 @@ __device__ __forceinline__ void mx_emit(const Stage& st, MaxAcc& A, const TileOu
 #pragma unroll
             for (int c = 0; c < VEC; ++c) mrow[c] = m;
             u32 rbytes[VEC / 4];
-            lpm_mx::quantize_vec<FMT, true, VEC>(xv, mrow, has_nan, rbytes);
+            lpm_mx::quantize_vec<FMT, true, VEC>(xv, mrow, FIXNAN, rbytes);
             if (col_ok && r < tr.valid) {
                 lpm_mx::store_words<VEC / 4>(rdp + 2LL * j * k, rbytes);
                 if (scale_lane) rsp[2LL * j * kb] = (u8)erow;
@@ -601,9 +587,41 @@ __device__ __forceinline__ void mx_emit(const Stage& st, MaxAcc& A, const TileOu
         }
         if (do_col && col_ok) {
             u32 cbytes[VEC / 4];
-            lpm_mx::quantize_vec<FMT, true, VEC>(xv, mcol, has_nan, cbytes);
+            lpm_mx::quantize_vec<FMT, true, VEC>(xv, mcol, FIXNAN, cbytes);
             lpm_mx::store_words<VEC / 4>(cdp + 2LL * j * k, cbytes);
         }
+    }
+}
+
+// MXFP8 of the staged tile: maxima -> scales -> the lane's rows, quantized and stored. Columns
+// c0 .. c0 + VEC of a k-column output; row tile rt (rows tr.in_row0 + r, r < tr.valid).
+template <int KIND, int FMT>
+__device__ __forceinline__ void mx_emit(const Stage& st, MaxAcc& A, const TileOut& o,
+                                        long long k, long long rt, const TileRows& tr,
+                                        long long c0, bool col_ok, int rsub, int chunk,
+                                        bool do_row, bool do_col) {
+    constexpr int VEC = Kind<KIND>::VEC;
+    const bool has_nan = __any_sync(0xFFFFFFFFu, A.nan);
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+        A.col[q] = lpm_mx::max_word<KIND>(A.col[q], __shfl_xor_sync(0xFFFFFFFFu, A.col[q], 16));
+    u32 ecol[VEC];
+    float mcol[VEC];
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) {
+        ecol[c] = do_col ? lpm_mx::scale_exponent_nonan<FMT>(
+                               lpm_mx::amax_bits_to_f32<KIND>(word_elem<KIND>(A.col, c)))
+                         : 0u;
+        mcol[c] = lpm_mx::scale_multiplier_finite(ecol[c]);
+    }
+    __syncwarp();  // the staged rows and row maxima of the other lanes
+    // a uniform branch picks the instantiation: NaN-free tiles carry no NaN fix-up instructions
+    if (has_nan) {
+        mx_emit_rows<KIND, FMT, true>(st, o, k, rt, tr, c0, col_ok, rsub, chunk, do_row, do_col,
+                                      mcol);
+    } else {
+        mx_emit_rows<KIND, FMT, false>(st, o, k, rt, tr, c0, col_ok, rsub, chunk, do_row, do_col,
+                                       mcol);
     }
     if (do_col && col_ok && rsub == 0) {
         u32 sw[VEC / 4];
@@ -699,7 +717,9 @@ __device__ __forceinline__ void fwd_body(const u8* __restrict__ h, const float* 
     const bool stage = MX || (AMX && KIND == KIND_BF16 && (flags & LPM_ACT_FLAG_AMAX_RHT) != 0);
     MaxAcc A;
     acc_init(A);
-    constexpr bool PF = LPM_ACT_PREFETCH != 0;
+    // (not in the MXFP8 forward: its 72 registers allow the 6 CTAs / SM its shared memory allows;
+    // prefetching would take it to 108 registers, 4 CTAs)
+    constexpr bool PF = LPM_ACT_PREFETCH != 0 && !MX;
     RowIn nx;
     if (PF) nx = fetch_row<KIND, false>(h, nullptr, probs, h_width, f_dim, glu, il, t, 0);
 #pragma unroll 1
