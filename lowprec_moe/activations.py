@@ -19,14 +19,20 @@ Fusion on the GPU (``raw_kernels/activation.cu``)
 The pre-activation ``h`` is kept between forward and backward (in the layer dtype), as TE does.
 
 * **Forward, MXFP8**: one kernel reads ``h`` (and probs) and writes fc2's input quantized to MXFP8
-  rowwise *and* columnwise; ``z`` is never written to memory. The quantization stage is the MXFP8
-  quantizer's own tile code (``raw_kernels/mxfp8_impl.cuh``) fed with the rounded activation
-  values, so the result is bit for bit ``GroupedTensor.quantize(z)`` of the unfused chain.
+  rowwise *and* columnwise; ``z`` is never written to memory. The quantization stage performs the
+  MXFP8 quantizer's tile arithmetic (``raw_kernels/mxfp8_impl.cuh``: maxima, scale rule,
+  conversions, NaN bytes) on the rounded activation values, staged in shared memory row by row
+  with the maxima taken on the fly, so the result is bit for bit ``GroupedTensor.quantize(z)`` of
+  the unfused chain.
 * **Backward, MXFP8**: one kernel reads ``dz``, ``h`` (and probs) and writes ``dh`` quantized
   rowwise and columnwise (E4M3, or E5M2 for the hybrid recipe), the per-row ``dprobs``
   contribution and the per-tile column sums of ``dh`` (for fc1's bias gradient); ``dh`` is never
   written to memory. Needs ``F % 32 == 0`` and ``glu_interleave`` a multiple of 32 (or none), so
   that every 32-column block of ``dh`` is all gate or all linear; otherwise the unfused path runs.
+  Speed (H200, ``benchmarks/RESULTS.md``): the activation kernels are compute-bound (the exact
+  fp32 exponential and IEEE division), so the quantization arithmetic added to the fused kernel
+  costs about what the separate bandwidth-bound quantize pass costs: the fused forward is faster
+  than the unfused chain, the fused backward is still ~3-5 % slower at the bench_mlp shapes.
 * **NVFP4**: the activation kernel writes ``z`` (``dh``) in the layer dtype and, as it writes
   them, takes the amax of the rounded values that the NVFP4 quantizer needs (NaN ignored, as
   IEEE fmax; ``atomicMax`` on the fp32 bits of ``|v|``, so the result does not depend on the

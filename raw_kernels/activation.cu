@@ -23,8 +23,10 @@
 // one warp per (32-row tile of one expert, TILE_COLS output features), the tile shape of the
 // MXFP8 quantizer (mxfp8_impl.cuh): lane = (rsub, chunk), rows rsub + 2j (j < 16), features
 // f0 = tile start + chunk * VEC .. + VEC. The values a lane computes are packed exactly as the
-// quantizer would have loaded them from memory and handed to lpm_mx::process_tile, which is why
-// the fused output equals the unfused chain bit for bit. In the backward, a warp writes the gate
+// quantizer would have loaded them from memory, and the fused stage performs lpm_mx::process_tile's
+// arithmetic on them (see "per-warp staging" below), which is why the fused output equals the
+// unfused chain bit for bit. The _amax kernels take the NVFP4 amax of the values they write with
+// the NaN rule and the RHT code of the NVFP4 quantizer (nvfp4_common.cuh). In the backward, a warp writes the gate
 // gradients (phase 0) then the linear gradients (phase 1) of its features; with MXFP8 output every
 // aligned 32-column block of dh must be all gate or all linear (glu_interleave % 32 == 0).
 //
@@ -58,9 +60,10 @@ constexpr unsigned int LPM_ACT_C7_BITS = 0x39500D01u;
 constexpr int LPM_ACT_WARPS_PER_CTA = 4;
 constexpr int LPM_ACT_FWD_MX_MIN_CTAS_PER_SM = 4;  // lpm_act_fwd_mx_*: <= 128 registers (uses ~96)
 #ifndef LPM_ACT_BWD_MX_MINB
-#define LPM_ACT_BWD_MX_MINB 3
+#define LPM_ACT_BWD_MX_MINB 4
 #endif
-// 3: <= 168 registers (the kernel needs ~160; 4 CTAs would force spills inside the row loop)
+// 4: <= 128 registers (the kernel would take ~160; the ~170 bytes of spills cost less than the
+// occupancy of 3 CTAs / SM: measured 1.72 vs 1.92 ms at the DeepSeek-like size)
 constexpr int LPM_ACT_BWD_MX_MIN_CTAS_PER_SM = LPM_ACT_BWD_MX_MINB;
 // Row loops load the inputs of row j + 1 before computing row j (vector path).
 #ifndef LPM_ACT_PREFETCH
