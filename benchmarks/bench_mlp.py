@@ -21,8 +21,12 @@ backward if autograd does not support the op). torch is imported here only; it i
 dependency of the library.
 
 The activation kernels are also timed alone (``act`` rows): forward and backward, fused MXFP8 vs
-plain bf16 output + separate MXFP8 quantize, with the effective bandwidth of the bytes each
-variant has to move at least.
+plain bf16 output + separate MXFP8 quantize, and NVFP4 (RHT, stochastic rounding in the
+backward, as the nvfp4 recipe) with the amax taken by the activation kernel vs the quantizer's own
+amax pass, with the effective bandwidth of the bytes each variant has to move at least. Each
+sample times ``--act-inner`` back-to-back calls (host overhead overlapped). ``--act-only`` runs
+just these rows (a microbenchmark of the activation step, fused vs unfused, at full size unless
+``--quick``).
 
 Timing: random data (never zeros), warm-up (the first call compiles the kernels), CUDA events,
 medians. Reported: ms, TFLOP/s (``6 M (K 2F + F K)`` per step), ``vs torch`` = torch ms / our ms
@@ -171,30 +175,46 @@ def bench_activation(be: Backend, case: Case, args) -> list[dict]:
     try:
         d.update(h=be.randn((m, 2 * f), 6, 2.0), dz=be.randn((m, f), 7), p=be.uniform(m, 8))
         q = dict(format="mxfp8", rowwise=True, columnwise=True)
+        qf = dict(format="nvfp4", rowwise=True, columnwise=True, rht=True)
+        qb = dict(qf, stochastic_rounding=True, seed=1)
+        inner = max(1, args.act_inner)
 
         def fwd(**kw):
-            return lambda: activation_forward(d["h"], act, d["p"], splits=splits, **kw)
+            def run():
+                for _ in range(inner):
+                    activation_forward(d["h"], act, d["p"], splits=splits, **kw)
+            return run
 
         def bwd(**kw):
-            return lambda: activation_backward(d["dz"], d["h"], act, d["p"], splits=splits, **kw)
+            def run():
+                for _ in range(inner):
+                    activation_backward(d["dz"], d["h"], act, d["p"], splits=splits, **kw)
+            return run
 
-        # minimal bytes: read h (+ dz, probs), write the outputs (fp8 row + col copies + scales)
+        # minimal bytes: read h (+ dz, probs), write the outputs (fp8 row + col copies + scales;
+        # nvfp4: 4.5 bits per element and direction)
         mx_out = lambda w: 2 * m * w + 2 * m * w // 32  # noqa: E731
+        nv_out = lambda w: m * w + 2 * m * w // 16  # noqa: E731
         fwd_in, bwd_in = 2 * m * 2 * f + 4 * m, 2 * m * 3 * f + 4 * m
         variants = [
             ("fwd fused mxfp8", fwd_in + mx_out(f), fwd(quantize=q)),
             ("fwd bf16 + quantize", fwd_in + mx_out(f), fwd(quantize=q, fused=False)),
+            ("fwd nvfp4 fused amax", fwd_in + nv_out(f), fwd(quantize=qf)),
+            ("fwd nvfp4 unfused", fwd_in + nv_out(f), fwd(quantize=qf, fused=False)),
             ("fwd bf16 only", fwd_in + 2 * m * f, fwd()),
             ("bwd fused mxfp8", bwd_in + mx_out(2 * f), bwd(quantize=q)),
             ("bwd bf16 + quantize", bwd_in + mx_out(2 * f), bwd(quantize=q, fused=False)),
+            ("bwd nvfp4 fused amax", bwd_in + nv_out(2 * f), bwd(quantize=qb)),
+            ("bwd nvfp4 unfused", bwd_in + nv_out(2 * f), bwd(quantize=qb, fused=False)),
             ("bwd bf16 only", bwd_in + 2 * m * 2 * f, bwd()),
         ]
         for label, nbytes, fn in variants:
             row = {"case": case.name, "impl": "act", "recipe": label, "ms": None, "reps": 0,
                    "err_y": None, "error": None, "bytes": nbytes}
             try:
-                row["ms"], row["reps"] = be.time_ms(fn, warmup=args.warmup, reps=args.reps,
-                                                    budget_s=args.budget / 4)
+                ms, row["reps"] = be.time_ms(fn, warmup=args.warmup, reps=args.reps,
+                                             budget_s=args.budget / 4)
+                row["ms"] = ms / inner
             except Exception as exc:
                 row["error"] = f"{type(exc).__name__}: {exc}"
                 if args.verbose:
@@ -367,6 +387,10 @@ def parse_args(argv=None):
     ap.add_argument("--unfused", action="store_true",
                     help="also time the quantized recipes with fused=False")
     ap.add_argument("--no-act", action="store_true", help="skip the activation-kernel rows")
+    ap.add_argument("--act-only", action="store_true",
+                    help="only the activation-kernel rows (fused vs unfused microbenchmark)")
+    ap.add_argument("--act-inner", type=int, default=5,
+                    help="back-to-back activation calls per timed sample (default 5)")
     ap.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 3, quick 1)")
     ap.add_argument("--reps", type=int, default=None, help="timed steps (default 10, quick 3)")
     ap.add_argument("--budget", type=float, default=None,
@@ -421,11 +445,12 @@ def main(argv=None) -> int:
     for case in cases:
         try:
             torch_ms = None
-            if torch is not None:
+            if torch is not None and not args.act_only:
                 results.append(bench_torch(torch, be, case, args))
                 torch_ms = results[-1]["ms"]
-            results += bench_ours(be, case, recipe_names, args, torch_ms)
-            if not args.no_act:
+            if not args.act_only:
+                results += bench_ours(be, case, recipe_names, args, torch_ms)
+            if not args.no_act or args.act_only:
                 results += bench_activation(be, case, args)
         except Exception as exc:  # e.g. out of memory while making the inputs
             print(f"{case.name:10s} ERROR {type(exc).__name__}: {exc}", flush=True)

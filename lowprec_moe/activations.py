@@ -19,25 +19,40 @@ Fusion on the GPU (``raw_kernels/activation.cu``)
 The pre-activation ``h`` is kept between forward and backward (in the layer dtype), as TE does.
 
 * **Forward, MXFP8**: one kernel reads ``h`` (and probs) and writes fc2's input quantized to MXFP8
-  rowwise *and* columnwise; ``z`` is never written to memory. The quantization stage is the MXFP8
-  quantizer's own tile code (``raw_kernels/mxfp8_impl.cuh``) fed with the rounded activation
-  values, so the result is bit for bit ``GroupedTensor.quantize(z)`` of the unfused chain.
+  rowwise *and* columnwise; ``z`` is never written to memory. The quantization stage performs the
+  MXFP8 quantizer's tile arithmetic (``raw_kernels/mxfp8_impl.cuh``: maxima, scale rule,
+  conversions, NaN bytes) on the rounded activation values, staged in shared memory row by row
+  with the maxima taken on the fly, so the result is bit for bit ``GroupedTensor.quantize(z)`` of
+  the unfused chain.
 * **Backward, MXFP8**: one kernel reads ``dz``, ``h`` (and probs) and writes ``dh`` quantized
   rowwise and columnwise (E4M3, or E5M2 for the hybrid recipe), the per-row ``dprobs``
   contribution and the per-tile column sums of ``dh`` (for fc1's bias gradient); ``dh`` is never
   written to memory. Needs ``F % 32 == 0`` and ``glu_interleave`` a multiple of 32 (or none), so
   that every 32-column block of ``dh`` is all gate or all linear; otherwise the unfused path runs.
-* **NVFP4** needs the per-tensor (per-expert) amax of the activation output before any element
-  can be quantized. This version fuses activation x probs into one pass that writes ``z`` (``dh``)
-  in the layer dtype, then calls the NVFP4 grouped quantizer (its amax pass, then its one-pass
-  rowwise + columnwise quantize, with RHT / stochastic rounding as the recipe says). Fusing the
-  amax into the activation kernel needs an NVFP4 quantize entry point that accepts a precomputed
-  amax; it is not done yet.
+  Speed (H200, ``benchmarks/RESULTS.md``): the activation kernels are compute-bound (the exact
+  fp32 exponential and IEEE division), so the quantization arithmetic added to the fused kernel
+  costs about what the separate bandwidth-bound quantize pass costs: the fused forward is faster
+  than the unfused chain, the fused backward is still ~3-5 % slower at the bench_mlp shapes.
+* **NVFP4**: the activation kernel writes ``z`` (``dh``) in the layer dtype and, as it writes
+  them, takes the amax of the rounded values that the NVFP4 quantizer needs (NaN ignored, as
+  IEEE fmax; ``atomicMax`` on the fp32 bits of ``|v|``, so the result does not depend on the
+  order): per member for per-tensor scaling; with RHT (bf16) also the per-member amax of the
+  Hadamard-transformed 16-row column chunks of the columnwise copy (the staged 32-row tile is
+  transformed with the quantizer's own RHT code); when row-scaled, per row and per (member,
+  column). The grouped NVFP4 quantizer is then called with this precomputed amax
+  (``grouped_quantize_nvfp4(..., amax=...)``): its amax pass over ``z`` is skipped (per tensor,
+  one CTA builds its encode tables from the given amax) and its one-pass rowwise + columnwise
+  quantize runs as before (RHT / stochastic rounding as the recipe says). ``z`` is still written
+  once and read once: E2M1 scales need the global amax before any element can be quantized, so a
+  single-pass fusion would need a second pass over the activation anyway. Every option of
+  ``GroupedTensor.quantize`` for nvfp4 is fused this way (per tensor, RHT, stochastic rounding,
+  row-scaled, 2-D blocks), forward and backward.
 * **bf16 recipe**: the same activation kernels write ``z`` / ``dh`` in the layer dtype.
 
 ``fused=False`` forces the unfused chain (activation kernel writing the layer dtype, then
-``GroupedTensor.quantize``); the tests check that both give the same bytes. On the NumPy backend
-both are the same code.
+``GroupedTensor.quantize`` with its own amax pass); the tests check that both give the same
+bytes (MXFP8 and every NVFP4 mode, forward and backward). On the NumPy backend both are the same
+code.
 """
 
 from __future__ import annotations
@@ -206,6 +221,44 @@ def _gt_from_parts(parts: dict, shape, splits, fp8_dtype: str) -> GroupedTensor:
                          offsets=_offsets(splits), fp8_dtype=fp8_dtype, **parts)
 
 
+_NVFP4_KEYS = {"format", "rowwise", "columnwise", "row_scaled", "block_2d", "rht",
+               "stochastic_rounding", "seed", "fp8_dtype"}
+
+
+def _fusable_nvfp4(q: dict | None, t_dtype, splits) -> dict | None:
+    """NVFP4 options with a fused amax (validated as ``GroupedTensor.quantize`` does), or None."""
+    if q is None or q["format"] != "nvfp4" or set(q) - _NVFP4_KEYS:
+        return None  # (unknown options: the unfused call reports them)
+    o = dict(rowwise=bool(q.get("rowwise", True)), columnwise=bool(q.get("columnwise", False)),
+             row_scaled=bool(q.get("row_scaled", False)), block_2d=bool(q.get("block_2d", False)),
+             rht=bool(q.get("rht", False)),
+             stochastic_rounding=bool(q.get("stochastic_rounding", False)))
+    V.check_options("nvfp4", fp8_dtype=q.get("fp8_dtype", "e4m3"), dtype=t_dtype, **o)
+    b = V.block_size("nvfp4")
+    if o["block_2d"] and any(s % b for s in splits):
+        return None  # the unfused call raises
+    o["seed"] = V.check_seed(q.get("seed", 0))
+    o["rht"] = o["rht"] and o["columnwise"]
+    return o
+
+
+def _amax_mode(o: dict) -> str:
+    if o["row_scaled"]:
+        return "rows"
+    return "rht" if o["rht"] else "tensor"
+
+
+def _nvfp4_from_amax(t, splits, o: dict, amax) -> GroupedTensor:
+    """GroupedTensor.quantize(t, splits, "nvfp4", **o) with the amax already computed."""
+    from .cuda.nvfp4 import grouped_quantize_nvfp4
+
+    parts = grouped_quantize_nvfp4(t, splits, amax=amax, **o)
+    return GroupedTensor(format="nvfp4", shape=tuple(t.shape), splits=tuple(splits),
+                         offsets=_offsets(splits), row_scaled=o["row_scaled"],
+                         block_2d=o["block_2d"], rht=o["rht"],
+                         stochastic_rounding=o["stochastic_rounding"], seed=o["seed"], **parts)
+
+
 def _fusable_mxfp8(q: dict | None, act: Activation, f: int, backward: bool) -> bool:
     if q is None or q["format"] != "mxfp8" or q.get("block_2d"):
         return False
@@ -240,7 +293,8 @@ def activation_forward(h, activation="swiglu", probs=None, *, splits=None, glu_i
         ``{"format": "mxfp8", "rowwise": True, "columnwise": True}``: the result is then the
         GroupedTensor of ``z`` (split by ``splits``).
     fused : bool
-        GPU only: allow the fused activation + MXFP8 quantize kernel (same bytes either way).
+        GPU only: allow the fused activation + MXFP8 quantize kernel, and the NVFP4 amax taken
+        by the activation kernel (same bytes either way).
 
     Returns
     -------
@@ -263,6 +317,10 @@ def activation_forward(h, activation="swiglu", probs=None, *, splits=None, glu_i
             rowwise=q.get("rowwise", True), columnwise=q.get("columnwise", False),
             fp8_dtype=fp8))
         return _gt_from_parts(parts, (m, f), splits, fp8)
+    nv = _fusable_nvfp4(q, h.dtype, splits) if fused else None
+    if nv is not None:
+        z, amax = _cu.activation_forward(h, splits, act, p32, f, amax=_amax_mode(nv))
+        return _nvfp4_from_amax(z, splits, nv, amax)
     z = _cu.activation_forward(h, splits, act, p32, f)
     return z if q is None else _quantize_grouped(z, splits, q)
 
@@ -297,7 +355,8 @@ def activation_backward(dz, h, activation="swiglu", probs=None, *, splits=None,
         Return the per-expert column sums of ``dh`` (float32 ``[G, W]``; the bias gradient of
         the GEMM that produced h).
     fused : bool
-        GPU only: allow the fused activation-backward + MXFP8 quantize kernel.
+        GPU only: allow the fused activation-backward + MXFP8 quantize kernel, and the NVFP4
+        amax of ``dh`` taken by the activation kernel.
 
     Returns
     -------
@@ -338,9 +397,14 @@ def activation_backward(dz, h, activation="swiglu", probs=None, *, splits=None,
         dhq = _gt_from_parts(r["parts"], (m, w), splits, fp8)
         return ActivationGrads(dh=r["dh"], dh_quantized=dhq, dprobs=r["dprobs"],
                                dbias=r["dbias"])
+    nv = _fusable_nvfp4(q, h.dtype, splits) if fused else None
     r = _cu.activation_backward(dz, h, splits, act, p32, f, want_dh=want_dh or q is not None,
-                                want_dprobs=want_dprobs, want_dbias=want_dbias)
-    dhq = None if q is None else _quantize_grouped(r["dh"], splits, q)
+                                want_dprobs=want_dprobs, want_dbias=want_dbias,
+                                amax=None if nv is None else _amax_mode(nv))
+    if nv is not None:
+        dhq = _nvfp4_from_amax(r["dh"], splits, nv, r["amax"])
+    else:
+        dhq = None if q is None else _quantize_grouped(r["dh"], splits, q)
     return ActivationGrads(dh=r["dh"] if want_dh else None, dh_quantized=dhq,
                            dprobs=r["dprobs"], dbias=r["dbias"])
 

@@ -176,3 +176,100 @@ def test_deterministic(cp):
     assert_quantized_equal(runs[0].dh_quantized, runs[1].dh_quantized, "dh")
     assert_bytes_equal(runs[0].dprobs, runs[1].dprobs, "dprobs")
     assert_bytes_equal(runs[0].dbias, runs[1].dbias, "dbias")
+
+
+# ============================================================================================
+# NVFP4: amax taken by the activation kernel == the quantizer's own amax pass
+
+NV_OPTS = {
+    "tensor": dict(rowwise=True, columnwise=True),
+    "tensor-row": dict(rowwise=True, columnwise=False),
+    "tensor-col": dict(rowwise=False, columnwise=True),
+    "sr": dict(rowwise=True, columnwise=True, stochastic_rounding=True, seed=11),
+    "rht": dict(rowwise=True, columnwise=True, rht=True),
+    "rht-sr": dict(rowwise=True, columnwise=True, rht=True, stochastic_rounding=True, seed=5),
+    "rht-col": dict(rowwise=False, columnwise=True, rht=True),
+    "row-scaled": dict(rowwise=True, columnwise=True, row_scaled=True),
+}
+
+
+def _with_specials(h, xp):
+    """A few NaN / inf / subnormal / huge inputs in h (NaN must not reach the amax)."""
+    h = h.copy()
+    n = h.shape[1]
+    h[3, 0] = np.nan
+    h[40, n - 1] = np.inf
+    h[41, 1] = -np.inf
+    h[70, 2] = 1e-40 if h.dtype == np.float32 else 1e-7
+    h[100, 5] = 3e4
+    return xp.asarray(h)
+
+
+@pytest.mark.parametrize("opts", list(NV_OPTS))
+@pytest.mark.parametrize("case", CASES, ids=[_ids(c) for c in CASES])
+@pytest.mark.parametrize("dname", list(DTYPES))
+def test_nvfp4_fused_amax_equals_unfused(cp, dname, case, opts):
+    o = NV_OPTS[opts]
+    if o.get("rht") and dname != "bf16":
+        pytest.skip("RHT needs bfloat16")
+    name, il, f = case
+    act = make_activation(name, glu_interleave=il)
+    m = sum(SPLITS)
+    h, dz, p = make(act, f, DTYPES[dname], m, seed=7)
+    dz = cp.asarray(dz)
+    q = dict(format="nvfp4", **o)
+    for hx in (cp.asarray(h), _with_specials(h, cp)):
+        for probs in (cp.asarray(p), None):
+            z1 = activation_forward(hx, act, probs, splits=SPLITS, quantize=q, fused=True)
+            z0 = activation_forward(hx, act, probs, splits=SPLITS, quantize=q, fused=False)
+            assert_quantized_equal(z1, z0, f"z {opts}")
+            g1 = activation_backward(dz, hx, act, probs, splits=SPLITS, quantize=q,
+                                     want_dbias=True, fused=True)
+            g0 = activation_backward(dz, hx, act, probs, splits=SPLITS, quantize=q,
+                                     want_dbias=True, fused=False)
+            assert g1.dh is None
+            assert_quantized_equal(g1.dh_quantized, g0.dh_quantized, f"dh {opts}")
+            assert_bytes_equal(g1.dbias, g0.dbias, "dbias")
+            if probs is not None:
+                assert_bytes_equal(g1.dprobs, g0.dprobs, "dprobs")
+
+
+@pytest.mark.parametrize("dname", list(DTYPES))
+def test_mxfp8_fused_with_nan_and_inf(cp, dname):
+    """The fused MXFP8 kernels' NaN path (canonical NaN bytes, NaN-free scales) == unfused."""
+    act = make_activation("swiglu", glu_interleave=32)
+    f, m = 128, sum(SPLITS)
+    h, dz, p = make(act, f, DTYPES[dname], m, seed=8)
+    hx, dzx = _with_specials(h, cp), cp.asarray(dz)
+    for fp8 in ("e4m3", "e5m2"):
+        q = dict(format="mxfp8", rowwise=True, columnwise=True, fp8_dtype=fp8)
+        z1 = activation_forward(hx, act, cp.asarray(p), splits=SPLITS, quantize=q)
+        z0 = activation_forward(hx, act, cp.asarray(p), splits=SPLITS, quantize=q, fused=False)
+        assert_quantized_equal(z1, z0, "z")
+        g1 = activation_backward(dzx, hx, act, cp.asarray(p), splits=SPLITS, quantize=q)
+        g0 = activation_backward(dzx, hx, act, cp.asarray(p), splits=SPLITS, quantize=q,
+                                 fused=False)
+        assert_quantized_equal(g1.dh_quantized, g0.dh_quantized, "dh")
+
+
+def test_nvfp4_precomputed_amax_is_validated(cp):
+    from lowprec_moe.cuda.nvfp4 import grouped_quantize_nvfp4
+
+    x = cp.asarray(np.ones((48, 32), dtype=np.float32))
+    splits = [16, 32]
+    a = cp.ones(2, dtype=cp.float32)
+    ref = grouped_quantize_nvfp4(x, splits, columnwise=True)
+    got = grouped_quantize_nvfp4(x, splits, columnwise=True, amax=(a, a))
+    for k in ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale"):
+        assert_bytes_equal(got[k], ref[k], k)
+    with pytest.raises(TypeError, match="pair"):
+        grouped_quantize_nvfp4(x, splits, amax=a)
+    with pytest.raises(TypeError, match="float64"):
+        grouped_quantize_nvfp4(x, splits, amax=(a, a.astype(cp.float64)))
+    with pytest.raises(TypeError, match="cupy.ndarray"):
+        grouped_quantize_nvfp4(x, splits, amax=(a, np.ones(2, np.float32)))
+    with pytest.raises(ValueError, match=r"shape=\(3,\)"):
+        grouped_quantize_nvfp4(x, splits, amax=(cp.ones(3, dtype=cp.float32), a))
+    with pytest.raises(ValueError, match=r"amax_columnwise.shape"):
+        grouped_quantize_nvfp4(x, splits, row_scaled=True,
+                               amax=(cp.ones(48, dtype=cp.float32), a))

@@ -2,10 +2,13 @@
 
 Called by :mod:`lowprec_moe.activations` with validated CuPy arrays:
 
-* :func:`activation_forward` -- ``z = round(act(h) * p)`` in the layer dtype, or fused with the
-  MXFP8 quantization of ``z`` (rowwise and / or columnwise; ``z`` is never written);
-* :func:`activation_backward` -- ``dh`` in the layer dtype and / or fused with its MXFP8
-  quantization, the activation's share of ``dprobs`` and the per-expert column sums of ``dh``.
+* :func:`activation_forward` -- ``z = round(act(h) * p)`` in the layer dtype (optionally with
+  its NVFP4 amax: per member, plus the RHT columnwise amax, or per row and per member column), or
+  fused with the MXFP8 quantization of ``z`` (rowwise and / or columnwise; ``z`` is never
+  written);
+* :func:`activation_backward` -- ``dh`` in the layer dtype (optionally with its NVFP4 amax) and /
+  or fused with its MXFP8 quantization, the activation's share of ``dprobs`` and the per-expert
+  column sums of ``dh``.
 
 Every launch covers all experts: warps own (32-row tile of one expert, feature tile) pairs, the
 tile shape of the MXFP8 quantizer, whose device code quantizes the fused outputs. Fused and
@@ -21,7 +24,7 @@ import numpy as np
 from .. import formats as F
 from .. import kernels
 
-__all__ = ["MODULE", "activation_forward", "activation_backward"]
+__all__ = ["MODULE", "AMAX_MODES", "activation_forward", "activation_backward"]
 
 #: Kernel module (``raw_kernels/activation.cu``).
 MODULE = "activation"
@@ -33,6 +36,12 @@ _FLAG_ROWWISE = 1
 _FLAG_COLUMNWISE = 2
 _FLAG_E5M2 = 8
 _FLAG_VEC = 64
+_FLAG_AMAX = 128
+_FLAG_AMAX_RHT = 256
+_FLAG_AMAX_ROWS = 512
+#: NVFP4 amax modes of the _amax kernels: per member; per member + RHT columnwise; per row and
+#: per (member, column).
+AMAX_MODES = ("tensor", "rht", "rows")
 _ACT_ID = {"swiglu": 0, "clamped_swiglu": 1, "srelu": 2}
 _VEC = {"float32": 4, "float16": 8, "bfloat16": 8}
 _SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
@@ -127,16 +136,48 @@ def _check_mx(mxfp8: dict, width: int) -> tuple[bool, bool, str]:
     return rowwise, columnwise, fp8_dtype
 
 
+def _amax_outputs(mode: str | None, name: str, m: int, width: int, g_count: int):
+    """Zero-filled amax outputs of the _amax kernels: (flags, amax_a, amax_b, result pair)."""
+    if mode is None:
+        return 0, None, None, None
+    if mode not in AMAX_MODES:
+        raise ValueError(f"amax={mode!r} must be one of {AMAX_MODES}")
+    if mode == "rht" and name != "bfloat16":
+        raise ValueError(f"amax='rht' needs bfloat16 input, got dtype={name}")
+    cp = _cupy()
+    n_a, n_b = {"tensor": (g_count, 0), "rht": (g_count, g_count),
+                "rows": (m, g_count * width)}[mode]
+    buf = cp.empty(n_a + n_b, dtype=cp.uint32)
+    if buf.nbytes:
+        cp.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes,
+                                    cp.cuda.get_current_stream().ptr)
+    a, b = buf[:n_a], buf[n_a:]
+    flags = {"tensor": _FLAG_AMAX, "rht": _FLAG_AMAX | _FLAG_AMAX_RHT,
+             "rows": _FLAG_AMAX_ROWS}[mode]
+    fa = a.view(cp.float32)
+    pair = (fa, fa) if mode == "tensor" else (fa, b.view(cp.float32))
+    return flags, a, (a if mode == "tensor" else b), pair
+
+
+def _kernel_name(direction: str, mxfp8, amax, sfx: str) -> str:
+    mode = "mx_" if mxfp8 is not None else ("amax_" if amax is not None else "")
+    return f"lpm_act_{direction}_{mode}{sfx}"
+
+
 # ============================================================================================
 # forward
 
 
-def activation_forward(h, splits, act, probs, f: int, *, mxfp8: dict | None = None):
+def activation_forward(h, splits, act, probs, f: int, *, mxfp8: dict | None = None,
+                       amax: str | None = None):
     """``z`` ``[M, F]`` of h's dtype, or (``mxfp8`` given) the MXFP8 parts of a GroupedTensor.
 
     ``h`` ``[M, 2F | F]`` (CuPy), ``probs`` float32 ``[M]`` or None, ``act`` an
     :class:`~lowprec_moe.activations.Activation`, ``mxfp8`` a dict with ``rowwise``,
-    ``columnwise`` and ``fp8_dtype``.
+    ``columnwise`` and ``fp8_dtype``. ``amax`` (one of :data:`AMAX_MODES`, not with ``mxfp8``):
+    return ``(z, (amax_rowwise, amax_columnwise))``, the NVFP4 amax of z as
+    ``grouped_quantize_nvfp4(z, splits, ...)`` would compute it (``"tensor"``: ``[G]`` twice;
+    ``"rht"``: ``[G]`` and the RHT columnwise ``[G]``; ``"rows"``: ``[M]`` and ``[G * F]``).
     """
     cp = _cupy()
     with h.device:
@@ -146,25 +187,29 @@ def activation_forward(h, splits, act, probs, f: int, *, mxfp8: dict | None = No
         rows, tiles = _tile_tables(splits)
         num_tiles = int(tiles[-1])
         z = None
+        if mxfp8 is not None and amax is not None:
+            raise ValueError("amax applies to the layer-dtype output, not with mxfp8")
         if mxfp8 is not None:
             rowwise, columnwise, fp8_dtype = _check_mx(mxfp8, f)
             parts, flags = _mx_outputs(m, f, num_tiles, rowwise, columnwise, fp8_dtype)
         else:
             z = cp.empty((m, f), dtype=h.dtype)
             parts, flags = {}, 0
+        aflags, amax_a, amax_b, amax_pair = _amax_outputs(amax, name, m, f, len(splits))
+        flags |= aflags
         if _vec_ok(name, f, act, h, z):
             flags |= _FLAG_VEC
         if num_tiles and f:
             row_off, tile_off = _upload(rows, tiles)
             f_tiles = _cdiv(f, 16 * _VEC[name])
-            kname = f"lpm_act_fwd_{'mx_' if mxfp8 is not None else ''}{_SUFFIX[name]}"
-            kernels.get_function(MODULE, kname)(
+            kernels.get_function(MODULE, _kernel_name("fwd", mxfp8, amax, _SUFFIX[name]))(
                 (_cdiv(num_tiles * f_tiles, _WARPS_PER_CTA),), (_WARPS_PER_CTA * 32,),
                 (h, _NULL if probs is None else probs, *_act_args(act, f, width), np.int64(m),
                  row_off, tile_off, np.int32(len(splits)), np.int64(num_tiles),
-                 _NULL if z is None else z, *_mx_ptrs(parts), np.int32(flags)))
+                 _NULL if z is None else z, *_mx_ptrs(parts), np.int32(flags),
+                 _NULL if amax_a is None else amax_a, _NULL if amax_b is None else amax_b))
         if mxfp8 is None:
-            return z
+            return z if amax is None else (z, amax_pair)
         _mx_offsets(parts, f, tiles)
         return parts
 
@@ -174,12 +219,14 @@ def activation_forward(h, splits, act, probs, f: int, *, mxfp8: dict | None = No
 
 
 def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
-                        want_dprobs: bool, want_dbias: bool, mxfp8: dict | None = None) -> dict:
-    """Backward launch; returns ``dict(dh, parts, dprobs, dbias)`` (None where not asked).
+                        want_dprobs: bool, want_dbias: bool, mxfp8: dict | None = None,
+                        amax: str | None = None) -> dict:
+    """Backward launch; returns ``dict(dh, parts, dprobs, dbias, amax)`` (None where not asked).
 
     ``dz`` ``[M, F]`` and ``h`` ``[M, W]`` of one dtype; ``dprobs`` float32 ``[M]`` (needs
     probs); ``dbias`` float32 ``[G, W]`` (per-expert column sums of dh); ``parts`` the MXFP8
-    GroupedTensor fields of dh when ``mxfp8`` is given.
+    GroupedTensor fields of dh when ``mxfp8`` is given; ``amax`` (a mode of :data:`AMAX_MODES`,
+    needs ``want_dh``) the NVFP4 amax pair of dh as in :func:`activation_forward`.
     """
     cp = _cupy()
     with h.device:
@@ -198,6 +245,10 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
         if mxfp8 is not None:
             rowwise, columnwise, fp8_dtype = _check_mx(mxfp8, width)
             parts, flags = _mx_outputs(m, width, num_tiles, rowwise, columnwise, fp8_dtype)
+        if amax is not None and (mxfp8 is not None or not want_dh):
+            raise ValueError("amax needs the layer-dtype dh (want_dh=True, no mxfp8)")
+        aflags, amax_a, amax_b, amax_pair = _amax_outputs(amax, name, m, width, g_count)
+        flags |= aflags
         want_dprobs = bool(want_dprobs) and probs is not None
         dprobs_part = cp.empty((m, f_tiles), dtype=cp.float32) if want_dprobs else None
         colsum_part = cp.empty((num_tiles, width), dtype=cp.float32) if want_dbias else None
@@ -206,14 +257,14 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
         row_off = tile_off = None
         if num_tiles and f:
             row_off, tile_off = _upload(rows, tiles)
-            kname = f"lpm_act_bwd_{'mx_' if mxfp8 is not None else ''}{_SUFFIX[name]}"
-            kernels.get_function(MODULE, kname)(
+            kernels.get_function(MODULE, _kernel_name("bwd", mxfp8, amax, _SUFFIX[name]))(
                 (_cdiv(num_tiles * f_tiles, _WARPS_PER_CTA),), (_WARPS_PER_CTA * 32,),
                 (dz, h, _NULL if probs is None else probs, *_act_args(act, f, width),
                  np.int64(m), row_off, tile_off, np.int32(g_count), np.int64(num_tiles),
                  _NULL if dh is None else dh, *_mx_ptrs(parts), np.int32(flags),
                  _NULL if dprobs_part is None else dprobs_part,
-                 _NULL if colsum_part is None else colsum_part))
+                 _NULL if colsum_part is None else colsum_part,
+                 _NULL if amax_a is None else amax_a, _NULL if amax_b is None else amax_b))
         dprobs = None
         if want_dprobs:
             dprobs = cp.zeros(m, dtype=cp.float32)
@@ -234,4 +285,4 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
         if mxfp8 is not None:
             _mx_offsets(parts, width, tiles)
         return dict(dh=dh, parts=parts if mxfp8 is not None else None, dprobs=dprobs,
-                    dbias=dbias)
+                    dbias=dbias, amax=amax_pair)

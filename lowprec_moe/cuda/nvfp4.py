@@ -179,7 +179,7 @@ def _member_table(splits, k: int, padded_tiles: bool):
 
 def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
                    columnwise: bool, row_scaled: bool, block_2d: bool, rht: bool,
-                   stochastic_rounding: bool, seed: int):
+                   stochastic_rounding: bool, seed: int, amax=None):
     cp = _cupy()
     key = _dtype_key(x.dtype)
     sfx = _SUFFIX[key]
@@ -208,7 +208,19 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
 
     # ---- amax (+ encode tables of the per-tensor modes, built by the amax kernel's last CTA) --
     tabs = _NULL
-    if row_scaled:
+    if amax is not None:  # precomputed (validated by the caller): no pass over x
+        amax_row, amax_col = amax
+        if not row_scaled and n_tiles:
+            # The tiled amax kernel on an empty layout (a zero member table: every member has no
+            # rows, one CTA, no loads, no atomics): its last CTA builds the encode tables from
+            # amax_row / amax_col.
+            zbuf = _zeros(3 * (n_groups + 1) + 2, cp.int64)
+            tabs = cp.empty(2 * n_groups * _TAB_STRIDE, dtype=cp.float32)
+            _get_fn(MODULE, f"lpm_nvfp4_amax_tiles_{sfx}")(
+                (1,), (_Q_THREADS,),
+                (x, _i64(k), _i64(0), zbuf[2:] if grouped else _NULL, _i32(g_arg), _i32(1),
+                 _i32(_FLAG_RHT), amax_row, amax_col, zbuf[:1], tabs))
+    elif row_scaled:
         amax_row = _zeros(m_total, cp.float32)
         amax_col = _zeros(n_groups * k, cp.float32)
         if n_tiles:
@@ -292,7 +304,8 @@ def quantize_nvfp4(x2d, *, rowwise: bool = True, columnwise: bool = False,
 
 def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: bool = False,
                            row_scaled: bool = False, block_2d: bool = False, rht: bool = False,
-                           stochastic_rounding: bool = False, seed: int = 0) -> dict:
+                           stochastic_rounding: bool = False, seed: int = 0,
+                           amax=None) -> dict:
     """Quantize every member of ``x2d`` ``[M_total, K]`` (rows split by ``splits``).
 
     One launch per kernel stage covers all members. The result holds the fields of
@@ -301,15 +314,24 @@ def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: boo
     / ``columnwise_scale_offsets`` ``[G+1]``; ``amax_rowwise`` ``[G]`` (row-scaled:
     ``[M_total]``) and ``amax_columnwise`` ``[G]`` (row-scaled: ``[G, K]``). Member ``g`` uses
     member index ``g`` in the stochastic-rounding stream.
+
+    ``amax`` (optional): the precomputed ``(amax_rowwise, amax_columnwise)`` pair, float32 CuPy
+    arrays on x's device with the shapes of the result (per tensor ``[G]`` and ``[G]``, the
+    columnwise one taken after the RHT when ``rht``; row-scaled ``[M_total]`` and ``[G, K]``),
+    equal to what the amax pass would compute; the amax pass over ``x`` is then skipped and the
+    arrays are returned as the result's amax fields (a producer kernel fusing the amax, e.g. the
+    GroupedMLP activation).
     """
     x = _prep_input(x2d)
     m_total, k = (int(s) for s in x.shape)
     splits = [int(s) for s in splits]
     if not splits or any(s < 0 for s in splits) or sum(splits) != m_total:
         raise ValueError(f"splits={splits} must be non-negative and sum to M={m_total}")
+    if amax is not None:
+        amax = _check_amax(amax, x, len(splits), row_scaled)
     r = _quantize_core(x, splits, grouped=True, member_base=0, rowwise=rowwise,
                        columnwise=columnwise, row_scaled=row_scaled, block_2d=block_2d, rht=rht,
-                       stochastic_rounding=stochastic_rounding, seed=seed)
+                       stochastic_rounding=stochastic_rounding, seed=seed, amax=amax)
     out: dict = {}
     if rowwise:
         out["rowwise_data"] = r["row_data"]
@@ -326,6 +348,34 @@ def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: boo
         out["amax_columnwise"] = (r["amax_col"].reshape(len(splits), k) if row_scaled
                                   else r["amax_col"])
     return out
+
+
+def _check_amax(amax, x, n_groups: int, row_scaled: bool):
+    """Validate a precomputed ``(amax_rowwise, amax_columnwise)`` pair; returns flat arrays."""
+    cp = _cupy()
+    if not isinstance(amax, (tuple, list)) or len(amax) != 2:
+        raise TypeError(f"amax={type(amax).__name__} must be a pair (amax_rowwise, "
+                        "amax_columnwise) of float32 cupy arrays")
+    m_total, k = (int(s) for s in x.shape)
+    want = ((m_total,), (n_groups * k,)) if row_scaled else ((n_groups,), (n_groups,))
+    names = ("amax_rowwise", "amax_columnwise")
+    out = []
+    for name, a, size in zip(names, amax, want):
+        if not isinstance(a, cp.ndarray):
+            raise TypeError(f"amax {name} must be a cupy.ndarray, got {type(a).__name__}")
+        if a.dtype != np.float32:
+            raise TypeError(f"amax {name}.dtype={a.dtype} must be float32")
+        if a.device.id != x.device.id:
+            raise ValueError(f"amax {name} is on device {a.device.id} but x is on device "
+                             f"{x.device.id}")
+        if a.size != size[0] or (row_scaled and name == "amax_columnwise"
+                                 and a.shape not in ((n_groups, k), size)) \
+                or (a.ndim != 1 and not (row_scaled and name == "amax_columnwise")):
+            shape = f"{size} or {(n_groups, k)}" if row_scaled and name == "amax_columnwise" \
+                else f"{size}"
+            raise ValueError(f"amax {name}.shape={tuple(a.shape)} must be {shape}")
+        out.append(cp.ascontiguousarray(a).reshape(-1))
+    return tuple(out)
 
 
 # ------------------------------------------------------------------------------------------
