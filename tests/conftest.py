@@ -2,9 +2,16 @@
 
 Tests written once run on both backends through ``xp``: the NumPy run always happens, the CuPy
 run is marked ``gpu`` and skips cleanly when CuPy or a GPU is missing.
+
+Memory checking: CuPy's memory pool hands out slices of larger blocks, so an out-of-bounds access
+would land inside the pool and escape ``compute-sanitizer --tool memcheck``. With the environment
+variable ``LPM_TEST_NO_MEMPOOL=1`` every array gets its own ``cudaMalloc`` (slow; for memcheck
+runs only).
 """
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
@@ -20,6 +27,11 @@ def _gpu_ok() -> bool:
 
 
 GPU_AVAILABLE = _gpu_ok()
+if GPU_AVAILABLE and os.environ.get("LPM_TEST_NO_MEMPOOL") == "1":
+    import cupy
+
+    cupy.cuda.set_allocator(None)
+    cupy.cuda.set_pinned_memory_allocator(None)
 requires_gpu = pytest.mark.skipif(not GPU_AVAILABLE, reason="needs CuPy and a CUDA GPU")
 
 
