@@ -14,6 +14,7 @@ _REFERENCE = {
     "dequantize_nvfp4": "lowprec_moe.reference.nvfp4",
     "quantize_mxfp8": "lowprec_moe.reference.mxfp8",
     "dequantize_mxfp8": "lowprec_moe.reference.mxfp8",
+    "grouped_colsum": "lowprec_moe.reference.reduce",
 }
 
 

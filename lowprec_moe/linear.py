@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from . import _validate as V
+from ._dispatch import implementation
 from .backend import get_xp
 from .gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
 from .grouped_tensor import GroupedTensor, _offsets
@@ -361,17 +362,12 @@ def _bias_grads(dy_hp, ctx: GroupedLinearContext):
         xp = get_xp(dy_hp)
         return None, xp.zeros(ctx.m, dtype=ctx.probs.dtype)
     xp = get_xp(dy_hp)
-    dy32 = dy_hp.astype(xp.float32)
-    offs = _offsets(ctx.splits)
-    weighted = dy32 if ctx.probs is None else dy32 * ctx.probs.astype(xp.float32)[:, None]
-    dbias = xp.zeros((len(ctx.splits), ctx.n), dtype=xp.float32)
-    for g in range(len(ctx.splits)):
-        lo, hi = int(offs[g]), int(offs[g + 1])
-        if hi > lo:
-            dbias[g] = weighted[lo:hi].sum(axis=0)
+    colsum = implementation("grouped_colsum", xp is not np, "lowprec_moe.cuda.reduce")
+    dbias = colsum(dy_hp, ctx.splits, ctx.probs)
     dbias = dbias.astype(ctx.bias.dtype)
     dprobs = None
     if ctx.probs is not None:
+        dy32 = dy_hp.astype(xp.float32)
         b_rows = ctx.bias.astype(xp.float32)[expert_index(ctx.splits, xp)]
         dprobs = (dy32 * b_rows).sum(axis=1).astype(ctx.probs.dtype)
     return dbias, dprobs

@@ -1,0 +1,65 @@
+"""CuPy launcher of the per-expert column sums (``raw_kernels/reduce.cu``).
+
+:func:`grouped_colsum` has the signature and the semantics of
+:func:`lowprec_moe.reference.reduce.grouped_colsum` (float32 products, float32 sums; a different,
+fixed summation order). Two launches cover all experts: column sums of 128-row tiles of one expert
+each, then the sum of each expert's tiles in order. The host builds the small int64 tile table
+from ``splits`` (host integers) and uploads it; the data never leaves the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import kernels
+
+__all__ = ["MODULE", "TILE_ROWS", "grouped_colsum"]
+
+#: Kernel module (``raw_kernels/reduce.cu``).
+MODULE = "reduce"
+#: Rows per tile and threads (columns) per CTA; must match raw_kernels/reduce.cu.
+TILE_ROWS = 128
+_THREADS = 256
+_SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
+
+
+def _tiles(splits):
+    """Host int64 ``[(row_begin, row_end)] * T`` and tile offsets ``[G+1]``."""
+    s = np.asarray(splits, dtype=np.int64).reshape(-1)
+    row_off = np.concatenate([[0], np.cumsum(s)])
+    per = -(-s // TILE_ROWS)
+    tile_off = np.concatenate([[0], np.cumsum(per)])
+    g = np.repeat(np.arange(s.size), per)
+    j = np.arange(int(tile_off[-1]), dtype=np.int64) - tile_off[g]
+    begin = row_off[g] + j * TILE_ROWS
+    end = np.minimum(begin + TILE_ROWS, row_off[g + 1])
+    return np.stack([begin, end], axis=1).reshape(-1), tile_off
+
+
+def grouped_colsum(a, splits, probs=None):
+    """float32 ``[G, N]`` per-expert column sums of ``a`` ``[M, N]`` (times ``probs`` ``[M]``)."""
+    import cupy as cp  # noqa: PLC0415
+
+    name = np.dtype(a.dtype).name
+    if name not in _SUFFIX:
+        raise TypeError(f"a.dtype={name} is not supported; use one of {', '.join(_SUFFIX)}")
+    with a.device:
+        a = cp.ascontiguousarray(a)
+        m, n = (int(v) for v in a.shape)
+        if probs is not None:
+            probs = cp.ascontiguousarray(probs.astype(cp.float32, copy=False))
+        tiles, tile_off = _tiles(splits)
+        num_groups, num_tiles = len(tile_off) - 1, len(tiles) // 2
+        out = cp.zeros((num_groups, n), dtype=cp.float32)
+        if num_tiles == 0 or n == 0:
+            return out
+        table = cp.asarray(np.concatenate([tiles, tile_off]))
+        d_tiles, d_tile_off = table[:tiles.size], table[tiles.size:]
+        part = cp.empty((num_tiles, n), dtype=cp.float32)
+        kernels.get_function(MODULE, f"lpm_colsum_tiles_{_SUFFIX[name]}")(
+            (num_tiles, -(-n // _THREADS)), (_THREADS,),
+            (a, np.uint64(0) if probs is None else probs, np.int64(n), d_tiles, part))
+        kernels.get_function(MODULE, "lpm_segment_sum_tiles")(
+            (-(-num_groups * n // _THREADS),), (_THREADS,),
+            (part, np.int64(n), d_tile_off, np.int32(num_groups), out))
+        return out

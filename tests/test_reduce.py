@@ -1,0 +1,78 @@
+"""Per-expert column sums (bias gradients): lowprec_moe.reference.reduce / cuda.reduce."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conftest import assert_bytes_equal, to_host
+from lowprec_moe._dispatch import implementation
+from lowprec_moe.reference.reduce import grouped_colsum as ref_colsum
+
+_DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
+
+
+def _colsum(xp):
+    return implementation("grouped_colsum", xp is not np, "lowprec_moe.cuda.reduce")
+
+
+def _data(m, n, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((m, n)).astype(np.float32).astype(_DTYPES[dtype])
+
+
+@pytest.mark.parametrize("dtype", list(_DTYPES))
+@pytest.mark.parametrize("with_probs", [False, True])
+def test_matches_float64_sums(xp, dtype, with_probs):
+    # skewed splits: an empty expert, one shorter than the unroll, several 128-row tiles
+    splits = [0, 5, 300, 131, 0, 64]
+    m, n = sum(splits), 333
+    a = _data(m, n, dtype)
+    p = np.random.default_rng(1).random(m).astype(np.float32) if with_probs else None
+    out = to_host(_colsum(xp)(xp.asarray(a), splits, None if p is None else xp.asarray(p)))
+    assert out.dtype == np.float32 and out.shape == (len(splits), n)
+    offs = np.concatenate([[0], np.cumsum(splits)])
+    a32 = a.astype(np.float32)
+    w = a32 if p is None else (a32 * p[:, None])  # the fp32 products both backends sum
+    for g in range(len(splits)):
+        exact = w[offs[g]:offs[g + 1]].astype(np.float64).sum(axis=0)
+        # any fp32 summation order: |error| <= (rows - 1) * 2^-24 * sum |w|
+        rows = max(splits[g], 1)
+        bound = rows * 2.0**-24 * np.abs(w[offs[g]:offs[g + 1]]).astype(np.float64).sum(axis=0)
+        err = np.abs(out[g].astype(np.float64) - exact)
+        assert (err <= bound).all(), f"expert {g}: max error {err.max()} (first bad column " \
+                                      f"{int(np.argmax(err > bound))})"
+    assert not out[0].any() and not out[4].any(), "empty experts must give exact zeros"
+
+
+def test_grouped_equals_per_expert_and_deterministic(xp):
+    splits = [130, 0, 257, 7]
+    a = xp.asarray(_data(sum(splits), 96, "bfloat16", seed=3))
+    p = xp.asarray(np.random.default_rng(4).random(sum(splits)).astype(np.float32))
+    colsum = _colsum(xp)
+    full = colsum(a, splits, p)
+    assert_bytes_equal(colsum(a, splits, p), full, "run-to-run")
+    lo = 0
+    for g, s in enumerate(splits):
+        one = colsum(a[lo:lo + s], [s], p[lo:lo + s])
+        assert_bytes_equal(one[0], full[g], f"expert {g} alone vs grouped")
+        lo += s
+
+
+def test_nan_and_inf_propagate(xp):
+    a = np.ones((40, 4), dtype=np.float32)
+    a[3, 1] = np.nan
+    a[30, 2] = np.inf
+    out = to_host(_colsum(xp)(xp.asarray(a), [20, 20]))
+    assert np.isnan(out[0, 1]) and np.isinf(out[1, 2]) and out[0, 0] == 20.0
+
+
+def test_reference_is_the_layer_formula():
+    # the NumPy twin is exactly what the layers computed before: per-expert fp32 numpy sums
+    splits = [3, 0, 9]
+    a = _data(12, 5, "float16", seed=7)
+    p = np.linspace(0.1, 1.0, 12).astype(np.float32)
+    w = a.astype(np.float32) * p[:, None]
+    exp = np.stack([w[:3].sum(axis=0), np.zeros(5, np.float32), w[3:].sum(axis=0)])
+    assert_bytes_equal(ref_colsum(a, splits, p), exp, "reference")
