@@ -17,10 +17,10 @@ from .grouped_tensor import GroupedTensor
 from .quantized_tensor import QuantizedTensor, dequantize, quantize
 from .swizzle import swizzle_scales, unswizzle_scales
 from .io import load, save
-from .linear import (GroupedLinear, GroupedLinearContext, GroupedLinearGrads,
-                     grouped_linear_backward, grouped_linear_forward)
-from .mlp import (GroupedMLP, GroupedMLPContext, GroupedMLPGrads, grouped_mlp_backward,
-                  grouped_mlp_forward)
+from .linear import (GroupedLinearContext, GroupedLinearGrads, grouped_linear_backward,
+                     grouped_linear_forward)
+from .mlp import GroupedMLPContext, GroupedMLPGrads, grouped_mlp_backward, grouped_mlp_forward
+from .layers import GroupedLinear, GroupedMLP
 from .recipe import Recipe
 
 __version__ = "0.1.0"

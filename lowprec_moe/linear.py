@@ -30,7 +30,7 @@ from . import _validate as V
 from ._dispatch import implementation
 from .backend import get_xp
 from .gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
-from .grouped_tensor import GroupedTensor, _offsets
+from .grouped_tensor import GroupedTensor
 from .recipe import Recipe
 
 
@@ -371,61 +371,6 @@ def _bias_grads(dy_hp, ctx: GroupedLinearContext):
         b_rows = ctx.bias.astype(xp.float32)[expert_index(ctx.splits, xp)]
         dprobs = (dy32 * b_rows).sum(axis=1).astype(ctx.probs.dtype)
     return dbias, dprobs
-
-
-# ============================================================================================
-# module-style wrapper
-
-
-class GroupedLinear:
-    """Parameters of a grouped linear layer plus forward / backward calls.
-
-    Parameters
-    ----------
-    num_experts, in_features, out_features : int
-    bias : bool
-    recipe : Recipe
-    dtype : str or dtype
-        Parameter dtype ("float32", "bfloat16", "float16").
-    xp : module
-        ``numpy`` or ``cupy``: where the parameters live.
-    seed : int
-        Initialisation seed (uniform in ``+-1/sqrt(in_features)``, as torch.nn.Linear).
-
-    Each :meth:`backward` call advances an internal step counter used as the stochastic-rounding
-    seed, so repeated steps draw fresh random bits while runs stay reproducible.
-    """
-
-    def __init__(self, num_experts: int, in_features: int, out_features: int, bias: bool = True,
-                 recipe: Recipe | None = None, dtype="float32", xp=np, seed: int = 0):
-        for name, v in (("num_experts", num_experts), ("in_features", in_features),
-                        ("out_features", out_features)):
-            if not isinstance(v, (int, np.integer)) or v <= 0:
-                raise ValueError(f"{name}={v!r} must be a positive int")
-        self.recipe = _check_recipe(recipe if recipe is not None else Recipe.bf16())
-        dt = _np_dtype(dtype)
-        rng = np.random.default_rng(seed)
-        bound = 1.0 / np.sqrt(in_features)
-        w = rng.uniform(-bound, bound, (num_experts, out_features, in_features))
-        self.weight = xp.asarray(w.astype(np.float32).astype(dt))
-        self.bias = (xp.asarray(rng.uniform(-bound, bound, (num_experts, out_features))
-                                .astype(np.float32).astype(dt)) if bias else None)
-        self.step = 0
-
-    def forward(self, x, splits, probs=None, *, input_requires_grad: bool = True,
-                weight_requires_grad: bool = True):
-        """``(y, ctx)`` of :func:`grouped_linear_forward` with this layer's parameters."""
-        return grouped_linear_forward(x, splits, self.weight, self.bias, recipe=self.recipe,
-                                      probs=probs, input_requires_grad=input_requires_grad,
-                                      weight_requires_grad=weight_requires_grad, seed=self.step)
-
-    __call__ = forward
-
-    def backward(self, dy, ctx) -> GroupedLinearGrads:
-        """Gradients of :func:`grouped_linear_backward`; advances the SR step counter."""
-        grads = grouped_linear_backward(dy, ctx)
-        self.step += 1
-        return grads
 
 
 def _np_dtype(dtype):
