@@ -616,7 +616,7 @@ def test_kernel_parameter_order_matches_sources():
     from lowprec_moe import kernels
     from lowprec_moe.cuda import gemm as C
 
-    src = (kernels.kernel_dir() / "grouped_gemm_common.cuh").read_text()
+    src = (kernels.kernel_dir() / "grouped_gemm_kernel.cuh").read_text()
     m = re.search(r"#define LPM_GG_PARAMS\s*\\\n(.*?)\n\n", src, re.S)
     body = m.group(1).replace("\\\n", " ")
     assert tuple(_c_param_names(body)) == C.MMA_PARAMS
@@ -631,7 +631,7 @@ def test_kernel_constants_match_sources():
     from lowprec_moe import kernels
     from lowprec_moe.cuda import gemm as C
 
-    src = (kernels.kernel_dir() / "grouped_gemm_common.cuh").read_text()
+    src = (kernels.kernel_dir() / "grouped_gemm_base.cuh").read_text()
     for name in ("D_A_OFF", "D_A_LD", "D_A_SOFF", "D_A_SLD", "D_B_OFF", "D_B_LD", "D_B_SOFF",
                  "D_B_SLD", "D_ROWS", "D_LEN", "D_OUT_OFF", "D_AMAX_A", "D_AMAX_B", "D_BIAS",
                  "D_PROBS"):

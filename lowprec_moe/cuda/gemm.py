@@ -25,7 +25,7 @@ and uploads two small tables (cached by content, so repeated calls with the same
 nothing): the tile table ``int32 [entries, 2] = (expert, row tile)`` and the descriptor table
 ``int64 [G, 16]`` (byte offsets / leading dimensions of both operands and their scales, valid
 rows, contraction length, output / amax / bias / probs bases; layout in
-``raw_kernels/grouped_gemm_common.cuh``).
+``raw_kernels/grouped_gemm_base.cuh``).
 
 Kernel choice
 -------------
@@ -120,11 +120,13 @@ def _pick_bm(rows: np.ndarray, small: int) -> int:
     return small if cost_s < cost_l else 128
 
 
-MAX_SMEM = 227 * 1024  # opt-in shared memory per block on sm_90 (kMaxSmem in the .cuh)
+# opt-in shared memory per block on sm_90 (kMaxSmem in raw_kernels/grouped_gemm_base.cuh)
+MAX_SMEM = 227 * 1024
 
 
 def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) -> int:
-    """Dynamic shared memory of a tensor-core kernel (mirrors gemm_smem_bytes in the .cuh)."""
+    """Dynamic shared memory of a tensor-core kernel (mirrors gemm_smem_bytes in
+    raw_kernels/grouped_gemm_base.cuh)."""
     def r16(x):
         return (x + 15) // 16 * 16
 

@@ -3,7 +3,8 @@
 Turns a validated :class:`lowprec_moe.gemm.GemmProblem` into the canonical per-expert form the
 kernels read (see :mod:`lowprec_moe.cuda.gemm` for the layout): an :class:`Operand` per side, the
 descriptor table ``int64 [G, DESC_WORDS]`` and the tile table ``int32 [entries, 2]``. The
-constants below mirror ``raw_kernels/grouped_gemm_common.cuh`` / ``grouped_gemm_simt.cu``;
+constants below mirror ``raw_kernels/grouped_gemm_base.cuh`` (descriptor words, operand kinds,
+tile constants), ``grouped_gemm_kernel.cuh`` (the kernel parameters) and ``grouped_gemm_simt.cu``;
 ``tests/test_gemm.py`` checks them against the CUDA sources and emulates the tables.
 """
 
@@ -21,7 +22,7 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-# ---- mirrored from raw_kernels/grouped_gemm_common.cuh -------------------------------------
+# ---- mirrored from raw_kernels/grouped_gemm_base.cuh (LPM_GG_PARAMS: grouped_gemm_kernel.cuh) --
 DESC_WORDS = 16
 (D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD, D_B_SOFF, D_B_SLD, D_ROWS, D_LEN,
  D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS) = range(15)
@@ -33,8 +34,9 @@ THREADS = 256
 #: w, v. Within a family every tile uses the same MMA instruction, so the choice (made from the
 #: splits) never changes the arithmetic: grouped calls equal per-expert calls bit for bit.
 CONFIGS = {"l": (128, 256), "s": (32, 256), "w": (128, 256), "v": (64, 256)}
-#: Parameter names, in order, of the tensor-core kernels (LPM_GG_PARAMS in the .cuh) and of
-#: lpm_gg_simt; tests/test_gemm.py checks them against the CUDA sources.
+#: Parameter names, in order, of the tensor-core kernels (LPM_GG_PARAMS in
+#: grouped_gemm_kernel.cuh) and of lpm_gg_simt; tests/test_gemm.py checks them against the CUDA
+#: sources.
 MMA_PARAMS = ("tiles", "n_col_tiles", "desc", "n_cols", "a_data", "a_scale", "a_ch", "a_e5m2",
               "b_data", "b_scale", "b_ch", "b_e5m2", "amax_a", "amax_b", "a_vec", "b_vec",
               "scale_mode", "bias", "probs", "has_bias", "has_probs", "out", "out_type",

@@ -1,0 +1,218 @@
+// lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): CTA size
+// and k-tile depth, the descriptor words, operand kinds and output types, the shared-memory
+// footprint formulas (mirrored in lowprec_moe/cuda/gemm_plan.py and gemm.py), and the PTX
+// wrappers (cp.async, ldmatrix, mma.sync, fp8 / fp16 / bf16 conversions).
+
+#ifndef LPM_GROUPED_GEMM_BASE_CUH
+#define LPM_GROUPED_GEMM_BASE_CUH
+
+#include "lpm_formats.cuh"
+
+namespace lpm_gg {
+
+constexpr int kThreads = 256;
+constexpr int kBK = 64;         // contraction depth of one k-tile
+constexpr int kDescWords = 16;  // int64 words per expert in the descriptor table
+
+// Descriptor words (mirrored in lowprec_moe/cuda/gemm.py).
+enum DescWord {
+    D_A_OFF = 0,   // byte offset of expert g's A operand (row 0, contraction 0) in a_data
+    D_A_LD = 1,    // bytes between rows (K-major) / contraction lines (MN-major) of A
+    D_A_SOFF = 2,  // byte offset of A's block scales in a_scale
+    D_A_SLD = 3,   // bytes between scale rows (K-major) / scale block-lines (MN-major)
+    D_B_OFF = 4,
+    D_B_LD = 5,
+    D_B_SOFF = 6,
+    D_B_SLD = 7,
+    D_ROWS = 8,     // valid output rows of expert g
+    D_LEN = 9,      // contraction length (elements; padded length for quantized wgrad)
+    D_OUT_OFF = 10, // element offset of expert g's output row 0
+    D_AMAX_A = 11,  // index into amax_a (+ row when a_vec)
+    D_AMAX_B = 12,  // index into amax_b (+ column when b_vec)
+    D_BIAS = 13,    // index into bias (+ column)
+    D_PROBS = 14,   // index into probs (+ row)
+};
+
+// Operand kinds of the tensor-core kernel.
+constexpr int KIND_HP_K = 0;    // bf16 / fp16, contraction contiguous
+constexpr int KIND_HP_MN = 1;   // bf16 / fp16, rows contiguous
+constexpr int KIND_FP4_K = 2;   // NVFP4 packed nibbles + E4M3 scales per 16 (contraction contiguous)
+constexpr int KIND_FP8_K = 3;   // MXFP8 bytes + E8M0 scales per 32 along the contraction (rowwise)
+constexpr int KIND_FP8_MN = 4;  // MXFP8 columnwise: [Mp, X] row-major, scales [Mp/32, X]
+
+// Output types.
+constexpr int OUT_F32 = 0;
+constexpr int OUT_BF16 = 1;
+constexpr int OUT_F16 = 2;
+
+__host__ __device__ constexpr bool kind_is_mn(int kind) {
+    return kind == KIND_HP_MN || kind == KIND_FP8_MN;
+}
+__host__ __device__ constexpr bool kind_is_hp(int kind) {
+    return kind == KIND_HP_K || kind == KIND_HP_MN;
+}
+__host__ __device__ constexpr int round16(int x) { return (x + 15) / 16 * 16; }
+
+// Shared-memory footprint of one tile of R rows (mirrored in lowprec_moe/cuda/gemm.py).
+__host__ __device__ constexpr int canon_bytes(int rows) { return rows * kBK * 2; }
+__host__ __device__ constexpr int raw_data_bytes(int kind, int rows) {
+    return kind == KIND_FP4_K ? rows * (kBK / 2)
+           : kind == KIND_FP8_K || kind == KIND_FP8_MN ? rows * kBK
+                                                       : canon_bytes(rows);
+}
+// Block scales per tile (entries); NVFP4 keeps the E4M3 bytes, MXFP8 stores each E8M0 scale
+// expanded to its fp32 factor 2^(e-127) (4 bytes).
+__host__ __device__ constexpr int raw_scale_count(int kind, int rows) {
+    return kind == KIND_FP4_K ? rows * (kBK / LPM_NVFP4_BLOCK)
+           : kind == KIND_FP8_K || kind == KIND_FP8_MN ? rows * (kBK / LPM_MXFP8_BLOCK)
+                                                       : 0;
+}
+__host__ __device__ constexpr int raw_scale_bytes(int kind, int rows) {
+    return raw_scale_count(kind, rows) * (kind == KIND_FP4_K ? 1 : 4);
+}
+__host__ __device__ constexpr int raw_bytes(int kind, int rows) {
+    return round16(raw_data_bytes(kind, rows)) + round16(raw_scale_bytes(kind, rows));
+}
+
+// Dynamic shared memory of gemm_mma<BM, BN, ..., AKIND, BKIND, ..., WG> (mirrored by _smem_bytes
+// in lowprec_moe/cuda/gemm.py): the pipeline buffers or the fp32 epilogue staging tile, whichever
+// is larger, plus 1024 bytes to align the base to the 1024-byte swizzle atoms.
+//   DIRECT (bf16 / fp16): NST canonical stages; wgmma keeps one k-tile's MMAs in flight across
+//     the barrier, so it prefetches NST - 2 tiles ahead (5 stages when a stage is <= 40 KiB, else 4);
+//     mma.sync prefetches NST - 1 ahead (4 / 3 stages).
+//   CONVERT (NVFP4 / MXFP8): 4 raw stages + NCB canonical buffers: 3 with wgmma when they fit
+//     (the MMAs of tile k stay in flight while tile k+1 is expanded), else 2.
+constexpr int kMaxSmem = 227 * 1024;  // opt-in shared memory per block on sm_90
+__host__ __device__ constexpr int pipeline_stages(int akind, int bkind, int bm, int bn, bool wg) {
+    return kind_is_hp(akind) && kind_is_hp(bkind)
+               ? (canon_bytes(bm) + canon_bytes(bn) <= 40 * 1024 ? 4 : 3) + (wg ? 1 : 0)
+               : 4;
+}
+__host__ __device__ constexpr int raw_ring_bytes(int akind, int bkind, int bm, int bn) {
+    return (4 * (raw_bytes(akind, bm) + raw_bytes(bkind, bn)) + 1023) / 1024 * 1024;
+}
+__host__ __device__ constexpr int canon_buffers(int akind, int bkind, int bm, int bn, bool wg) {
+    return wg && raw_ring_bytes(akind, bkind, bm, bn) + 3 * (canon_bytes(bm) + canon_bytes(bn)) +
+                         1024 <= kMaxSmem
+               ? 3
+               : 2;
+}
+__host__ __device__ constexpr int gemm_smem_bytes(int akind, int bkind, int bm, int bn, bool wg) {
+    const bool direct = kind_is_hp(akind) && kind_is_hp(bkind);
+    const int nst = pipeline_stages(akind, bkind, bm, bn, wg);
+    const int canon = canon_bytes(bm) + canon_bytes(bn);
+    const int main = direct ? nst * canon
+                            : raw_ring_bytes(akind, bkind, bm, bn) +
+                                  canon_buffers(akind, bkind, bm, bn, wg) * canon;
+    const int epi = bm * (bn + 8) * 4;
+    return (main > epi ? main : epi) + 1024;
+}
+
+// ==========================================================================================
+// PTX wrappers
+
+// threadIdx.x read through volatile asm: values derived from it cannot be hoisted out of the
+// k-loop, so the per-chunk copy addresses are recomputed each tile instead of pinning registers.
+__device__ __forceinline__ int tid_volatile() {
+    int t;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
+    return t;
+}
+
+__device__ __forceinline__ unsigned smem_u32(const void* p) {
+    return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+template <int CH>
+__device__ __forceinline__ void cp_async(unsigned dst, const void* src, int src_bytes) {
+    if constexpr (CH == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                     "r"(src_bytes));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src),
+                     "n"(CH), "r"(src_bytes));
+    }
+}
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2,
+                                        unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned addr, unsigned& r0, unsigned& r1, unsigned& r2,
+                                          unsigned& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// D = A * B + D, m16n8k16, fp32 accumulation. A: 4 regs (row-major 16x16), B: 2 regs (16x8).
+template <bool F16>
+__device__ __forceinline__ void mma16816(float (&c)[4], const unsigned (&a)[4], unsigned b0,
+                                         unsigned b1) {
+    if constexpr (F16) {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+}
+
+// Two fp8 bytes (low byte = first element) -> f16x2 (low half = first element), exact.
+template <bool E5M2>
+__device__ __forceinline__ unsigned fp8x2_to_f16x2(unsigned short v) {
+    unsigned r;
+    if constexpr (E5M2) {
+        asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(r) : "h"(v));
+    } else {
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(r) : "h"(v));
+    }
+    return r;
+}
+
+__device__ __forceinline__ unsigned hmul2_rn(unsigned a, unsigned b) {
+    unsigned r;
+    asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+
+__device__ __forceinline__ float f16_bits_to_f32(unsigned h) {
+    return lpm_f16_bits_to_f32(static_cast<unsigned short>(h & 0xFFFFu));
+}
+
+// (hi, lo) fp32 -> bf16x2 bits (lo in the low half), round to nearest even, no flush.
+__device__ __forceinline__ unsigned pack_bf16x2_rn(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ unsigned short f32_to_f16_bits_rn(float x) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(x));
+    return h;
+}
+
+// E4M3 byte -> fp32 (exact).
+__device__ __forceinline__ float e4m3_to_f32(unsigned b) {
+    return f16_bits_to_f32(fp8x2_to_f16x2<false>(static_cast<unsigned short>(b & 0xFFu)));
+}
+
+}  // namespace lpm_gg
+
+#endif  // LPM_GROUPED_GEMM_BASE_CUH

@@ -1,0 +1,170 @@
+// lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): exact
+// in-kernel dequantization -- the NVFP4 / MXFP8 decoders and convert_unit, which expands one
+// 32-element unit of a raw tile into the canonical 16-bit tile.
+
+#ifndef LPM_GROUPED_GEMM_DEQUANT_CUH
+#define LPM_GROUPED_GEMM_DEQUANT_CUH
+
+#include "grouped_gemm_staging.cuh"
+
+namespace lpm_gg {
+
+// ==========================================================================================
+// Conversion of one 32-element unit of a raw tile into the canonical 16-bit tile
+
+// 8 E2M1 nibbles (element 0 in the low nibble of byte 0) -> 4 f16x2 words of e2m1 * scale,
+// `sc` = f16x2 (scale * 64, scale * 64).
+__device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc, unsigned* o) {
+    unsigned lo = w & 0x0F0F0F0Fu;         // nibbles of elements 0, 2, 4, 6 (one per byte)
+    unsigned hi = (w >> 4) & 0x0F0F0F0Fu;  // elements 1, 3, 5, 7
+    // E2M1 s.e1e0.m -> E4M3 byte s.000e1e0.m00 = e2m1 * 2^-6 (exact, subnormal for e = 0).
+    lo = ((lo << 2) & 0x1C1C1C1Cu) | ((lo << 4) & 0x80808080u);
+    hi = ((hi << 2) & 0x1C1C1C1Cu) | ((hi << 4) & 0x80808080u);
+    const unsigned p0 = __byte_perm(lo, hi, 0x5140u);  // elements 0, 1, 2, 3
+    const unsigned p1 = __byte_perm(lo, hi, 0x7362u);  // elements 4, 5, 6, 7
+    o[0] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 & 0xFFFFu)), sc);
+    o[1] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 >> 16)), sc);
+    o[2] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 & 0xFFFFu)), sc);
+    o[3] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 >> 16)), sc);
+}
+
+// 4 fp8 bytes -> 2 bf16x2 words of fp8 * f (f = 2^(e-127) as fp32), through the conversion
+// unit (cvt): exact, round to nearest even where a value falls below bf16's normal range. Used
+// for words holding NaN / inf elements.
+template <bool E5M2>
+__device__ __forceinline__ void fp8_decode4_cvt(unsigned w, float f0, float f1, float f2, float f3,
+                                                unsigned& o0, unsigned& o1) {
+    const unsigned h01 = fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w & 0xFFFFu));
+    const unsigned h23 = fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w >> 16));
+    o0 = pack_bf16x2_rn(lpm_mul_rn(f16_bits_to_f32(h01), f0),
+                        lpm_mul_rn(f16_bits_to_f32(h01 >> 16), f1));
+    o1 = pack_bf16x2_rn(lpm_mul_rn(f16_bits_to_f32(h23), f2),
+                        lpm_mul_rn(f16_bits_to_f32(h23 >> 16), f3));
+}
+
+// Whether a word of 4 fp8 bytes holds a NaN (E4M3 x111 1111) or an inf / NaN (E5M2 x111 11xx).
+template <bool E5M2>
+__device__ __forceinline__ bool fp8x4_special(unsigned w) {
+    constexpr unsigned M = E5M2 ? 0x7C7C7C7Cu : 0x7F7F7F7Fu;
+    constexpr unsigned INC = E5M2 ? 0x04040404u : 0x01010101u;  // carries into bit 7 only there
+    return (((w & M) + INC) & 0x80808080u) != 0u;
+}
+
+// 4 fp8 bytes -> 2 bf16x2 words of fp8 * f with integer and fp32 multiply instructions only.
+// Byte i, placed in the top byte and arithmetically shifted, is the fp32 value fp8 * 2^-120
+// (E4M3; E5M2: * 2^-112) -- fp8 subnormals become fp32 subnormals, exactly. Two non-flushing
+// multiplies (by 2^120 / 2^112, then by f) give the exact fp32 value, whose high half is the
+// bf16 value: exact whenever it is representable (E4M3 scale code >= 3, E5M2 >= 10); below that,
+// truncated toward zero. Finite elements only (see fp8x4_special).
+template <bool E5M2>
+__device__ __forceinline__ void fp8_decode4_int(unsigned w, float f0, float f1, float f2,
+                                                float f3, unsigned& o0, unsigned& o1) {
+    constexpr int SH = E5M2 ? 3 : 4;
+    constexpr unsigned MASK = E5M2 ? 0x8FE00000u : 0x87F00000u;
+    const float up = __uint_as_float(E5M2 ? (112u + 127u) << 23 : (120u + 127u) << 23);
+    const float v0 = __uint_as_float(static_cast<unsigned>(static_cast<int>(w << 24) >> SH) & MASK);
+    const float v1 = __uint_as_float(static_cast<unsigned>(static_cast<int>(w << 16) >> SH) & MASK);
+    const float v2 = __uint_as_float(static_cast<unsigned>(static_cast<int>(w << 8) >> SH) & MASK);
+    const float v3 = __uint_as_float(static_cast<unsigned>(static_cast<int>(w) >> SH) & MASK);
+    const unsigned r0 = __float_as_uint(lpm_mul_rn(lpm_mul_rn(v0, up), f0));
+    const unsigned r1 = __float_as_uint(lpm_mul_rn(lpm_mul_rn(v1, up), f1));
+    const unsigned r2 = __float_as_uint(lpm_mul_rn(lpm_mul_rn(v2, up), f2));
+    const unsigned r3 = __float_as_uint(lpm_mul_rn(lpm_mul_rn(v3, up), f3));
+    o0 = __byte_perm(r0, r1, 0x7632u);
+    o1 = __byte_perm(r2, r3, 0x7632u);
+}
+
+template <bool E5M2>
+__device__ __forceinline__ void fp8_decode4(unsigned w, float f0, float f1, float f2, float f3,
+                                            unsigned& o0, unsigned& o1) {
+    if (fp8x4_special<E5M2>(w)) {
+        fp8_decode4_cvt<E5M2>(w, f0, f1, f2, f3, o0, o1);
+    } else {
+        fp8_decode4_int<E5M2>(w, f0, f1, f2, f3, o0, o1);
+    }
+}
+
+// Whether conversion unit u (see convert_unit) covers a row below `valid`. Rows at or beyond
+// the valid extent are not expanded: the accumulators they feed belong to output rows / columns
+// that are never stored, so whatever their canonical rows hold cannot reach the output.
+template <int KIND>
+__device__ __forceinline__ bool unit_live(int u, int valid) {
+    if constexpr (KIND == KIND_FP8_MN) {
+        return (u >> 6) * 32 < valid;
+    } else {
+        return (u >> 1) < valid;
+    }
+}
+
+// Convert unit u of a raw tile (R rows) into the canonical tile.
+//   K kinds: unit u = (row u >> 1, contraction half u & 1) -> 32 elements of one row.
+//   MN kind: unit u = (line u & 63, row group u >> 6)      -> 32 rows of one contraction line.
+template <int KIND, int R, bool E5M2>
+__device__ __forceinline__ void convert_unit(const unsigned char* raw, const unsigned char* rsc,
+                                             unsigned char* canon, int u) {
+    if constexpr (KIND == KIND_FP4_K) {
+        const int r = u >> 1, h = u & 1;
+        const uint4 w = *reinterpret_cast<const uint4*>(raw + r * (kBK / 2) + h * 16);
+        const unsigned short s2 = *reinterpret_cast<const unsigned short*>(rsc + r * 4 + h * 2);
+        // (s0, s1) -> f16x2 * 64: exact (E4M3 <= 448, 448 * 64 = 28672 < 65504).
+        const unsigned sc = hmul2_rn(fp8x2_to_f16x2<false>(s2), 0x54005400u);
+        const unsigned sc0 = __byte_perm(sc, sc, 0x1010u);
+        const unsigned sc1 = __byte_perm(sc, sc, 0x3232u);
+        unsigned o[16];
+        fp4_decode8(w.x, sc0, o + 0);
+        fp4_decode8(w.y, sc0, o + 4);
+        fp4_decode8(w.z, sc1, o + 8);
+        fp4_decode8(w.w, sc1, o + 12);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int c = 4 * h + j;
+            *reinterpret_cast<uint4*>(canon + r * (kBK * 2) + ((c ^ (r & 7)) << 4)) =
+                make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+        }
+    } else if constexpr (KIND == KIND_FP8_K) {
+        const int r = u >> 1, h = u & 1;
+        const float f = reinterpret_cast<const float*>(rsc)[r * 2 + h];
+        unsigned o[16];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int c = 2 * h + i;
+            const uint4 w = *reinterpret_cast<const uint4*>(raw + r * kBK + swz<2>(r, c * 16));
+            fp8_decode4<E5M2>(w.x, f, f, f, f, o[8 * i + 0], o[8 * i + 1]);
+            fp8_decode4<E5M2>(w.y, f, f, f, f, o[8 * i + 2], o[8 * i + 3]);
+            fp8_decode4<E5M2>(w.z, f, f, f, f, o[8 * i + 4], o[8 * i + 5]);
+            fp8_decode4<E5M2>(w.w, f, f, f, f, o[8 * i + 6], o[8 * i + 7]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int c = 4 * h + j;
+            *reinterpret_cast<uint4*>(canon + r * (kBK * 2) + ((c ^ (r & 7)) << 4)) =
+                make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+        }
+    } else if constexpr (KIND == KIND_FP8_MN) {
+        const int l = u & (kBK - 1), q = u >> 6;
+        const float* sp = reinterpret_cast<const float*>(rsc) + (l / LPM_MXFP8_BLOCK) * R + 32 * q;
+        unsigned o[16];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int c = 2 * q + i;
+            const uint4 w = *reinterpret_cast<const uint4*>(raw + l * R + swz<1>(l, c * 16));
+            const unsigned ww[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+            for (int t = 0; t < 4; ++t) {
+                const float4 f = *reinterpret_cast<const float4*>(sp + 16 * i + 4 * t);
+                fp8_decode4<E5M2>(ww[t], f.x, f.y, f.z, f.w, o[8 * i + 2 * t],
+                                  o[8 * i + 2 * t + 1]);
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int c = 4 * q + j;
+            *reinterpret_cast<uint4*>(canon + mn_canon_off(l, c)) =
+                make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+        }
+    }
+}
+
+}  // namespace lpm_gg
+
+#endif  // LPM_GROUPED_GEMM_DEQUANT_CUH

@@ -1,0 +1,163 @@
+// lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
+// epilogue (struct Epilogue; also used by grouped_gemm_simt.cu).
+
+#ifndef LPM_GROUPED_GEMM_EPILOGUE_CUH
+#define LPM_GROUPED_GEMM_EPILOGUE_CUH
+
+#include "grouped_gemm_base.cuh"
+
+namespace lpm_gg {
+
+// ==========================================================================================
+// Epilogue (SPEC 7): NVFP4 scaling, bias (optionally times probs), cast or accumulate.
+
+struct Epilogue {
+    void* out;
+    long long out_off;  // element offset of the expert's output row 0
+    long long n_cols;
+    int out_type;
+    int accumulate;
+    int scale_mode;  // 0 none, 1 per tensor, 2 row-scaled
+    float alpha;     // per-tensor factor (scale_mode 1)
+    const float* amax_a;
+    long long amax_a_base;
+    int a_vec;
+    const float* amax_b;
+    long long amax_b_base;
+    int b_vec;
+    const float* bias;
+    long long bias_base;
+    const float* probs;
+    long long probs_base;
+    int has_bias;
+    int has_probs;
+
+    __device__ __forceinline__ void init_alpha() {
+        alpha = 0.0f;
+        if (scale_mode == 1) {
+            alpha = lpm_mul_rn(lpm_mul_rn(amax_a[amax_a_base], amax_b[amax_b_base]),
+                               lpm_f32_from_bits(LPM_FP32_INV_NVFP4_GEMM_FACTOR_BITS));
+        }
+    }
+
+    // Per-row factors: amax of the row (scale_mode 2) and probs of the row.
+    __device__ __forceinline__ float row_amax(long long row) const {
+        return amax_a[a_vec ? amax_a_base + row : amax_a_base];
+    }
+    __device__ __forceinline__ float col_amax(long long col) const {
+        return amax_b[b_vec ? amax_b_base + col : amax_b_base];
+    }
+
+    // Steps 1-2 of the SPEC 7 epilogue for one element (before the cast / accumulation).
+    __device__ __forceinline__ float value(long long col, float acc, float ra, float pr) const {
+        float t = acc;
+        if (scale_mode == 1) {
+            t = lpm_mul_rn(t, alpha);
+        } else if (scale_mode == 2) {
+            t = lpm_mul_rn(t, lpm_f32_from_bits(LPM_FP32_INV_NVFP4_GEMM_FACTOR_BITS));
+            t = lpm_mul_rn(t, lpm_mul_rn(ra, col_amax(col)));
+        }
+        if (has_bias) {
+            float b = bias[bias_base + col];
+            if (has_probs) b = lpm_mul_rn(b, pr);
+            t = lpm_add_rn(t, b);
+        }
+        return t;
+    }
+
+    __device__ __forceinline__ void store(long long row, long long col, float acc, float ra,
+                                          float pr) const {
+        write(row, col, value(col, acc, ra, pr));
+    }
+
+    __device__ __forceinline__ void write(long long row, long long col, float t) const {
+        const long long idx = out_off + row * n_cols + col;
+        if (out_type == OUT_F32) {
+            float* o = static_cast<float*>(out) + idx;
+            if (accumulate) t = lpm_add_rn(*o, t);
+            *o = t;
+        } else if (out_type == OUT_BF16) {
+            static_cast<unsigned short*>(out)[idx] = lpm_f32_to_bf16_bits_rn(t);
+        } else {
+            static_cast<unsigned short*>(out)[idx] = f32_to_f16_bits_rn(t);
+        }
+    }
+
+    // Four consecutive columns with one vector access (the element index must be a multiple of 4
+    // and the base pointer aligned; see tile()).
+    __device__ __forceinline__ void write4(long long row, long long col, float t0, float t1,
+                                           float t2, float t3) const {
+        const long long idx = out_off + row * n_cols + col;
+        if (out_type == OUT_F32) {
+            float4* o = reinterpret_cast<float4*>(static_cast<float*>(out) + idx);
+            if (accumulate) {
+                const float4 prev = *o;
+                t0 = lpm_add_rn(prev.x, t0);
+                t1 = lpm_add_rn(prev.y, t1);
+                t2 = lpm_add_rn(prev.z, t2);
+                t3 = lpm_add_rn(prev.w, t3);
+            }
+            *o = make_float4(t0, t1, t2, t3);
+        } else {
+            unsigned short h0, h1, h2, h3;
+            if (out_type == OUT_BF16) {
+                h0 = lpm_f32_to_bf16_bits_rn(t0);
+                h1 = lpm_f32_to_bf16_bits_rn(t1);
+                h2 = lpm_f32_to_bf16_bits_rn(t2);
+                h3 = lpm_f32_to_bf16_bits_rn(t3);
+            } else {
+                h0 = f32_to_f16_bits_rn(t0);
+                h1 = f32_to_f16_bits_rn(t1);
+                h2 = f32_to_f16_bits_rn(t2);
+                h3 = f32_to_f16_bits_rn(t3);
+            }
+            *reinterpret_cast<uint2*>(static_cast<unsigned short*>(out) + idx) =
+                make_uint2(static_cast<unsigned>(h0) | (static_cast<unsigned>(h1) << 16),
+                           static_cast<unsigned>(h2) | (static_cast<unsigned>(h3) << 16));
+        }
+    }
+
+    // Row factors for one output row (ra unused unless scale_mode 2, pr unless has_probs).
+    __device__ __forceinline__ void row_factors(long long row, float& ra, float& pr) const {
+        ra = scale_mode == 2 ? row_amax(row) : 0.0f;
+        pr = has_probs ? probs[probs_base + row] : 1.0f;
+    }
+
+    // Apply the epilogue to a staged fp32 tile cs[r * LD + c] (rows r0.., columns c0..), four
+    // consecutive columns per thread and iteration (coalesced stores).
+    template <int BN, int LD>
+    __device__ __forceinline__ void tile(const float* cs, long long r0, long long c0,
+                                         int rows_valid, int cols_valid) const {
+        constexpr int C4 = BN / 4;
+        // Vector stores need every 4-column group aligned: n_cols % 4 == 0 (then out_off and the
+        // column are multiples of 4 too) and an aligned base pointer.
+        const bool vec = (n_cols & 3) == 0 &&
+                         (reinterpret_cast<unsigned long long>(out) &
+                          (out_type == OUT_F32 ? 15ull : 7ull)) == 0;
+        // Unrolled by 4: independent shared loads and global stores in flight per thread (one
+        // CTA of 8 warps per SM leaves little else to hide their latency).
+#pragma unroll 4
+        for (int i = threadIdx.x; i < rows_valid * C4; i += blockDim.x) {
+            const int r = i / C4, c = (i % C4) * 4;
+            if (c >= cols_valid) continue;
+            const float4 v = *reinterpret_cast<const float4*>(cs + r * LD + c);
+            const float vv[4] = {v.x, v.y, v.z, v.w};
+            float ra, pr;
+            row_factors(r0 + r, ra, pr);
+            if (vec && c + 4 <= cols_valid) {
+                write4(r0 + r, c0 + c, value(c0 + c, vv[0], ra, pr),
+                       value(c0 + c + 1, vv[1], ra, pr), value(c0 + c + 2, vv[2], ra, pr),
+                       value(c0 + c + 3, vv[3], ra, pr));
+            } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    if (c + e < cols_valid) store(r0 + r, c0 + c + e, vv[e], ra, pr);
+                }
+            }
+        }
+    }
+};
+
+}  // namespace lpm_gg
+
+#endif  // LPM_GROUPED_GEMM_EPILOGUE_CUH

@@ -1,0 +1,420 @@
+// lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
+// tensor-core kernel body gemm_mma and the entry-point macros (LPM_GG_PARAMS, LPM_GG_ARGS,
+// LPM_GG_DEFINE, LPM_GG_DEFINE_WG).
+
+#ifndef LPM_GROUPED_GEMM_KERNEL_CUH
+#define LPM_GROUPED_GEMM_KERNEL_CUH
+
+#include "grouped_gemm_dequant.cuh"
+#include "grouped_gemm_mma.cuh"
+#include "grouped_gemm_epilogue.cuh"
+
+namespace lpm_gg {
+
+__device__ __forceinline__ void trap_if_smem_short(unsigned need) {
+    unsigned have;
+    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(have));
+    if (have < need) __trap();
+}
+
+// ==========================================================================================
+// The tensor-core kernel body
+
+// WG = false: mma.sync.m16n8k16 per warp (ldmatrix fragments), warps arranged WARPS_M x WARPS_N.
+// WG = true : wgmma.m64n128k16 (sm_90a), BN = 256, two warpgroups:
+//             BM = 128: warpgroup w owns rows 64w..64w+63 x all 256 columns (two wgmma per step);
+//             BM = 64 : warpgroup w owns rows 0..63 x columns 128w..128w+127 (one wgmma per step).
+//             Warp v of a warpgroup holds rows 16v..16v+15 of the warpgroup's block in the
+//             mma.sync C layout, so the accumulator array and the epilogue serve both paths.
+template <int BM, int BN, int WARPS_M, int AKIND, int BKIND, bool F16, int ACH, int BCH, bool WG>
+__device__ __forceinline__ void gemm_mma(
+    const int* __restrict__ tiles, int n_col_tiles, const long long* __restrict__ desc,
+    long long n_cols, const unsigned char* __restrict__ a_data,
+    const unsigned char* __restrict__ a_scale, int a_ch, int a_e5m2,
+    const unsigned char* __restrict__ b_data, const unsigned char* __restrict__ b_scale, int b_ch,
+    int b_e5m2, const float* __restrict__ amax_a, const float* __restrict__ amax_b, int a_vec,
+    int b_vec, int scale_mode, const float* __restrict__ bias, const float* __restrict__ probs,
+    int has_bias, int has_probs, void* __restrict__ out, int out_type, int accumulate,
+    int zero_if_empty) {
+    constexpr int WARPS_N = (kThreads / 32) / WARPS_M;
+    constexpr int TM = WG ? 16 : BM / WARPS_M, TN = WG ? (BM == 128 ? BN : BN / 2) : BN / WARPS_N;
+    constexpr int MI = TM / 16, NI = TN / 8;
+    static_assert(MI >= 1 && NI >= 2 && NI % 2 == 0, "warp tile");
+    static_assert(!WG || ((BM == 128 || BM == 64) && BN == 256), "wgmma tiles: 128x256, 64x256");
+    constexpr bool AMN = kind_is_mn(AKIND), BMN = kind_is_mn(BKIND);
+    static_assert(!AMN || BM % 64 == 0, "an MN-major A tile is made of 64-row panels");
+    static_assert(!BMN || BN % 64 == 0, "an MN-major B tile is made of 64-row panels");
+    constexpr bool DIRECT = kind_is_hp(AKIND) && kind_is_hp(BKIND);
+    static_assert(DIRECT || (!kind_is_hp(AKIND) && !kind_is_hp(BKIND)), "operand mix");
+    using GA = TileGeo<AKIND, BM>;
+    using GB = TileGeo<BKIND, BN>;
+    constexpr int CANON_A = canon_bytes(BM), CANON_B = canon_bytes(BN);
+    constexpr int NST = pipeline_stages(AKIND, BKIND, BM, BN, WG);
+    constexpr int NCB = DIRECT ? 0 : canon_buffers(AKIND, BKIND, BM, BN, WG);
+    constexpr int RAW_A = raw_bytes(AKIND, BM), RAW_B = raw_bytes(BKIND, BN);
+    constexpr int STAGE = DIRECT ? CANON_A + CANON_B : RAW_A + RAW_B;
+    constexpr int CANON_OFF = (NST * STAGE + 1023) / 1024 * 1024;  // 1024-byte swizzle atoms
+    constexpr int EPI_LD = BN + 8;  // padded row of the accumulator staging tile (floats)
+    constexpr int MAIN_SMEM = DIRECT ? NST * STAGE : CANON_OFF + NCB * (CANON_A + CANON_B);
+    constexpr int EPI_SMEM = BM * EPI_LD * 4;
+    // + 1024: the kernel aligns its shared-memory base to 1024 bytes (wgmma swizzle atoms).
+    constexpr int SMEM = (MAIN_SMEM > EPI_SMEM ? MAIN_SMEM : EPI_SMEM) + 1024;
+    static_assert(SMEM <= kMaxSmem, "shared memory");
+    static_assert(SMEM == gemm_smem_bytes(AKIND, BKIND, BM, BN, WG), "shared-memory formula");
+    static_assert(DIRECT || CANON_OFF == raw_ring_bytes(AKIND, BKIND, BM, BN), "raw ring");
+    static_assert((ACH == 16 || ACH == 8) && (BCH == 16 || BCH == 8), "copy chunk");
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    if (threadIdx.x == 0) {
+        trap_if_smem_short(SMEM);
+        if (a_ch != ACH || b_ch != BCH) __trap();  // launcher / kernel mismatch
+    }
+    const unsigned raw_u32 = smem_u32(smem_raw);
+    const unsigned s0 = (raw_u32 + 1023u) & ~1023u;
+    unsigned char* const smem = smem_raw + (s0 - raw_u32);
+
+    const int entry = static_cast<int>(blockIdx.x) / n_col_tiles;
+    const int ct = static_cast<int>(blockIdx.x) % n_col_tiles;
+    const int g = tiles[2 * entry];
+    const int rt = tiles[2 * entry + 1];
+    const long long* d = desc + static_cast<long long>(g) * kDescWords;
+    const long long rows = d[D_ROWS];
+    const long long len = d[D_LEN];
+    const long long r0 = static_cast<long long>(rt) * BM;
+    const long long c0 = static_cast<long long>(ct) * BN;
+    const long long rv = rows - r0, cv = n_cols - c0;
+    if (rv <= 0 || cv <= 0) return;
+    const int rows_valid = static_cast<int>(rv < BM ? rv : BM);
+    const int cols_valid = static_cast<int>(cv < BN ? cv : BN);
+
+    Epilogue ep;
+    ep.out = out;
+    ep.out_off = d[D_OUT_OFF];
+    ep.n_cols = n_cols;
+    ep.out_type = out_type;
+    ep.accumulate = accumulate;
+    ep.scale_mode = scale_mode;
+    ep.amax_a = amax_a;
+    ep.amax_a_base = d[D_AMAX_A];
+    ep.a_vec = a_vec;
+    ep.amax_b = amax_b;
+    ep.amax_b_base = d[D_AMAX_B];
+    ep.b_vec = b_vec;
+    ep.bias = bias;
+    ep.bias_base = d[D_BIAS];
+    ep.probs = probs;
+    ep.probs_base = d[D_PROBS];
+    ep.has_bias = has_bias;
+    ep.has_probs = has_probs;
+
+    if (len <= 0 && zero_if_empty) {  // wgrad of an expert without tokens: dW_g = 0
+        if (!accumulate) {
+            for (int i = threadIdx.x; i < rows_valid * cols_valid; i += kThreads) {
+                ep.write(r0 + i / cols_valid, c0 + i % cols_valid, 0.0f);
+            }
+        }
+        return;
+    }
+    ep.init_alpha();
+
+    // Operand bases at (tile row 0, contraction 0).
+    const long long a_ld = d[D_A_LD], b_ld = d[D_B_LD];
+    const unsigned char* a_base =
+        a_data + d[D_A_OFF] + (AMN ? r0 * GA::ES_NUM / GA::ES_DEN : r0 * a_ld);
+    const unsigned char* b_base =
+        b_data + d[D_B_OFF] + (BMN ? c0 * GB::ES_NUM / GB::ES_DEN : c0 * b_ld);
+    const long long a_sld = d[D_A_SLD], b_sld = d[D_B_SLD];
+    const unsigned char* a_sbase = a_scale + d[D_A_SOFF] + (AMN ? r0 : r0 * a_sld);
+    const unsigned char* b_sbase = b_scale + d[D_B_SOFF] + (BMN ? c0 : c0 * b_sld);
+
+    const int KT = static_cast<int>((len + kBK - 1) / kBK);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wm0 = WG ? (BM == 128 ? 64 * (warp >> 2) : 0) + 16 * (warp & 3)
+                       : (warp % WARPS_M) * TM;
+    const int wn0 = WG ? (BM == 128 ? 0 : 128 * (warp >> 2)) : (warp / WARPS_M) * TN;
+
+    float acc[MI][NI][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+    auto issue = [&](int stage, int kt) {
+        const long long k0 = static_cast<long long>(kt) * kBK;
+        const unsigned sb = s0 + stage * STAGE;
+        issue_operand<AKIND, BM, ACH>(sb, a_base, a_ld, k0, rows_valid, len - k0, a_data);
+        issue_operand<BKIND, BN, BCH>(sb + (DIRECT ? CANON_A : RAW_A), b_base, b_ld, k0,
+                                      cols_valid, len - k0, b_data);
+    };
+
+    // wgmma over one 64-deep k-tile held in canonical tiles sa (A, BM rows) / sb (B, BN rows).
+    // K-major: 8-row atoms 1024 B apart (SBO), LBO unused; a 16-deep step = +32 B.
+    // MN-major: 8-line atoms 1024 B apart (SBO), 64-row panels 8 KiB apart (LBO); a 16-deep
+    // step = +16 lines = +2 KiB. 64 rows of A / 128 rows of B start 8 KiB / 16 KiB further on in
+    // both layouts.
+    float* const accf = &acc[0][0][0];
+    auto wg_tile = [&](unsigned sa, unsigned sb) {
+        if constexpr (WG) {
+            constexpr unsigned A_LBO = AMN ? kBK * 128 : 16, B_LBO = BMN ? kBK * 128 : 16;
+            constexpr unsigned A_STEP = AMN ? 16 * 128 : 32, B_STEP = BMN ? 16 * 128 : 32;
+            constexpr int HALVES = BM == 128 ? 2 : 1;  // n128 blocks per warpgroup
+            const int wg = warp >> 2;
+            const unsigned a_addr = sa + (BM == 128 ? wg * (64 * 128) : 0);
+            const unsigned b_addr = sb + (BM == 128 ? 0 : wg * (128 * 128));
+            wg_fence_acc<MI * NI * 4>(accf);
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < kBK / 16; ++ks) {
+#pragma unroll
+                for (int h = 0; h < HALVES; ++h) {
+                    wgmma_m64n128k16<F16, AMN ? 1 : 0, BMN ? 1 : 0>(
+                        accf + h * 64, wg_desc(a_addr + ks * A_STEP, A_LBO, 1024),
+                        wg_desc(b_addr + h * (128 * 128) + ks * B_STEP, B_LBO, 1024));
+                }
+            }
+            wg_commit();
+            wg_fence_acc<MI * NI * 4>(accf);
+        }
+    };
+
+    if constexpr (DIRECT && WG) {
+        // wgmma: the MMAs of tile kt stay in flight while tile kt+NST-2 is requested and the
+        // barrier of iteration kt+1 passes; stage (kt-2)%NST is refilled once every warpgroup
+        // has retired tile kt-2 (wg_wait<1> of iteration kt-1, then the barrier).
+        static_assert(NST >= 3, "pipeline depth");
+#pragma unroll
+        for (int s = 0; s < NST - 2; ++s) {
+            if (s < KT) issue(s, s);
+            cp_async_commit();
+        }
+        for (int kt = 0; kt < KT; ++kt) {
+            cp_async_wait<NST - 3>();  // tile kt landed (this thread's copies)
+            fence_proxy_async();
+            __syncthreads();
+            const unsigned sa = s0 + (kt % NST) * STAGE;
+            wg_tile(sa, sa + CANON_A);
+            const int nt = kt + NST - 2;
+            if (nt < KT) issue(nt % NST, nt);
+            cp_async_commit();
+            wg_wait<1>();  // tile kt-1 retired by this warpgroup
+            wg_fence_acc<MI * NI * 4>(accf);
+        }
+        wg_wait0();
+        wg_fence_acc<MI * NI * 4>(accf);
+    } else if constexpr (DIRECT) {
+#pragma unroll
+        for (int s = 0; s < NST - 1; ++s) {
+            if (s < KT) issue(s, s);
+            cp_async_commit();
+        }
+        for (int kt = 0; kt < KT; ++kt) {
+            cp_async_wait<NST - 2>();
+            __syncthreads();
+            const int nt = kt + NST - 1;
+            if (nt < KT) issue(nt % NST, nt);
+            cp_async_commit();
+            const unsigned sa = s0 + (kt % NST) * STAGE;
+#pragma unroll
+            for (int ks = 0; ks < kBK / 16; ++ks) {
+                warp_mma_ks<MI, NI, AMN, BMN, BM, BN, F16>(sa, sa + CANON_A, acc, wm0, wn0, ks,
+                                                           lane);
+            }
+        }
+    } else {
+        static_assert(NST >= 3, "pipeline depth");
+        ScaleRegs<AKIND, BM> sra;
+        ScaleRegs<BKIND, BN> srb;
+        auto load_scales = [&](int kt) {
+            const long long k0 = static_cast<long long>(kt) * kBK;
+            sra.load(a_sbase, a_sld, k0, rows_valid, len);
+            srb.load(b_sbase, b_sld, k0, cols_valid, len);
+        };
+        auto store_scales = [&](int stage) {
+            unsigned char* sb = smem + stage * STAGE;
+            sra.store(sb + round16(raw_data_bytes(AKIND, BM)));
+            srb.store(sb + RAW_A + round16(raw_data_bytes(BKIND, BN)));
+        };
+        // Convert part p (of 4) of raw stage `stage` into canonical buffer `cb`.
+        auto convert_part = [&](int p, int stage, int cb) {
+            const unsigned char* rs = smem + stage * STAGE;
+            unsigned char* cs = smem + CANON_OFF + cb * (CANON_A + CANON_B);
+#pragma unroll
+            for (int idx = 0; idx < GA::UNITS_PER_THREAD + GB::UNITS_PER_THREAD; ++idx) {
+                if (idx % 4 != p) continue;
+                if (idx < GA::UNITS_PER_THREAD) {
+                    const int u = static_cast<int>(threadIdx.x) + idx * kThreads;
+                    if (u < GA::UNITS && unit_live<AKIND>(u, rows_valid)) {
+                        const unsigned char* raw = rs;
+                        const unsigned char* rsc = rs + round16(raw_data_bytes(AKIND, BM));
+                        if (AKIND != KIND_FP4_K && a_e5m2) {
+                            convert_unit<AKIND, BM, true>(raw, rsc, cs, u);
+                        } else {
+                            convert_unit<AKIND, BM, false>(raw, rsc, cs, u);
+                        }
+                    }
+                } else {
+                    const int u =
+                        static_cast<int>(threadIdx.x) + (idx - GA::UNITS_PER_THREAD) * kThreads;
+                    if (u < GB::UNITS && unit_live<BKIND>(u, cols_valid)) {
+                        const unsigned char* raw = rs + RAW_A;
+                        const unsigned char* rsc = raw + round16(raw_data_bytes(BKIND, BN));
+                        if (BKIND != KIND_FP4_K && b_e5m2) {
+                            convert_unit<BKIND, BN, true>(raw, rsc, cs + CANON_A, u);
+                        } else {
+                            convert_unit<BKIND, BN, false>(raw, rsc, cs + CANON_A, u);
+                        }
+                    }
+                }
+            }
+        };
+
+        // Prologue: tiles 0..NST-2 in flight, their scales stored; scales of NST-1 in registers.
+#pragma unroll
+        for (int s = 0; s < NST - 1; ++s) {
+            if (s < KT) issue(s, s);
+            cp_async_commit();
+        }
+        {
+            // all prologue scale loads in flight before the first store (one memory latency)
+            ScaleRegs<AKIND, BM> pra[NST - 1];
+            ScaleRegs<BKIND, BN> prb[NST - 1];
+#pragma unroll
+            for (int s = 0; s < NST - 1; ++s) {
+                if (s < KT) {
+                    const long long k0 = static_cast<long long>(s) * kBK;
+                    pra[s].load(a_sbase, a_sld, k0, rows_valid, len);
+                    prb[s].load(b_sbase, b_sld, k0, cols_valid, len);
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < NST - 1; ++s) {
+                if (s < KT) {
+                    unsigned char* sb = smem + s * STAGE;
+                    pra[s].store(sb + round16(raw_data_bytes(AKIND, BM)));
+                    prb[s].store(sb + RAW_A + round16(raw_data_bytes(BKIND, BN)));
+                }
+            }
+        }
+        if (NST - 1 < KT) load_scales(NST - 1);
+        cp_async_wait<NST - 3>();  // tiles 0 and 1 landed (this thread's copies)
+        __syncthreads();
+        if (KT > 0) {
+#pragma unroll
+            for (int p = 0; p < 4; ++p) convert_part(p, 0, 0);
+            if constexpr (WG) fence_proxy_async();
+        }
+        if constexpr (WG) {
+            for (int kt = 0; kt < KT; ++kt) {
+                // Invariants: canonical buffer kt%NCB holds tile kt (this thread's part); raw
+                // tile kt+1 landed (this thread's copies); raw stage (kt-1)%NST is free; scale
+                // registers hold tile kt+NST-1. NCB = 3: tile kt-1 may still be in flight.
+                __syncthreads();
+                const unsigned sa = s0 + CANON_OFF + (kt % NCB) * (CANON_A + CANON_B);
+                wg_tile(sa, sa + CANON_A);  // asynchronous: expand the next tile meanwhile
+                const int nt = kt + NST - 1;
+                if (nt < KT) issue(nt % NST, nt);
+                cp_async_commit();
+                if (kt + 1 < KT) {
+                    // Buffer (kt+1)%NCB last held tile kt+1-NCB, retired by every warpgroup
+                    // before this iteration's barrier.
+#pragma unroll
+                    for (int p = 0; p < 4; ++p) convert_part(p, (kt + 1) % NST, (kt + 1) % NCB);
+                    fence_proxy_async();
+                }
+                // Scales of tile nt go to shared memory only now, a whole iteration after
+                // their loads were issued (tile nt is expanded in iteration nt-1 >= kt+2).
+                if (nt < KT) store_scales(nt % NST);
+                if (nt + 1 < KT) load_scales(nt + 1);
+                if constexpr (NCB >= 3) {
+                    wg_wait<1>();  // tile kt-1 retired by this warpgroup
+                } else {
+                    wg_wait0();  // canonical buffer kt%2 is rewritten next iteration
+                }
+                wg_fence_acc<MI * NI * 4>(accf);
+                cp_async_wait<NST - 3>();  // raw tile kt+2 landed (this thread's copies)
+            }
+            wg_wait0();
+            wg_fence_acc<MI * NI * 4>(accf);
+        } else {
+            for (int kt = 0; kt < KT; ++kt) {
+                // Invariants: canonical buffer kt&1 holds tile kt; raw tile kt+1 landed (all threads);
+                // raw stage (kt-1)%NST is free; scale registers hold tile kt+NST-1.
+                __syncthreads();
+                const int nt = kt + NST - 1;
+                if (nt < KT) {
+                    issue(nt % NST, nt);
+                    store_scales(nt % NST);
+                }
+                cp_async_commit();
+                if (nt + 1 < KT) load_scales(nt + 1);
+                const unsigned sa = s0 + CANON_OFF + (kt & 1) * (CANON_A + CANON_B);
+                const bool next = kt + 1 < KT;
+#pragma unroll
+                for (int ks = 0; ks < kBK / 16; ++ks) {
+                    warp_mma_ks<MI, NI, AMN, BMN, BM, BN, F16>(sa, sa + CANON_A, acc, wm0, wn0,
+                                                               ks, lane);
+                    if (next) convert_part(ks, (kt + 1) % NST, (kt + 1) & 1);
+                }
+                cp_async_wait<NST - 3>();  // raw tile kt+2 landed (this thread's copies)
+            }
+        }
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // every warp is done with the operand tiles: reuse shared memory
+
+    // ---- epilogue: stage the fp32 accumulators through shared memory ([BM][BN + 8]), then
+    // apply the epilogue in a compact loop with coalesced stores. Fragment (mi, ni): rows
+    // wm0 + 16 mi + lane/4 (+8), columns wn0 + 8 ni + 2 (lane%4) (+1).
+    float* cs = reinterpret_cast<float*>(smem);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int r = wm0 + mi * 16 + (lane >> 2) + hf * 8;
+                const int c = wn0 + ni * 8 + (lane & 3) * 2;
+                *reinterpret_cast<float2*>(cs + r * EPI_LD + c) =
+                    make_float2(acc[mi][ni][2 * hf], acc[mi][ni][2 * hf + 1]);
+            }
+        }
+    }
+    __syncthreads();
+    ep.tile<BN, EPI_LD>(cs, r0, c0, rows_valid, cols_valid);
+}
+
+}  // namespace lpm_gg
+
+// Parameter list shared by every tensor-core kernel entry point.
+#define LPM_GG_PARAMS                                                                          \
+    const int *__restrict__ tiles, int n_col_tiles, const long long *__restrict__ desc,       \
+        long long n_cols, const unsigned char *__restrict__ a_data,                           \
+        const unsigned char *__restrict__ a_scale, int a_ch, int a_e5m2,                      \
+        const unsigned char *__restrict__ b_data, const unsigned char *__restrict__ b_scale,  \
+        int b_ch, int b_e5m2, const float *__restrict__ amax_a,                               \
+        const float *__restrict__ amax_b, int a_vec, int b_vec, int scale_mode,               \
+        const float *__restrict__ bias, const float *__restrict__ probs, int has_bias,        \
+        int has_probs, void *__restrict__ out, int out_type, int accumulate, int zero_if_empty
+
+#define LPM_GG_ARGS                                                                            \
+    tiles, n_col_tiles, desc, n_cols, a_data, a_scale, a_ch, a_e5m2, b_data, b_scale, b_ch,   \
+        b_e5m2, amax_a, amax_b, a_vec, b_vec, scale_mode, bias, probs, has_bias, has_probs,   \
+        out, out_type, accumulate, zero_if_empty
+
+// extern "C" entry point NAME for one mma.sync configuration (CH: cp.async chunk, 16 or 8).
+#define LPM_GG_DEFINE(NAME, BM, BN, WARPS_M, AKIND, BKIND, F16, CH)                            \
+    extern "C" __global__ void __launch_bounds__(lpm_gg::kThreads, 1) NAME(LPM_GG_PARAMS) {    \
+        lpm_gg::gemm_mma<BM, BN, WARPS_M, AKIND, BKIND, F16, CH, CH, false>(LPM_GG_ARGS);      \
+    }
+
+// extern "C" entry point NAME of a wgmma (sm_90a) configuration: BM x 256 tile (BM = 128 or
+// 64), two warpgroups. On other architectures it compiles to a trap; the launcher never selects
+// it there.
+#define LPM_GG_DEFINE_WG(NAME, BM, AKIND, BKIND, F16, CH)                                      \
+    extern "C" __global__ void __launch_bounds__(lpm_gg::kThreads, 1) NAME(LPM_GG_PARAMS) {    \
+        lpm_gg::gemm_mma<BM, 256, 2, AKIND, BKIND, F16, CH, CH, true>(LPM_GG_ARGS);            \
+    }
+
+#endif  // LPM_GROUPED_GEMM_KERNEL_CUH

@@ -1,0 +1,153 @@
+// lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the MMA
+// steps -- warp-level mma.sync over one 16-deep slice of the canonical tiles, and the sm_90a
+// wgmma wrappers (LPM_GG_HAS_WGMMA, descriptors, fences, wgmma.m64n128k16).
+
+#ifndef LPM_GROUPED_GEMM_MMA_CUH
+#define LPM_GROUPED_GEMM_MMA_CUH
+
+#include "grouped_gemm_staging.cuh"
+
+namespace lpm_gg {
+
+// ==========================================================================================
+// Warp-level MMA over one 16-deep slice (ks) of the canonical tiles
+
+// ldmatrix address of the A fragment (rows m0..m0+15, contraction 16*ks..16*ks+15).
+template <bool MN, int R>
+__device__ __forceinline__ unsigned a_frag_addr(unsigned base, int m0, int ks, int lane) {
+    const int j = lane >> 3, i = lane & 7;
+    if constexpr (!MN) {
+        const int row = m0 + (j & 1) * 8 + i;
+        const int kc = ks * 2 + (j >> 1);
+        return base + row * (kBK * 2) + ((kc ^ (row & 7)) << 4);
+    } else {
+        const int line = ks * 16 + (j >> 1) * 8 + i;
+        const int mc = (m0 >> 3) + (j & 1);
+        return base + mn_canon_off(line, mc);
+    }
+}
+
+// ldmatrix address of the B fragments of two n8 tiles (rows n0..n0+15).
+template <bool MN, int R>
+__device__ __forceinline__ unsigned b_frag_addr(unsigned base, int n0, int ks, int lane) {
+    const int j = lane >> 3, i = lane & 7;
+    if constexpr (!MN) {
+        const int row = n0 + (j >> 1) * 8 + i;
+        const int kc = ks * 2 + (j & 1);
+        return base + row * (kBK * 2) + ((kc ^ (row & 7)) << 4);
+    } else {
+        const int line = ks * 16 + (j & 1) * 8 + i;
+        const int nc = (n0 >> 3) + (j >> 1);
+        return base + mn_canon_off(line, nc);
+    }
+}
+
+template <int MI, int NI, bool AMN, bool BMN, int BM, int BN, bool F16>
+__device__ __forceinline__ void warp_mma_ks(unsigned sa, unsigned sb, float (&acc)[MI][NI][4],
+                                            int wm0, int wn0, int ks, int lane) {
+    unsigned bfr[NI][2];
+#pragma unroll
+    for (int nj = 0; nj < NI / 2; ++nj) {
+        const unsigned addr = b_frag_addr<BMN, BN>(sb, wn0 + nj * 16, ks, lane);
+        if constexpr (BMN) {
+            ldsm_x4_t(addr, bfr[2 * nj][0], bfr[2 * nj][1], bfr[2 * nj + 1][0], bfr[2 * nj + 1][1]);
+        } else {
+            ldsm_x4(addr, bfr[2 * nj][0], bfr[2 * nj][1], bfr[2 * nj + 1][0], bfr[2 * nj + 1][1]);
+        }
+    }
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+        unsigned af[4];
+        const unsigned addr = a_frag_addr<AMN, BM>(sa, wm0 + mi * 16, ks, lane);
+        if constexpr (AMN) {
+            ldsm_x4_t(addr, af[0], af[1], af[2], af[3]);
+        } else {
+            ldsm_x4(addr, af[0], af[1], af[2], af[3]);
+        }
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) mma16816<F16>(acc[mi][ni], af, bfr[ni][0], bfr[ni][1]);
+    }
+}
+
+// ==========================================================================================
+// wgmma (sm_90a): m64n128k16 per warpgroup, both operands from shared memory
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define LPM_GG_HAS_WGMMA 1
+#else
+#define LPM_GG_HAS_WGMMA 0
+#endif
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading / stride byte offsets.
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return static_cast<unsigned long long>((addr & 0x3FFFFu) >> 4) |
+           (static_cast<unsigned long long>((lbo >> 4) & 0x3FFFu) << 16) |
+           (static_cast<unsigned long long>((sbo >> 4) & 0x3FFFu) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() {
+#if LPM_GG_HAS_WGMMA
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_commit() {
+#if LPM_GG_HAS_WGMMA
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wg_wait0() {
+#if LPM_GG_HAS_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+// Wait until at most N committed wgmma groups of this warpgroup are still pending.
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+#if LPM_GG_HAS_WGMMA
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+// Generic-proxy shared-memory writes (st.shared, cp.async) -> visible to the async proxy (wgmma).
+__device__ __forceinline__ void fence_proxy_async() {
+#if LPM_GG_HAS_WGMMA
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// Keep the compiler from moving accumulator accesses across the asynchronous wgmma window.
+template <int N>
+__device__ __forceinline__ void wg_fence_acc(float* d) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// D(64x128, fp32) += A(64x16) * B(16x128); TA / TB: 1 = operand stored MN-major. Every wgmma
+// of the library has this one shape, so tile configurations never change the arithmetic.
+template <bool F16, int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da,
+                                                 unsigned long long db) {
+#if LPM_GG_HAS_WGMMA
+    if constexpr (F16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+            "%64, %65, p, 1, 1, %67, %68;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+            "%64, %65, p, 1, 1, %67, %68;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+            : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+    }
+#else
+    __trap();
+#endif
+}
+
+}  // namespace lpm_gg
+
+#endif  // LPM_GROUPED_GEMM_MMA_CUH
