@@ -20,10 +20,10 @@ The pre-activation ``h`` is kept between forward and backward (in the layer dtyp
 
 * **Forward, MXFP8**: one kernel reads ``h`` (and probs) and writes fc2's input quantized to MXFP8
   rowwise *and* columnwise; ``z`` is never written to memory. The quantization stage performs the
-  MXFP8 quantizer's tile arithmetic (``raw_kernels/mxfp8_impl.cuh``: maxima, scale rule,
+  MXFP8 quantizer's tile arithmetic (``raw_kernels/mxfp8_tile.cuh``: maxima, scale rule,
   conversions, NaN bytes) on the rounded activation values, staged in shared memory row by row
-  with the maxima taken on the fly, so the result is bit for bit ``GroupedTensor.quantize(z)`` of
-  the unfused chain.
+  (``raw_kernels/activation_stage.cuh``) with the maxima taken on the fly, so the result is bit
+  for bit ``GroupedTensor.quantize(z)`` of the unfused chain.
 * **Backward, MXFP8**: one kernel reads ``dz``, ``h`` (and probs) and writes ``dh`` quantized
   rowwise and columnwise (E4M3, or E5M2 for the hybrid recipe), the per-row ``dprobs``
   contribution and the per-tile column sums of ``dh`` (for fc1's bias gradient); ``dh`` is never

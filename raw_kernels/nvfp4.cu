@@ -1,6 +1,7 @@
 // NVFP4 kernels: global amax, quantize (per-tensor / row-scaled, 1-D or 16x16 blocks, rowwise
 // and columnwise in one pass), dequantize. Stochastic rounding and the RHT of the columnwise
-// copy live in nvfp4_ext.cu. Device code and the design notes: nvfp4_common.cuh.
+// copy live in nvfp4_ext.cu. Device code and the design notes: nvfp4_common.cuh
+// (parts nvfp4_*.cuh).
 #include "nvfp4_common.cuh"
 
 // ---- per-tensor amax, one value per member; grid (X, max(G, 1)), 256 threads ----

@@ -1,5 +1,5 @@
 // NVFP4 quantize kernels with stochastic rounding and / or the random Hadamard transform of the
-// columnwise copy (flags LPM_Q_SR, LPM_Q_RHT). Device code: nvfp4_common.cuh.
+// columnwise copy (flags LPM_Q_SR, LPM_Q_RHT). Device code: nvfp4_common.cuh (parts nvfp4_*.cuh).
 #include "nvfp4_common.cuh"
 
 // Extended kernels: also stochastic rounding and the RHT of the columnwise copy.

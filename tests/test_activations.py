@@ -90,10 +90,13 @@ def test_exp_f32_special_values():
 
 
 def test_constants_match_cuda_source():
-    src = (Path(__file__).resolve().parent.parent / "raw_kernels" / "activation.cu").read_text()
+    raw = Path(__file__).resolve().parent.parent / "raw_kernels"
+    # exponential constants: activation_math.cuh; activation ids: activation.cu
+    math_src = (raw / "activation_math.cuh").read_text()
     found = dict(re.findall(r"constexpr unsigned int LPM_ACT_(\w+)_BITS = (0x[0-9A-Fa-f]+)u;",
-                            src))
+                            math_src))
     assert {k: int(v, 16) for k, v in found.items()} == R.EXP_CONST_BITS
+    src = (raw / "activation.cu").read_text()
     ids = dict(re.findall(r"constexpr int LPM_ACT_(SWIGLU|CLAMPED_SWIGLU|SRELU) = (\d+);", src))
     from lowprec_moe.cuda import activation as cu
 

@@ -29,7 +29,7 @@ __all__ = ["MODULE", "AMAX_MODES", "activation_forward", "activation_backward"]
 #: Kernel module (``raw_kernels/activation.cu``).
 MODULE = "activation"
 
-# Must match raw_kernels/activation.cu (and mxfp8_impl.cuh for the flag bits).
+# Must match raw_kernels/activation.cu (and mxfp8_formats.cuh for the flag bits).
 _WARPS_PER_CTA = 4
 _COLSUM_THREADS = 256
 _FLAG_ROWWISE = 1

@@ -40,7 +40,8 @@ MODULE = "nvfp4"
 #: Kernel module of the quantizers with stochastic rounding / RHT.
 EXT_MODULE = "nvfp4_ext"
 
-# Must match raw_kernels/nvfp4_common.cuh.
+# Must match raw_kernels/nvfp4_common.cuh: its parts nvfp4_scalar.cuh (flags), nvfp4_tiles.cuh
+# (tile shape) and nvfp4_amax.cuh (Q_TAB_STRIDE).
 _FLAG_ROWWISE = 1
 _FLAG_COLWISE = 2
 _FLAG_ROW_SCALED = 4
