@@ -67,6 +67,7 @@ from . import _validate as V
 from .backend import get_xp
 from .grouped_tensor import GroupedTensor, _offsets
 from .reference import activations as _ref
+from .reference.reduce import grouped_colsum
 from .reference.activations import ACTIVATIONS, GLU_ACTIVATIONS
 
 __all__ = [
@@ -379,7 +380,7 @@ def activation_backward(dz, h, activation="swiglu", probs=None, *, splits=None,
     want_dprobs = bool(want_dprobs) and probs is not None
     if xp is np:
         dh, dprobs = _ref.backward(dz, h, act, probs, want_dprobs=want_dprobs)
-        dbias = _ref.segment_colsum(dh, splits) if want_dbias else None
+        dbias = grouped_colsum(dh, splits) if want_dbias else None
         dhq = None if q is None else _quantize_grouped(dh, splits, q)
         return ActivationGrads(dh=dh if want_dh else None, dh_quantized=dhq,
                                dprobs=dprobs, dbias=dbias)

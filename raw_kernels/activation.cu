@@ -16,7 +16,6 @@
 //   lpm_act_bwd_{f32,f16,bf16}      dh = round(act'(h) * (dz * p)) -> dh [M, W] (optional),
 //                                   per-row dprobs partials, per-tile column sums of dh
 //   lpm_act_bwd_mx_{f32,f16,bf16}   the same with dh quantized to MXFP8 (E4M3 / E5M2)
-//   lpm_act_segment_colsum          per-expert sums of the per-tile column sums (bias gradient)
 //   lpm_act_row_sum                 per-row sums of the dprobs partials
 //
 // Work decomposition (shared by all modes, so that fused and unfused runs sum in the same order):
@@ -34,7 +33,8 @@
 // Reductions: dprobs partial of (row, feature tile) = fp32 sum over the lane's VEC features in
 // order, then a butterfly over the 16 lanes of the row (xor 1, 2, 4, 8); lpm_act_row_sum adds
 // the partials of a row in order. Column sums: fp32 sum of the lane's 16 rows in order, plus the
-// other row parity (xor 16); per expert, lpm_act_segment_colsum adds the tiles in order.
+// other row parity (xor 16); per expert, lpm_segment_sum_tiles
+// (raw_kernels/reduce.cu) adds the tiles in order.
 // Deterministic and independent of the other experts (grouped == per expert, bitwise); not the
 // NumPy summation order.
 //
@@ -190,24 +190,6 @@ LPM_ACT_BWD_KERNEL(lpm_act_bwd_mx_bf16, lpm_act::KIND_BF16, lpm_act::MODE_MX,
                    LPM_ACT_BWD_MX_MIN_CTAS_PER_SM)
 
 #undef LPM_ACT_BWD_KERNEL
-
-// out[g, c] = sum over the row tiles t of member g (tile_off, device int64 [num_groups + 1]) of
-// part[t, c], in tile order (fp32, non-flushing); 0 for members without rows. One thread per
-// (member, column).
-extern "C" __global__ void __launch_bounds__(LPM_ACT_COLSUM_THREADS)
-    lpm_act_segment_colsum(const float* __restrict__ part, long long width,
-                           const long long* __restrict__ tile_off, int num_groups,
-                           float* __restrict__ out) {
-    const long long idx = (long long)blockIdx.x * LPM_ACT_COLSUM_THREADS + threadIdx.x;
-    if (idx >= (long long)num_groups * width) return;
-    const long long g = idx / width;
-    const long long c = idx - g * width;
-    const long long t1 = __ldg(tile_off + g + 1);
-    float s = 0.0f;
-    for (long long t = __ldg(tile_off + g); t < t1; ++t)
-        s = lpm_add_rn(s, __ldg(part + t * width + c));
-    out[idx] = s;
-}
 
 // out[r] = sum over c < n_cols of part[r, c], in column order (fp32, non-flushing): the per-row
 // dprobs from the per-(row, feature tile) partials. One thread per row; the order does not depend

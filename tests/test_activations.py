@@ -22,6 +22,7 @@ from lowprec_moe import GroupedTensor
 from lowprec_moe.activations import (ACTIVATIONS, Activation, activation_backward,
                                      activation_forward, make_activation)
 from lowprec_moe.reference import activations as R
+from lowprec_moe.reference.reduce import grouped_colsum
 
 from conftest import assert_bytes_equal, assert_quantized_equal, to_host
 
@@ -270,10 +271,10 @@ def test_backend_matches_reference(xp, case, dname, with_probs):
     g = activation_backward(dzx, hx, act, px, splits=SPLITS, want_dbias=True)
     dh_ref, dp_ref = R.backward(dz, h, act, p)
     assert_bytes_equal(g.dh, dh_ref, "dh")
-    db_ref = R.segment_colsum(dh_ref, SPLITS)
+    db_ref = grouped_colsum(dh_ref, SPLITS)
     db = to_host(g.dbias)
     assert db.dtype == np.float32 and db.shape == (len(SPLITS), act.input_features(f))
-    bound = R.segment_colsum(np.abs(dh_ref.astype(np.float32)), SPLITS)
+    bound = grouped_colsum(np.abs(dh_ref.astype(np.float32)), SPLITS)
     assert np.all(np.abs(db - db_ref) <= 1e-5 * bound), "dbias"
     assert not db[1].any(), "empty expert"
     if with_probs:
@@ -354,7 +355,7 @@ def test_quantized_outputs(xp, qname, case, fused):
     assert_quantized_equal(g.dh_quantized, expect, "dh")
     np.testing.assert_allclose(to_host(g.dprobs), dp_ref, rtol=1e-4,
                                atol=1e-5 * np.abs(dp_ref).max())
-    np.testing.assert_allclose(to_host(g.dbias), R.segment_colsum(dh_ref, SPLITS), rtol=1e-4,
+    np.testing.assert_allclose(to_host(g.dbias), grouped_colsum(dh_ref, SPLITS), rtol=1e-4,
                                atol=1e-4)
     g2 = activation_backward(dzx, hx, act, px, splits=SPLITS, quantize=q, want_dh=True,
                              fused=fused)

@@ -23,6 +23,7 @@ import numpy as np
 
 from .. import formats as F
 from .. import kernels
+from .reduce import segment_sum_tiles
 
 __all__ = ["MODULE", "AMAX_MODES", "activation_forward", "activation_backward"]
 
@@ -278,10 +279,7 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
             if num_tiles and width:
                 if tile_off is None:
                     tile_off = _upload(rows, tiles)[1]
-                total = g_count * width
-                kernels.get_function(MODULE, "lpm_act_segment_colsum")(
-                    (_cdiv(total, _COLSUM_THREADS),), (_COLSUM_THREADS,),
-                    (colsum_part, np.int64(width), tile_off, np.int32(g_count), dbias))
+                segment_sum_tiles(colsum_part, tile_off, dbias)
         if mxfp8 is not None:
             _mx_offsets(parts, width, tiles)
         return dict(dh=dh, parts=parts if mxfp8 is not None else None, dprobs=dprobs,

@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import kernels
 
-__all__ = ["MODULE", "TILE_ROWS", "grouped_colsum"]
+__all__ = ["MODULE", "TILE_ROWS", "grouped_colsum", "segment_sum_tiles"]
 
 #: Kernel module (``raw_kernels/reduce.cu``).
 MODULE = "reduce"
@@ -59,7 +59,21 @@ def grouped_colsum(a, splits, probs=None):
         kernels.get_function(MODULE, f"lpm_colsum_tiles_{_SUFFIX[name]}")(
             (num_tiles, -(-n // _THREADS)), (_THREADS,),
             (a, np.uint64(0) if probs is None else probs, np.int64(n), d_tiles, part))
-        kernels.get_function(MODULE, "lpm_segment_sum_tiles")(
-            (-(-num_groups * n // _THREADS),), (_THREADS,),
-            (part, np.int64(n), d_tile_off, np.int32(num_groups), out))
+        segment_sum_tiles(part, d_tile_off, out)
         return out
+
+
+def segment_sum_tiles(part, tile_off, out) -> None:
+    """``out[g, c] = sum of part[t, c]`` over the tiles of expert ``g``, in tile order (fp32).
+
+    ``part`` float32 ``[T, N]``, ``tile_off`` device int64 ``[G + 1]`` (expert ``g`` owns tiles
+    ``tile_off[g] .. tile_off[g+1] - 1``), ``out`` float32 ``[G, N]``, all C-contiguous on the
+    current device; experts without tiles get 0. Also used for the activation backward's per-tile
+    column sums (fc1's bias gradient).
+    """
+    num_groups, n = (int(v) for v in out.shape)
+    if num_groups * n == 0:
+        return
+    kernels.get_function(MODULE, "lpm_segment_sum_tiles")(
+        (-(-num_groups * n // _THREADS),), (_THREADS,),
+        (part, np.int64(n), tile_off, np.int32(num_groups), out))

@@ -225,14 +225,3 @@ def backward(dz: np.ndarray, h: np.ndarray, act, probs=None, *, want_dprobs: boo
         dh32[:, cols[0]] = dg
         dh32[:, cols[1]] = dl
     return _cast(dh32, h.dtype), dprobs
-
-
-def segment_colsum(a: np.ndarray, splits) -> np.ndarray:
-    """float32 ``[G, W]``: per expert, the column sums of ``a`` (float64 accumulation)."""
-    offs = np.concatenate([[0], np.cumsum(splits)]).astype(np.int64)
-    out = np.zeros((len(splits), a.shape[1]), dtype=np.float64)
-    a64 = a.astype(np.float64)
-    for g in range(len(splits)):
-        if offs[g + 1] > offs[g]:
-            out[g] = a64[offs[g]:offs[g + 1]].sum(axis=0)
-    return out.astype(np.float32)

@@ -1,12 +1,12 @@
 """Per-expert column sums (NumPy): the bias gradients of the grouped layers.
 
-``grouped_colsum(a, splits, probs)`` is ``out[g] = sum over expert g's rows of a * probs`` in
-float32: each element converted to float32 and multiplied by its row's float32 prob (one
-rounding), then summed by NumPy in float32. An expert without rows gets zeros. The CUDA twin
-(``raw_kernels/reduce.cu``) computes the same products and sums them in another fixed order
-(rows of 128-row tiles in order, then the tiles in order), so the two agree to float32 rounding,
-not bit for bit; each is deterministic, and an expert's sums depend on its own rows only.
-NaN / inf propagate as in IEEE float32 arithmetic.
+``grouped_colsum(a, splits, probs)`` is ``out[g] = sum over expert g's rows of a * probs``:
+each element converted to float32 and multiplied by its row's float32 prob (one float32
+rounding), the products summed in float64 and the sum rounded once to float32. An expert without
+rows gets zeros. The CUDA twin (``raw_kernels/reduce.cu``) computes the same products and sums
+them in float32 in a fixed order (rows of 128-row tiles in order, then the tiles in order), so the
+two agree to float32 summation error, not bit for bit; each is deterministic, and an expert's
+sums depend on its own rows only. NaN / inf propagate as in IEEE arithmetic.
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ def grouped_colsum(a: np.ndarray, splits, probs: np.ndarray | None = None) -> np
     a32 = a.astype(np.float32)
     if probs is not None:
         a32 = a32 * np.asarray(probs).astype(np.float32)[:, None]
-    out = np.zeros((len(offs) - 1, a.shape[1]), dtype=np.float32)
+    out = np.zeros((len(offs) - 1, a.shape[1]), dtype=np.float64)
     for g in range(len(offs) - 1):
         lo, hi = int(offs[g]), int(offs[g + 1])
         if hi > lo:
-            out[g] = a32[lo:hi].sum(axis=0)
-    return out
+            out[g] = a32[lo:hi].astype(np.float64).sum(axis=0)
+    return out.astype(np.float32)
