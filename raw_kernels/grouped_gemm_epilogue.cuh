@@ -32,6 +32,33 @@ struct Epilogue {
     int has_bias;
     int has_probs;
 
+    // The epilogue of expert descriptor d (DescWord offsets) with the launch's arguments.
+    static __device__ __forceinline__ Epilogue of_expert(
+        const long long* d, void* out, long long n_cols, int out_type, int accumulate,
+        int scale_mode, const float* amax_a, int a_vec, const float* amax_b, int b_vec,
+        const float* bias, const float* probs, int has_bias, int has_probs) {
+        Epilogue ep;
+        ep.out = out;
+        ep.out_off = d[D_OUT_OFF];
+        ep.n_cols = n_cols;
+        ep.out_type = out_type;
+        ep.accumulate = accumulate;
+        ep.scale_mode = scale_mode;
+        ep.amax_a = amax_a;
+        ep.amax_a_base = d[D_AMAX_A];
+        ep.a_vec = a_vec;
+        ep.amax_b = amax_b;
+        ep.amax_b_base = d[D_AMAX_B];
+        ep.b_vec = b_vec;
+        ep.bias = bias;
+        ep.bias_base = d[D_BIAS];
+        ep.probs = probs;
+        ep.probs_base = d[D_PROBS];
+        ep.has_bias = has_bias;
+        ep.has_probs = has_probs;
+        return ep;
+    }
+
     __device__ __forceinline__ void init_alpha() {
         alpha = 0.0f;
         if (scale_mode == 1) {

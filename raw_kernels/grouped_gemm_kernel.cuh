@@ -87,25 +87,8 @@ __device__ __forceinline__ void gemm_mma(
     const int rows_valid = static_cast<int>(rv < BM ? rv : BM);
     const int cols_valid = static_cast<int>(cv < BN ? cv : BN);
 
-    Epilogue ep;
-    ep.out = out;
-    ep.out_off = d[D_OUT_OFF];
-    ep.n_cols = n_cols;
-    ep.out_type = out_type;
-    ep.accumulate = accumulate;
-    ep.scale_mode = scale_mode;
-    ep.amax_a = amax_a;
-    ep.amax_a_base = d[D_AMAX_A];
-    ep.a_vec = a_vec;
-    ep.amax_b = amax_b;
-    ep.amax_b_base = d[D_AMAX_B];
-    ep.b_vec = b_vec;
-    ep.bias = bias;
-    ep.bias_base = d[D_BIAS];
-    ep.probs = probs;
-    ep.probs_base = d[D_PROBS];
-    ep.has_bias = has_bias;
-    ep.has_probs = has_probs;
+    Epilogue ep = Epilogue::of_expert(d, out, n_cols, out_type, accumulate, scale_mode, amax_a,
+                                      a_vec, amax_b, b_vec, bias, probs, has_bias, has_probs);
 
     if (len <= 0 && zero_if_empty) {  // wgrad of an expert without tokens: dW_g = 0
         if (!accumulate) {
