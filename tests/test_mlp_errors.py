@@ -10,7 +10,8 @@ from lowprec_moe import Recipe
 from lowprec_moe.activations import make_activation
 
 from conftest import requires_gpu
-from test_mlp import BF16, F, K, SPLITS, _wire, make_data, on
+from test_mlp import BF16, F, K, SPLITS, make_data, on
+from test_mlp_paths import _wire
 
 
 FWD_ERRORS = {
