@@ -2,13 +2,16 @@
 
 ``Backend`` wraps one device: the array module, seeded random data, a timer (CUDA events on the
 GPU, ``perf_counter`` on the CPU; warm-up, then the median) and memory clean-up.
-``torch_module`` returns torch when the optional torch peer can run, else None.
+``torch_module`` returns torch when the optional torch peer can run, else None;
+``time_torch_step`` picks and times the peer's step. ``add_common_args`` / ``finish_args`` /
+``select`` are the command-line options and case / recipe selection both benchmarks share.
 """
 
 from __future__ import annotations
 
 import gc
 import statistics
+import sys
 import time
 
 import ml_dtypes
@@ -56,34 +59,42 @@ class Backend:
     def time_ms(self, fn, *, warmup: int, reps: int, budget_s: float) -> tuple[float, int]:
         """Median ms of ``fn()`` over at most ``reps`` timed calls (fewer when a call is so slow
         that ``reps`` of them would exceed ``budget_s``). Returns (median ms, calls timed)."""
-        t_last = 0.0
-        for _ in range(max(1, warmup)):
-            t0 = time.perf_counter()
-            fn()
-            self.sync()
-            t_last = time.perf_counter() - t0
-        reps = max(1, min(reps, int(budget_s / max(t_last, 1e-6))))
-        times = []
-        for _ in range(reps):
-            if self.gpu:
-                cp = self.xp
-                start, end = cp.cuda.Event(), cp.cuda.Event()
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(cp.cuda.get_elapsed_time(start, end))
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append(1e3 * (time.perf_counter() - t0))
-        return statistics.median(times), reps
+        if self.gpu:
+            cp = self.xp
+
+            def events():
+                return cp.cuda.Event(), cp.cuda.Event()
+
+            events.elapsed = cp.cuda.get_elapsed_time
+        else:
+            events = _HostEvents()
+        return _median_ms(fn, self.sync, events, warmup=warmup, reps=reps, budget_s=budget_s)
 
     def free(self) -> None:
         gc.collect()
         if self.gpu:
             self.xp.get_default_memory_pool().free_all_blocks()
             self.xp.get_default_pinned_memory_pool().free_all_blocks()
+
+
+class _HostEvents:
+    """``perf_counter`` stand-ins for CUDA events (CPU runs)."""
+
+    class _Event:
+        t = 0.0
+
+        def record(self):
+            self.t = time.perf_counter()
+
+        def synchronize(self):
+            pass
+
+    def __call__(self):
+        return self._Event(), self._Event()
+
+    @staticmethod
+    def elapsed(start, end) -> float:
+        return 1e3 * (end.t - start.t)
 
 
 def rel_err(xp, a, b) -> float:
@@ -102,3 +113,107 @@ def torch_module(args):
     if not torch.cuda.is_available() or not hasattr(torch, "_grouped_mm"):
         return None
     return torch
+
+
+def _median_ms(fn, sync, events, *, warmup: int, reps: int, budget_s: float):
+    """Warm-up, then the median of up to ``reps`` timed calls (``events()`` -> start, end with
+    record / synchronize; ``elapsed(start, end)`` in ms via ``events.elapsed``)."""
+    t_last = 0.0
+    for _ in range(max(1, warmup)):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        t_last = time.perf_counter() - t0
+    reps = max(1, min(reps, int(budget_s / max(t_last, 1e-6))))
+    times = []
+    for _ in range(reps):
+        start, end = events()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(events.elapsed(start, end))
+    return statistics.median(times), reps
+
+
+def time_torch_step(torch, autograd_step, manual_step, args) -> tuple[float, int, str]:
+    """Time the torch peer's step: ``autograd_step`` if torch's autograd runs it, else
+    ``manual_step`` (explicit ``_grouped_mm`` calls). Returns (median ms, calls timed, how)."""
+    fn, how = autograd_step, "autograd"
+    try:
+        autograd_step()
+        torch.cuda.synchronize()
+    except Exception as exc:
+        if args.verbose:
+            print(f"  torch autograd step failed ({type(exc).__name__}: {exc}); using "
+                  "explicit _grouped_mm calls", file=sys.stderr)
+        fn, how = manual_step, "explicit"
+        manual_step()
+        torch.cuda.synchronize()
+
+    def events():
+        return torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    events.elapsed = lambda start, end: start.elapsed_time(end)
+    ms, reps = _median_ms(fn, torch.cuda.synchronize, events, warmup=args.warmup,
+                          reps=args.reps, budget_s=args.budget)
+    return ms, reps, how
+
+
+def release_torch(torch) -> None:
+    gc.collect()
+    try:
+        torch.cuda.empty_cache()
+    except Exception:
+        pass
+
+
+# ============================================================================================
+# command line
+
+
+def add_common_args(ap, recipes) -> None:
+    """The options both layer benchmarks take."""
+    ap.add_argument("--quick", action="store_true",
+                    help="reduced run: tokens per expert / 4, 1 warm-up, 3 timed steps")
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--recipes", default=",".join(recipes),
+                    help=f"comma-separated subset of {', '.join(recipes)}")
+    ap.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 3, quick 1)")
+    ap.add_argument("--reps", type=int, default=None, help="timed steps (default 10, quick 3)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="seconds of timed steps per case and implementation (default 10, "
+                         "quick 2); slow steps are timed fewer times")
+    ap.add_argument("--no-torch", action="store_true", help="skip the torch peer")
+    ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
+                    help="cpu: NumPy reference on tiny shapes (smoke test of the harness)")
+    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
+    ap.add_argument("--verbose", action="store_true", help="print tracebacks of errors")
+
+
+def finish_args(args):
+    """Fill the quick / full defaults of warm-up, reps and budget."""
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
+    args.reps = args.reps if args.reps is not None else (3 if args.quick else 10)
+    args.budget = args.budget if args.budget is not None else (2.0 if args.quick else 10.0)
+    return args
+
+
+def select(ap, args, recipes, cases):
+    """(recipe names, cases) chosen by ``--recipes`` / ``--cases``; bf16 first (the err-y
+    baseline). Unknown names are an argparse error."""
+    recipe_names = [s.strip() for s in args.recipes.split(",") if s.strip()]
+    bad = [r for r in recipe_names if r not in recipes]
+    if bad:
+        ap.error(f"unknown recipe(s) {bad}; choose from {list(recipes)}")
+    if "bf16" in recipe_names:
+        recipe_names.remove("bf16")
+        recipe_names.insert(0, "bf16")
+    if args.cases:
+        want = [s.strip() for s in args.cases.split(",") if s.strip()]
+        names = [c.name for c in cases]
+        bad = [c for c in want if c not in names]
+        if bad:
+            ap.error(f"unknown case(s) {bad}; choose from {names}")
+        cases = [c for c in cases if c.name in want]
+    return recipe_names, cases

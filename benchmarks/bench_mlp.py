@@ -40,10 +40,8 @@ run goes on.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
-import statistics
 import sys
 import time
 import traceback
@@ -60,7 +58,8 @@ except ImportError:  # running from a checkout that is not installed
 
 from lowprec_moe.activations import activation_backward, activation_forward, make_activation
 
-from _harness import Backend, rel_err, torch_module  # noqa: E402
+from _harness import (Backend, add_common_args, finish_args, rel_err, release_torch,  # noqa: E402
+                      select, time_torch_step, torch_module)
 
 RECIPES = {
     "bf16": lpm.Recipe.bf16(),
@@ -283,46 +282,15 @@ def bench_torch(torch, be: Backend, case: Case, args) -> dict:
             gmm(dh, w1d, offs=offs)  # fc1 dgrad
             gmm(dh.t().contiguous(), xd, offs=offs)  # fc1 wgrad
 
-        fn, how = autograd_step, "autograd"
-        try:
-            autograd_step()
-            torch.cuda.synchronize()
-        except Exception as exc:
-            if args.verbose:
-                print(f"  torch autograd step failed ({type(exc).__name__}: {exc}); using "
-                      "explicit _grouped_mm calls", file=sys.stderr)
-            fn, how = manual_step, "explicit"
-            manual_step()
-            torch.cuda.synchronize()
+        row["ms"], row["reps"], how = time_torch_step(torch, autograd_step, manual_step, args)
         row["recipe"] = f"bf16 _grouped_mm ({how})"
-        t_last = 0.0
-        for _ in range(max(1, args.warmup)):
-            t0 = time.perf_counter()
-            fn()
-            torch.cuda.synchronize()
-            t_last = time.perf_counter() - t0
-        reps = max(1, min(args.reps, int(args.budget / max(t_last, 1e-6))))
-        times = []
-        for _ in range(reps):
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        row["ms"], row["reps"] = statistics.median(times), reps
     except Exception as exc:
         row["error"] = f"{type(exc).__name__}: {exc}"
         if args.verbose:
             traceback.print_exc()
     finally:
         keep.clear()
-        gc.collect()
-        try:
-            torch.cuda.empty_cache()
-        except Exception:
-            pass
+        release_torch(torch)
     report(row, case)
     return row
 
@@ -379,11 +347,7 @@ def summary(results: list[dict], cases: list[Case]) -> None:
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true",
-                    help="reduced run: tokens per expert / 4, 1 warm-up, 3 timed steps")
-    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
-    ap.add_argument("--recipes", default=",".join(RECIPES),
-                    help=f"comma-separated subset of {', '.join(RECIPES)}")
+    add_common_args(ap, RECIPES)
     ap.add_argument("--unfused", action="store_true",
                     help="also time the quantized recipes with fused=False")
     ap.add_argument("--no-act", action="store_true", help="skip the activation-kernel rows")
@@ -391,42 +355,15 @@ def parse_args(argv=None):
                     help="only the activation-kernel rows (fused vs unfused microbenchmark)")
     ap.add_argument("--act-inner", type=int, default=5,
                     help="back-to-back activation calls per timed sample (default 5)")
-    ap.add_argument("--warmup", type=int, default=None, help="warm-up steps (default 3, quick 1)")
-    ap.add_argument("--reps", type=int, default=None, help="timed steps (default 10, quick 3)")
-    ap.add_argument("--budget", type=float, default=None,
-                    help="seconds of timed steps per case and implementation (default 10, "
-                         "quick 2)")
-    ap.add_argument("--no-torch", action="store_true", help="skip the torch peer")
-    ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
-                    help="cpu: NumPy reference on tiny shapes (smoke test of the harness)")
-    ap.add_argument("--json", default=None, help="also write the results to this JSON file")
-    ap.add_argument("--verbose", action="store_true", help="print tracebacks of errors")
-    args = ap.parse_args(argv)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
-    args.reps = args.reps if args.reps is not None else (3 if args.quick else 10)
-    args.budget = args.budget if args.budget is not None else (2.0 if args.quick else 10.0)
-    return ap, args
+    return ap, finish_args(ap.parse_args(argv))
 
 
 def main(argv=None) -> int:
     ap, args = parse_args(argv)
     if args.device == "gpu" and not lpm.backend.cupy_available():
         ap.error("needs CuPy and a CUDA GPU (use --device cpu for a smoke test of the harness)")
-    recipe_names = [s.strip() for s in args.recipes.split(",") if s.strip()]
-    bad = [r for r in recipe_names if r not in RECIPES]
-    if bad:
-        ap.error(f"unknown recipe(s) {bad}; choose from {list(RECIPES)}")
-    if "bf16" in recipe_names:  # the err-y baseline runs first
-        recipe_names.remove("bf16")
-        recipe_names.insert(0, "bf16")
     cases = smoke_cases() if args.device == "cpu" else spec_cases(0.25 if args.quick else 1.0)
-    if args.cases:
-        want = [s.strip() for s in args.cases.split(",") if s.strip()]
-        names = [c.name for c in cases]
-        bad = [c for c in want if c not in names]
-        if bad:
-            ap.error(f"unknown case(s) {bad}; choose from {names}")
-        cases = [c for c in cases if c.name in want]
+    recipe_names, cases = select(ap, args, RECIPES, cases)
 
     be = Backend(args.device)
     torch = torch_module(args)
