@@ -89,3 +89,28 @@ def assert_quantized_equal(a, b, what: str = "") -> None:
     """Byte-compare every stored array of two QuantizedTensor / GroupedTensor objects."""
     for f in QT_FIELDS:
         assert_bytes_equal(getattr(a, f), getattr(b, f), f"{what} {f}")
+
+
+# ------------------------------------------------------------------ host data for GPU tests
+def host_dtype(name: str):
+    """NumPy dtype of a layer-dtype name ("float32", "float16", "bfloat16")."""
+    import ml_dtypes
+
+    return {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[name]
+
+
+def cast_host(x32, name: str) -> np.ndarray:
+    """float32 -> float32 / float16 / bfloat16 contiguous host array (overflow to inf is fine)."""
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(np.asarray(x32, np.float32).astype(host_dtype(name)))
+
+
+def spread_random(shape, seed: int, spread: int) -> np.ndarray:
+    """float32 normals times 2^U[-spread, spread], with ~2 % exact zeros."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-spread, spread + 1, shape))
+    x = x.astype(np.float32)
+    if x.size:
+        flat = x.reshape(-1)
+        flat[rng.integers(0, flat.size, max(1, flat.size // 50))] = 0.0
+    return x

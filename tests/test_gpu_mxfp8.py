@@ -19,7 +19,8 @@ from lowprec_moe.reference import fp as RF
 from lowprec_moe.reference import mxfp8 as RM
 from lowprec_moe.reference.layouts import swizzle_grouped_np
 
-from conftest import assert_bytes_equal, requires_gpu, to_host
+from conftest import (assert_bytes_equal, cast_host, host_dtype, requires_gpu, spread_random,
+                      to_host)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -46,24 +47,12 @@ def cvt_module(request, mx, monkeypatch):
     return request.param
 
 
-def _np_dtype(name):
-    return {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[name]
-
-
-def _cast(x32, name):
-    """float32 -> float32/float16/bfloat16 host array (overflow to inf is fine here)."""
-    with np.errstate(over="ignore"):
-        return np.ascontiguousarray(x32.astype(_np_dtype(name)))
+_np_dtype = host_dtype
+_cast = cast_host
 
 
 def _random(shape, seed, spread=30):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape) * np.exp2(rng.integers(-spread, spread + 1, shape))
-    x = x.astype(np.float32)
-    if x.size:
-        flat = x.reshape(-1)
-        flat[rng.integers(0, flat.size, max(1, flat.size // 50))] = 0.0
-    return x
+    return spread_random(shape, seed, spread)
 
 
 def _assert_parts(got: dict, ref: dict, keys=QKEYS, what=""):

@@ -17,7 +17,8 @@ import pytest
 from lowprec_moe.grouped_tensor import GroupedTensor, _grouped_quantize_reference
 from lowprec_moe.reference import nvfp4 as RN
 
-from conftest import assert_bytes_equal, requires_gpu, to_host
+from conftest import (assert_bytes_equal, cast_host, host_dtype, requires_gpu, spread_random,
+                      to_host)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -56,24 +57,12 @@ def cvt_module(request, nv, monkeypatch):
     return request.param
 
 
-def _np_dtype(name):
-    return {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[name]
-
-
-def _cast(x32, name):
-    """float32 -> float32/float16/bfloat16 host array (overflow to inf is fine here)."""
-    with np.errstate(over="ignore"):
-        return np.ascontiguousarray(np.asarray(x32, np.float32).astype(_np_dtype(name)))
+_np_dtype = host_dtype
+_cast = cast_host
 
 
 def _random(shape, seed, spread=20):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal(shape) * np.exp2(rng.integers(-spread, spread + 1, shape))
-    x = x.astype(np.float32)
-    if x.size:
-        flat = x.reshape(-1)
-        flat[rng.integers(0, flat.size, max(1, flat.size // 50))] = 0.0
-    return x
+    return spread_random(shape, seed, spread)
 
 
 def _kw(rowwise=True, columnwise=True, **opts):
