@@ -244,6 +244,27 @@ def _columnwise_only(t: GroupedTensor) -> GroupedTensor:
 # backward
 
 
+def claim_context(ctx, cls) -> None:
+    """``ctx`` must be a ``cls`` (a forward context) not yet used by a backward call."""
+    if not isinstance(ctx, cls):
+        raise TypeError(f"ctx must be a {cls.__name__}, got {type(ctx).__name__}")
+    if ctx.used:
+        raise ValueError(f"this {cls.__name__} was already used by a backward call; run the "
+                         "forward again")
+
+
+def saved_arrays(*saved) -> list:
+    """The arrays held by a context's saved items (GroupedTensors: their columnwise parts)."""
+    out = []
+    for t in saved:
+        if isinstance(t, GroupedTensor):
+            out += [a for a in (t.columnwise_data, t.columnwise_scale, t.amax_columnwise)
+                    if a is not None]
+        elif t is not None:
+            out.append(t)
+    return out
+
+
 def check_backward_dy(dy, recipe: Recipe, m: int, n: int, splits, y_dtype: str):
     """Validate a backward's output gradient (an array or a rowwise MXFP8 wire tensor).
 
@@ -293,22 +314,12 @@ def grouped_linear_backward(dy, ctx: GroupedLinearContext, *, seed: int | None =
         ``dx [M, K]``, ``dweight [G, N, K]``, ``dbias [G, N]``, ``dprobs [M]``; None where the
         forward said no gradient is needed or no bias / probs were given.
     """
-    if not isinstance(ctx, GroupedLinearContext):
-        raise TypeError(f"ctx must be a GroupedLinearContext, got {type(ctx).__name__}")
-    if ctx.used:
-        raise ValueError("this GroupedLinearContext was already used by a backward call; "
-                         "run the forward again")
+    claim_context(ctx, GroupedLinearContext)
     recipe = ctx.recipe
     seed = ctx.seed if seed is None else V.check_seed(seed)
     dy, dy_hp, wire = check_backward_dy(dy, recipe, ctx.m, ctx.n, ctx.splits, ctx.y_dtype)
-    saved = []
-    for t in (ctx.x_saved, ctx.w_saved):
-        if isinstance(t, GroupedTensor):
-            saved += [a for a in (t.columnwise_data, t.columnwise_scale, t.amax_columnwise)
-                      if a is not None]
-        elif t is not None:
-            saved.append(t)
-    get_xp(dy_hp, ctx.bias, ctx.probs, *saved)  # no NumPy / CuPy mixing with the forward's arrays
+    # no NumPy / CuPy mixing with the forward's arrays
+    get_xp(dy_hp, *saved_arrays(ctx.x_saved, ctx.w_saved, ctx.bias, ctx.probs))
     ctx.used = True
 
     dbias, dprobs = _bias_grads(dy_hp, ctx)

@@ -52,7 +52,7 @@ from .backend import get_xp
 from .gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
 from .grouped_tensor import GroupedTensor
 from .linear import (_bias_grads, _check_recipe, _columnwise_only, _np_dtype, _quantize_x,
-                     check_backward_dy, check_wire, quantize_weight)
+                     check_backward_dy, check_wire, claim_context, quantize_weight, saved_arrays)
 from .recipe import Recipe
 
 __all__ = [
@@ -337,18 +337,6 @@ def grouped_mlp_forward(x, splits, fc1_weight, fc2_weight, fc1_bias=None, fc2_bi
 # backward
 
 
-def _saved_arrays(ctx: GroupedMLPContext) -> list:
-    out = []
-    for t in (ctx.x_saved, ctx.w1_saved, ctx.h, ctx.z_saved, ctx.w2_saved, ctx.fc2_bias,
-              ctx.probs):
-        if isinstance(t, GroupedTensor):
-            out += [a for a in (t.columnwise_data, t.columnwise_scale, t.amax_columnwise)
-                    if a is not None]
-        elif t is not None:
-            out.append(t)
-    return out
-
-
 def grouped_mlp_backward(dy, ctx: GroupedMLPContext, *, seed: int | None = None):
     """Backward of :func:`grouped_mlp_forward`.
 
@@ -365,15 +353,13 @@ def grouped_mlp_backward(dy, ctx: GroupedMLPContext, *, seed: int | None = None)
     -------
     GroupedMLPGrads
     """
-    if not isinstance(ctx, GroupedMLPContext):
-        raise TypeError(f"ctx must be a GroupedMLPContext, got {type(ctx).__name__}")
-    if ctx.used:
-        raise ValueError("this GroupedMLPContext was already used by a backward call; run the "
-                         "forward again")
+    claim_context(ctx, GroupedMLPContext)
     recipe = ctx.recipe
     seed = ctx.seed if seed is None else V.check_seed(seed)
     dy, dy_hp, wire = check_backward_dy(dy, recipe, ctx.m, ctx.n2, ctx.splits, ctx.dtype)
-    xp = get_xp(dy_hp, *_saved_arrays(ctx))  # no NumPy / CuPy mixing with the forward's arrays
+    # no NumPy / CuPy mixing with the forward's arrays
+    xp = get_xp(dy_hp, *saved_arrays(ctx.x_saved, ctx.w1_saved, ctx.h, ctx.z_saved,
+                                     ctx.w2_saved, ctx.fc2_bias, ctx.probs))
     ctx.used = True
 
     splits, dt = ctx.splits, ctx.dtype
