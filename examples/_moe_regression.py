@@ -30,6 +30,8 @@ except ImportError:  # running from a checkout that is not installed
 
 import ml_dtypes
 
+from lowprec_moe.demo import demo_splits  # skewed routing, the last expert empty
+
 BF16 = ml_dtypes.bfloat16
 
 RECIPES = {
@@ -39,16 +41,6 @@ RECIPES = {
     "nvfp4": lpm.Recipe.nvfp4(),  # TE defaults: 16x16 weight blocks, RHT + stochastic rounding
     "nvfp4-row-scaled": lpm.Recipe.nvfp4(row_scaled_activation=True),
 }
-
-
-def make_splits(tokens: int, experts: int) -> list[int]:
-    """Fixed skewed routing: expert shares proportional to experts-1, ..., 1, 0 (last one empty)."""
-    if experts == 1:
-        return [tokens]
-    w = np.arange(experts - 1, -1, -1, dtype=np.float64)
-    s = np.floor(tokens * w / w.sum()).astype(np.int64)
-    s[0] += tokens - int(s.sum())
-    return [int(v) for v in s]
 
 
 class Teacher:
@@ -80,7 +72,7 @@ def _sync(xp) -> None:
 def train(xp, recipe, *, experts: int, k: int, n: int, tokens: int, steps: int, lr: float,
           every: int, seed: int = 0) -> dict:
     """Train one student; return the windowed loss curve, the weight error and the time."""
-    splits = make_splits(tokens, experts)
+    splits = demo_splits(tokens, experts)
     teacher = Teacher(xp, experts, k, n, seed=seed + 1)
     layer = lpm.GroupedLinear(experts, k, n, bias=True, recipe=recipe, dtype="bfloat16", xp=xp,
                               seed=seed + 2)
@@ -164,7 +156,7 @@ def main(xp, argv=None, *, defaults: dict, device: str) -> dict:
     if "bf16" in names:  # the baseline column comes first
         names.remove("bf16")
         names.insert(0, "bf16")
-    splits = make_splits(args.tokens, args.experts)
+    splits = demo_splits(args.tokens, args.experts)
     print(f"MoE regression on {device}: {args.experts} experts, {args.k} -> {args.n}, "
           f"{args.tokens} tokens/step routed as {splits}, {args.steps} SGD steps, lr {args.lr}")
     results = {}
