@@ -25,7 +25,8 @@ from lowprec_moe.gemm import (_validate, grouped_gemm, grouped_gemm_dgrad, group
                               grouped_gemm_wgrad)
 
 from conftest import assert_bytes_equal, requires_gpu, to_host
-from test_gemm import HP_DTYPES, _data, _expected, _quantize, assert_gemm_close
+from test_gemm import (HP_DTYPES, _data, _expected, _member_operands, _quantize,
+                       assert_gemm_close)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -138,28 +139,25 @@ def test_gpu_wgrad_empty_experts_zero_and_accumulate(fmt):
     assert_bytes_equal(out, expect, "wgrad accumulate")
 
 
-def _member_host(mode, fmt, a_full, b_full, g, lo, hi, x, w, dy):
-    if fmt in HP_DTYPES:
-        return {"fprop": (x[lo:hi], w[g:g + 1]), "dgrad": (dy[lo:hi], w[g:g + 1]),
-                "wgrad": (dy[lo:hi], x[lo:hi])}[mode]
-    xq, wq, dq = _quantize(fmt, x[lo:hi], w[g:g + 1], dy[lo:hi], [hi - lo])
-    return {"fprop": (xq, wq), "dgrad": (dq, wq), "wgrad": (dq, xq)}[mode]
+def _assert_grouped_equals_members(mode, fmt, seed, what):
+    """One grouped call == one call per expert (operands quantized per expert), bitwise."""
+    dtype = HP_DTYPES.get(fmt, np.float32)
+    x, w, dy = _data(seed, M, N, K, dtype=dtype)
+    a, b = _host_operands(mode, fmt, seed=seed)
+    full = _run(mode, a, b, SPLITS, out_dtype="float32")
+    offs = np.concatenate([[0], np.cumsum(SPLITS)])
+    for g in range(G):
+        lo, hi = int(offs[g]), int(offs[g + 1])
+        ag, bg = _member_operands(mode, fmt, x, w, dy, g, lo, hi)
+        one = _run(mode, ag, bg, [hi - lo], out_dtype="float32")
+        ref = full[g:g + 1] if mode == "wgrad" else full[lo:hi]
+        assert_bytes_equal(one, ref, f"{what} expert {g}")
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "fp32", "nvfp4", "nvfp4-row-scaled", "mxfp8-hybrid"])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_grouped_equals_per_expert_bitwise(mode, fmt):
-    dtype = HP_DTYPES.get(fmt, np.float32)
-    x, w, dy = _data(6, M, N, K, dtype=dtype)
-    a, b = _host_operands(mode, fmt, seed=6)
-    full = _run(mode, a, b, SPLITS, out_dtype="float32")
-    offs = np.concatenate([[0], np.cumsum(SPLITS)])
-    for g in range(G):
-        lo, hi = int(offs[g]), int(offs[g + 1])
-        ag, bg = _member_host(mode, fmt, a, b, g, lo, hi, x, w, dy)
-        one = _run(mode, ag, bg, [hi - lo], out_dtype="float32")
-        ref = full[g:g + 1] if mode == "wgrad" else full[lo:hi]
-        assert_bytes_equal(one, ref, f"{mode} {fmt} expert {g}")
+    _assert_grouped_equals_members(mode, fmt, 6, f"{mode} {fmt}")
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4", "mxfp8-e4m3"])
@@ -264,17 +262,7 @@ def test_gpu_kernel_families(mode, fmt, family, monkeypatch):
         exp, mag = _expected(mode, a, b, splits)
         assert_gemm_close(got, exp, mag, f"{family} {mode} {fmt} {launch.kernel}")
     # the tile choice follows the splits; the arithmetic must not
-    dtype = HP_DTYPES.get(fmt, np.float32)
-    x, w, dy = _data(14, M, N, K, dtype=dtype)
-    a, b = _host_operands(mode, fmt, seed=14)
-    full = _run(mode, a, b, SPLITS, out_dtype="float32")
-    offs = np.concatenate([[0], np.cumsum(SPLITS)])
-    for g in range(G):
-        lo, hi = int(offs[g]), int(offs[g + 1])
-        ag, bg = _member_host(mode, fmt, a, b, g, lo, hi, x, w, dy)
-        one = _run(mode, ag, bg, [hi - lo], out_dtype="float32")
-        ref = full[g:g + 1] if mode == "wgrad" else full[lo:hi]
-        assert_bytes_equal(one, ref, f"{family} {mode} {fmt} expert {g}")
+    _assert_grouped_equals_members(mode, fmt, 14, f"{family} {mode} {fmt}")
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4-row-scaled", "mxfp8-hybrid"])
