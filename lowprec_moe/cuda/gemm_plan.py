@@ -5,7 +5,7 @@ kernels read (see :mod:`lowprec_moe.cuda.gemm` for the layout): an :class:`Opera
 descriptor table ``int64 [G, DESC_WORDS]`` and the tile table ``int32 [entries, 2]``. The
 constants below mirror ``raw_kernels/grouped_gemm_base.cuh`` (descriptor words, operand kinds,
 tile constants), ``grouped_gemm_kernel.cuh`` (the kernel parameters) and ``grouped_gemm_simt.cu``;
-``tests/test_gemm.py`` checks them against the CUDA sources and emulates the tables.
+``tests/test_gemm_plan.py`` checks them against the CUDA sources and emulates the tables.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ THREADS = 256
 #: splits) never changes the arithmetic: grouped calls equal per-expert calls bit for bit.
 CONFIGS = {"l": (128, 256), "s": (32, 256), "w": (128, 256), "v": (64, 256)}
 #: Parameter names, in order, of the tensor-core kernels (LPM_GG_PARAMS in
-#: grouped_gemm_kernel.cuh) and of lpm_gg_simt; tests/test_gemm.py checks them against the CUDA
+#: grouped_gemm_kernel.cuh) and of lpm_gg_simt; tests/test_gemm_plan.py checks them against the CUDA
 #: sources.
 MMA_PARAMS = ("tiles", "n_col_tiles", "desc", "n_cols", "a_data", "a_scale", "a_ch", "a_e5m2",
               "b_data", "b_scale", "b_ch", "b_e5m2", "amax_a", "amax_b", "a_vec", "b_vec",
