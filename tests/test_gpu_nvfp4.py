@@ -249,7 +249,7 @@ def test_empty_shapes(cp, nv):
             _check(cp, nv, x, f"{shape} {option}", **_kw(**OPTIONS[option]))
 
 
-# ------------------------------------------------------------------------------ grouped
+# -------------------------------------------------------------------------- grouped helpers
 def _grouped_ref(x, splits, **kw):
     return _grouped_quantize_reference(x, splits, "nvfp4", fp8_dtype="e4m3", **kw)
 
@@ -263,51 +263,6 @@ def _check_grouped(cp, nv, x, splits, what="", **kw):
         if key in got:
             assert isinstance(got[key], np.ndarray) and got[key].dtype == np.int64
     return got, ref
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("option", ["tensor", "row_scaled", "sr", "rht", "rht_sr"])
-@pytest.mark.parametrize("mode", MODES, ids=["row", "col", "both"])
-@pytest.mark.parametrize("k", [48, 256])
-def test_grouped_quantize(cp, nv, dtype, option, mode, k):
-    opts = OPTIONS[option]
-    if opts.get("rht") and dtype != "bfloat16":
-        pytest.skip("rht is defined for bfloat16 input")
-    x = _cast(_random((sum(SPLITS), k), seed=k + len(option)), dtype)
-    _check_grouped(cp, nv, x, SPLITS, f"{dtype} {option} k={k}", **_kw(*mode, **opts))
-
-
-@pytest.mark.parametrize("splits", [[0, 64, 32, 0, 96], [32], [0, 0, 160], [16] * 9])
-@pytest.mark.parametrize("option", ["2d", "2d_sr", "2d_rht"])
-def test_grouped_quantize_block_2d(cp, nv, splits, option):
-    x = _cast(_random((sum(splits), 160), seed=len(splits)), "bfloat16")
-    _check_grouped(cp, nv, x, splits, f"{splits} {option}", **_kw(**OPTIONS[option]))
-
-
-def test_grouped_edge_splits(cp, nv):
-    k = 64
-    for splits in ([0], [0, 0, 0], [1], [1, 0, 1], [15, 17, 63, 65, 0, 129], [300]):
-        x = _cast(_random((sum(splits), k), seed=sum(splits)), "bfloat16")
-        for option in ("tensor", "row_scaled", "sr", "rht"):
-            _check_grouped(cp, nv, x, splits, f"{splits} {option}", **_kw(**OPTIONS[option]))
-
-
-def test_grouped_equals_per_member_quantize(cp, nv):
-    """Grouped = dense: member g of the grouped result equals quantizing x_g alone (member=g)."""
-    x = cp.asarray(_cast(_random((sum(SPLITS), 128), seed=8), "bfloat16"))
-    kw = _kw(stochastic_rounding=True, seed=77)
-    g = nv.grouped_quantize_nvfp4(x, SPLITS, **kw)
-    off = np.concatenate([[0], np.cumsum(SPLITS)])
-    for i in range(len(SPLITS)):
-        q = nv.quantize_nvfp4(x[off[i]:off[i + 1]], member=i, **kw)
-        assert_bytes_equal(g["rowwise_data"][off[i]:off[i + 1]], q["rowwise_data"], f"m{i} rd")
-        d0, d1 = g["columnwise_data_offsets"][i:i + 2]
-        s0, s1 = g["columnwise_scale_offsets"][i:i + 2]
-        assert_bytes_equal(g["columnwise_data"][d0:d1], q["columnwise_data"].reshape(-1),
-                           f"m{i} cd")
-        assert_bytes_equal(g["columnwise_scale"][s0:s1], q["columnwise_scale"].reshape(-1),
-                           f"m{i} cs")
-        assert_bytes_equal(g["amax_rowwise"][i:i + 1], q["amax_rowwise"], f"m{i} amax")
 
 
 # ------------------------------------------------------------------------------ dequantize
