@@ -56,7 +56,7 @@
 //                             output types, shared-memory formulas (pipeline_stages,
 //                             canon_buffers, gemm_smem_bytes), PTX wrappers
 //   grouped_gemm_staging.cuh  swizzled tile offsets, cp.async tile loads, TileGeo,
-//                             issue_operand, ScaleRegs
+//                             OperandCopy, ScaleRegs
 //   grouped_gemm_dequant.cuh  exact in-kernel dequantization: fp4 / fp8 decoders, convert_unit
 //   grouped_gemm_mma.cuh      warp-level mma.sync steps, sm_90a wgmma wrappers
 //   grouped_gemm_epilogue.cuh the epilogue (Epilogue)

@@ -150,11 +150,77 @@ struct Epilogue {
         pr = has_probs ? probs[probs_base + row] : 1.0f;
     }
 
-    // Apply the epilogue to a staged fp32 tile cs[r * LD + c] (rows r0.., columns c0..), four
+    // Eight consecutive columns of one row from the staged tile, through steps 1-2 of the
+    // epilogue (per-tensor scale, bias, probs) and cast to OT with one 16-byte store per 16-bit
+    // group (two for fp32). Fast path of tile(): no row-scaled factors, no accumulation, and
+    // 16-byte aligned groups. The flags are uniform, so their branches are taken once per group.
+    template <int OT>
+    __device__ __forceinline__ void group8(const float* src, long long row, long long col) const {
+        const float4 lo = *reinterpret_cast<const float4*>(src);
+        const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        if (scale_mode == 1) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = lpm_mul_rn(v[j], alpha);
+        }
+        if (has_bias) {
+            const float pr = has_probs ? probs[probs_base + row] : 1.0f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                float b = bias[bias_base + col + j];
+                if (has_probs) b = lpm_mul_rn(b, pr);
+                v[j] = lpm_add_rn(v[j], b);
+            }
+        }
+        const long long idx = out_off + row * n_cols + col;
+        if constexpr (OT == OUT_F32) {
+            float4* o = reinterpret_cast<float4*>(static_cast<float*>(out) + idx);
+            o[0] = make_float4(v[0], v[1], v[2], v[3]);
+            o[1] = make_float4(v[4], v[5], v[6], v[7]);
+        } else {
+            unsigned w[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const unsigned h0 = OT == OUT_BF16 ? lpm_f32_to_bf16_bits_rn(v[2 * j])
+                                                   : f32_to_f16_bits_rn(v[2 * j]);
+                const unsigned h1 = OT == OUT_BF16 ? lpm_f32_to_bf16_bits_rn(v[2 * j + 1])
+                                                   : f32_to_f16_bits_rn(v[2 * j + 1]);
+                w[j] = h0 | (h1 << 16);
+            }
+            *reinterpret_cast<uint4*>(static_cast<unsigned short*>(out) + idx) =
+                make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+
+    template <int BN, int LD, int OT>
+    __device__ __forceinline__ void tile8(const float* cs, long long r0, long long c0,
+                                          int rows_valid, int cols_valid) const {
+        constexpr int C8 = BN / 8;
+#pragma unroll 2
+        for (int i = threadIdx.x; i < rows_valid * C8; i += blockDim.x) {
+            const int r = i / C8, c = (i % C8) * 8;
+            if (c < cols_valid) group8<OT>(cs + r * LD + c, r0 + r, c0 + c);
+        }
+    }
+
+    // Apply the epilogue to a staged fp32 tile cs[r * LD + c] (rows r0.., columns c0..),
     // consecutive columns per thread and iteration (coalesced stores).
     template <int BN, int LD>
     __device__ __forceinline__ void tile(const float* cs, long long r0, long long c0,
                                          int rows_valid, int cols_valid) const {
+        // Fast path: whole 8-column groups (n_cols % 8 == 0, so cols_valid is a multiple of 8
+        // and every group starts 16-byte aligned when the base pointer is).
+        if (scale_mode != 2 && !accumulate && (n_cols & 7) == 0 &&
+            (reinterpret_cast<unsigned long long>(out) & 15ull) == 0) {
+            if (out_type == OUT_F32) {
+                tile8<BN, LD, OUT_F32>(cs, r0, c0, rows_valid, cols_valid);
+            } else if (out_type == OUT_BF16) {
+                tile8<BN, LD, OUT_BF16>(cs, r0, c0, rows_valid, cols_valid);
+            } else {
+                tile8<BN, LD, OUT_F16>(cs, r0, c0, rows_valid, cols_valid);
+            }
+            return;
+        }
         constexpr int C4 = BN / 4;
         // Vector stores need every 4-column group aligned: n_cols % 4 == 0 (then out_off and the
         // column are multiples of 4 too) and an aligned base pointer.

@@ -124,12 +124,13 @@ __device__ __forceinline__ void gemm_mma(
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
+    const OperandCopy<AKIND, BM, ACH> copy_a(a_base, a_ld);
+    const OperandCopy<BKIND, BN, BCH> copy_b(b_base, b_ld);
     auto issue = [&](int stage, int kt) {
         const long long k0 = static_cast<long long>(kt) * kBK;
         const unsigned sb = s0 + stage * STAGE;
-        issue_operand<AKIND, BM, ACH>(sb, a_base, a_ld, k0, rows_valid, len - k0, a_data);
-        issue_operand<BKIND, BN, BCH>(sb + (DIRECT ? CANON_A : RAW_A), b_base, b_ld, k0,
-                                      cols_valid, len - k0, b_data);
+        copy_a.issue(sb, k0, rows_valid, len - k0, a_data);
+        copy_b.issue(sb + (DIRECT ? CANON_A : RAW_A), k0, cols_valid, len - k0, b_data);
     };
 
     // wgmma over one 64-deep k-tile held in canonical tiles sa (A, BM rows) / sb (B, BN rows).
@@ -207,12 +208,14 @@ __device__ __forceinline__ void gemm_mma(
         }
     } else {
         static_assert(NST >= 3, "pipeline depth");
+        const ScaleCopy<AKIND, BM> scopy_a(a_sbase, a_sld);
+        const ScaleCopy<BKIND, BN> scopy_b(b_sbase, b_sld);
         ScaleRegs<AKIND, BM> sra;
         ScaleRegs<BKIND, BN> srb;
         auto load_scales = [&](int kt) {
             const long long k0 = static_cast<long long>(kt) * kBK;
-            sra.load(a_sbase, a_sld, k0, rows_valid, len);
-            srb.load(b_sbase, b_sld, k0, cols_valid, len);
+            sra.load(scopy_a, k0, rows_valid, len);
+            srb.load(scopy_b, k0, cols_valid, len);
         };
         auto store_scales = [&](int stage) {
             unsigned char* sb = smem + stage * STAGE;
@@ -267,8 +270,8 @@ __device__ __forceinline__ void gemm_mma(
             for (int s = 0; s < NST - 1; ++s) {
                 if (s < KT) {
                     const long long k0 = static_cast<long long>(s) * kBK;
-                    pra[s].load(a_sbase, a_sld, k0, rows_valid, len);
-                    prb[s].load(b_sbase, b_sld, k0, cols_valid, len);
+                    pra[s].load(scopy_a, k0, rows_valid, len);
+                    prb[s].load(scopy_b, k0, cols_valid, len);
                 }
             }
 #pragma unroll

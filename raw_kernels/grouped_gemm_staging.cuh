@@ -1,6 +1,6 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): operand
 // staging -- swizzled shared-memory tile offsets, cp.async tile loads, per-kind tile geometry
-// (TileGeo), issue_operand, and the block-scale registers (ScaleRegs).
+// (TileGeo), OperandCopy (per-thread cp.async set-up), and the block-scale registers (ScaleRegs).
 
 #ifndef LPM_GROUPED_GEMM_STAGING_CUH
 #define LPM_GROUPED_GEMM_STAGING_CUH
@@ -43,30 +43,6 @@ __device__ __forceinline__ int tile_off(int o, int b) {
     }
 }
 
-// Copy an OUTER x INNER-byte tile: byte b of line o comes from g + o*g_ld + b and lands at
-// sdst + o*INNER + swz(o, b). Chunks of CH bytes with o >= outer_valid or b >= inner_valid are
-// zero-filled (the host guarantees CH divides the valid extents, so no chunk straddles them).
-template <int CH, int OUTER, int INNER, int SWZ>
-__device__ __forceinline__ void load_tile_ch(unsigned sdst, const unsigned char* g, long long g_ld,
-                                             int outer_valid, int inner_valid,
-                                             const unsigned char* safe) {
-    constexpr int CPL = INNER / CH;
-    constexpr int TOTAL = OUTER * CPL;
-    const int tid = tid_volatile();
-#pragma unroll
-    for (int it = 0; it < (TOTAL + kThreads - 1) / kThreads; ++it) {
-        const int i = tid + it * kThreads;
-        if (TOTAL % kThreads == 0 || i < TOTAL) {
-            const int o = i / CPL;
-            const int b = (i % CPL) * CH;
-            const bool ok = (o < outer_valid) && (b < inner_valid);
-            const unsigned char* src = ok ? g + static_cast<long long>(o) * g_ld + b : safe;
-            cp_async<CH>(sdst + tile_off<SWZ, INNER>(o, b), src, ok ? CH : 0);
-        }
-    }
-}
-
-
 // Per-kind tile geometry.
 template <int KIND, int R>
 struct TileGeo {
@@ -93,63 +69,129 @@ struct TileGeo {
     static constexpr int UNITS_PER_THREAD = (UNITS + kThreads - 1) / kThreads;
 };
 
-// Issue the cp.async copies of one operand's k-tile (k0 = first contraction index).
-//   base: the operand's global bytes at (tile row 0, contraction 0); ld: line stride;
-//   rows_valid: valid rows of the tile; len_left: contraction elements left from k0.
+// The cp.async copies of one operand's k-tiles. A raw (or, for high precision, canonical)
+// tile is OUTER lines x INNER bytes: byte b of line o comes from line_base + o*ld + b and lands at
+// tile_off(o, b). Thread t copies chunk b = (t % CPL)*CH of lines o0 + STEP*i (o0 = t / CPL,
+// STEP = kThreads / CPL), so its source pointer, line stride and tile offset are set up once per
+// CTA and every k-tile costs a pointer add, a compare and the copy per chunk. Chunks with
+// o >= outer_valid or b >= inner_valid are zero-filled (the host guarantees that CH divides the
+// valid extents, so no chunk straddles them).
+//   K-major : lines are rows; a k-tile starts k0 * ES_NUM / ES_DEN bytes further on.
+//   MN-major: lines are contraction indices; a k-tile starts k0 lines further on.
 template <int KIND, int R, int CH>
-__device__ __forceinline__ void issue_operand(unsigned sdst, const unsigned char* base,
-                                              long long ld, long long k0, int rows_valid,
-                                              long long len_left, const unsigned char* safe) {
+struct OperandCopy {
     using G = TileGeo<KIND, R>;
-    if constexpr (G::MN) {
-        const int lines = static_cast<int>(len_left < kBK ? len_left : kBK);
-        load_tile_ch<CH, G::OUTER, G::INNER, G::SWZ>(sdst, base + k0 * ld, ld, lines,
-                                              rows_valid * G::ES_NUM / G::ES_DEN, safe);
-    } else {
-        long long bytes_left = len_left * G::ES_NUM / G::ES_DEN;
-        const int inner_valid = static_cast<int>(bytes_left < G::INNER ? bytes_left : G::INNER);
-        load_tile_ch<CH, G::OUTER, G::INNER, G::SWZ>(sdst, base + k0 * G::ES_NUM / G::ES_DEN,
-                                                     ld, rows_valid, inner_valid, safe);
+    static constexpr int CPL = G::INNER / CH;  // chunks per line
+    static_assert(CPL >= 1 && CPL <= kThreads && (CPL & (CPL - 1)) == 0, "chunks per line");
+    static constexpr int STEP = kThreads / CPL;  // lines per pass
+    static constexpr int PASSES = (G::OUTER + STEP - 1) / STEP;
+    // tile_off(o + 8j, b) = tile_off(o, b) + 8j * SLOPE for every swizzle, so passes of a
+    // multiple of 8 lines (or no swizzle) have constant tile offsets.
+    static constexpr bool LINEAR = G::SWZ == 0 || STEP % 8 == 0;
+    static constexpr int SLOPE = G::SWZ == 3 ? 128 : G::INNER;
+    const unsigned char* src;  // line o0, chunk b of k-tile 0
+    long long step;            // STEP lines
+    long long ld;
+    unsigned soff;  // tile_off(o0, b)
+    int o0, b;
+
+    // base: the operand's global bytes at (tile row 0, contraction 0); ld: line stride (bytes).
+    __device__ __forceinline__ OperandCopy(const unsigned char* base, long long line_stride) {
+        const unsigned t = threadIdx.x;
+        o0 = static_cast<int>(t / CPL);
+        b = static_cast<int>(t % CPL) * CH;
+        ld = line_stride;
+        src = base + static_cast<long long>(o0) * ld + b;
+        step = static_cast<long long>(STEP) * ld;
+        soff = static_cast<unsigned>(tile_off<G::SWZ, G::INNER>(o0, b));
     }
-}
+
+    // Issue k-tile k0 (first contraction index) into the tile at shared address sdst.
+    //   rows_valid: valid rows of the tile; len_left: contraction elements left from k0.
+    __device__ __forceinline__ void issue(unsigned sdst, long long k0, int rows_valid,
+                                          long long len_left, const unsigned char* safe) const {
+        int outer_valid, inner_valid;
+        const unsigned char* p;
+        if constexpr (G::MN) {
+            outer_valid = static_cast<int>(len_left < kBK ? len_left : kBK);
+            inner_valid = rows_valid * G::ES_NUM / G::ES_DEN;
+            p = src + k0 * ld;
+        } else {
+            const long long bytes_left = len_left * G::ES_NUM / G::ES_DEN;
+            outer_valid = rows_valid;
+            inner_valid = static_cast<int>(bytes_left < G::INNER ? bytes_left : G::INNER);
+            p = src + k0 * G::ES_NUM / G::ES_DEN;
+        }
+        const bool b_ok = b < inner_valid;
+#pragma unroll
+        for (int i = 0; i < PASSES; ++i) {
+            const int o = o0 + i * STEP;
+            if (PASSES * STEP == G::OUTER || o < G::OUTER) {
+                const bool ok = b_ok && o < outer_valid;
+                const unsigned off = LINEAR ? soff + static_cast<unsigned>(i * STEP * SLOPE)
+                                            : static_cast<unsigned>(
+                                                  tile_off<G::SWZ, G::INNER>(o, b));
+                cp_async<CH>(sdst + off, ok ? p : safe, ok ? CH : 0);
+            }
+            p += step;
+        }
+    }
+};
 
 // Block scales of one k-tile, loaded into registers (one tile ahead) and stored to shared memory.
 //   FP4_K : [R][4] bytes   scale (r, b) at sbase + r*sld + k0/16 + b
 //   FP8_K : [R][2] floats  scale (r, b) at sbase + r*sld + k0/32 + b
 //   FP8_MN: [2][R] floats  scale (b, r) at sbase + (k0/32 + b)*sld + r
+// Entry i of a tile is loaded by thread i % kThreads; its source address, row and block are set
+// up once per CTA (ScaleCopy), so a k-tile costs an add, two compares and the load per entry.
+template <int KIND, int R>
+struct ScaleCopy {
+    using G = TileGeo<KIND, R>;
+    static constexpr int BLK = KIND == KIND_FP4_K ? LPM_NVFP4_BLOCK : LPM_MXFP8_BLOCK;
+    static constexpr int NB = kBK / BLK;  // scale blocks per k-tile
+    static constexpr bool MN = KIND == KIND_FP8_MN;
+    static_assert(kThreads % (MN ? R : NB) == 0, "scale entries per pass");
+    // row / block advance of entry i + kThreads over entry i
+    static constexpr int R_STEP = MN ? 0 : kThreads / NB;
+    static constexpr int B_STEP = MN ? kThreads / R : 0;
+    const unsigned char* src;  // entry threadIdx.x of k-tile 0
+    long long step;            // entry i + kThreads
+    long long kmul;            // bytes per scale block along the contraction
+    int r0, b0;
+
+    __device__ __forceinline__ ScaleCopy(const unsigned char* sbase, long long sld) {
+        const unsigned t = threadIdx.x;
+        r0 = static_cast<int>(MN ? t % R : t / NB);
+        b0 = static_cast<int>(MN ? t / R : t % NB);
+        src = sbase + (MN ? static_cast<long long>(b0) * sld + r0
+                          : static_cast<long long>(r0) * sld + b0);
+        step = MN ? B_STEP * sld : R_STEP * sld;
+        kmul = MN ? sld : 1;
+    }
+};
+
 template <int KIND, int R>
 struct ScaleRegs {
     unsigned v[TileGeo<KIND, R>::SCALES_PER_THREAD > 0 ? TileGeo<KIND, R>::SCALES_PER_THREAD : 1];
 
-    __device__ __forceinline__ void load(const unsigned char* sbase, long long sld, long long k0,
+    __device__ __forceinline__ void load(const ScaleCopy<KIND, R>& sc, long long k0,
                                          int rows_valid, long long len) {
         using G = TileGeo<KIND, R>;
-        constexpr int BLK = KIND == KIND_FP4_K ? LPM_NVFP4_BLOCK : LPM_MXFP8_BLOCK;
-        constexpr int NB = kBK / BLK;  // scale blocks per k-tile
-        const long long kb0 = k0 / BLK;
-        const long long nkb = (len + BLK - 1) / BLK;
-        const int tid = tid_volatile();
+        using SC = ScaleCopy<KIND, R>;
+        const long long kb0 = k0 / SC::BLK;
+        const int blocks_left = static_cast<int>((len + SC::BLK - 1) / SC::BLK - kb0);
+        const unsigned char* p = sc.src + kb0 * sc.kmul;
 #pragma unroll
         for (int j = 0; j < G::SCALES_PER_THREAD; ++j) {
-            const int i = tid + j * kThreads;
+            const int r = sc.r0 + j * SC::R_STEP, b = sc.b0 + j * SC::B_STEP;
             unsigned val = 0u;
-            if (i < G::SCALE_COUNT) {
-                int r, b;
-                if constexpr (KIND == KIND_FP8_MN) {
-                    b = i / R;
-                    r = i % R;
-                } else {
-                    r = i / NB;
-                    b = i % NB;
-                }
-                if (r < rows_valid && kb0 + b < nkb) {
-                    const unsigned char* p =
-                        KIND == KIND_FP8_MN ? sbase + (kb0 + b) * sld + r
-                                            : sbase + static_cast<long long>(r) * sld + kb0 + b;
-                    val = __ldg(p);
-                }
+            if ((G::SCALE_COUNT % kThreads == 0 || j * kThreads + static_cast<int>(threadIdx.x) <
+                                                        G::SCALE_COUNT) &&
+                r < rows_valid && b < blocks_left) {
+                val = __ldg(p);
             }
             v[j] = val;
+            p += sc.step;
         }
     }
 
@@ -159,7 +201,7 @@ struct ScaleRegs {
 #pragma unroll
         for (int j = 0; j < G::SCALES_PER_THREAD; ++j) {
             const int i = static_cast<int>(threadIdx.x) + j * kThreads;
-            if (i < G::SCALE_COUNT) {
+            if (G::SCALE_COUNT % kThreads == 0 || i < G::SCALE_COUNT) {
                 if constexpr (KIND == KIND_FP4_K) {
                     sdst[i] = static_cast<unsigned char>(v[j]);
                 } else {
