@@ -34,15 +34,14 @@
 //     A nibble is re-encoded as the E4M3 byte of e2m1 * 2^-6, widened by cvt.rn.f16x2.e4m3x2, and
 //     multiplied (mul.rn.f16x2, exact) by the block scale * 2^6 (exact in fp16: <= 28672). The MMA
 //     runs on fp16.
-//   * MXFP8: fp8 * 2^(e-127) formed in fp32 with integer and non-flushing multiply instructions
-//     only (the fp8 byte shifted into an fp32 pattern is fp8 * 2^-120 exactly, subnormals included;
-//     times 2^120, times the block factor), and its high half taken as bf16. Exact whenever the
-//     value is representable in bf16: every block with E4M3 scale code e >= 3 (block amax above
-//     ~1e-35; E5M2: e >= 10), up to the largest finite-input scale. Blocks of even smaller magnitude
-//     are truncated toward zero onto bf16's subnormal grid -- the one documented deviation from
-//     exact dequantization. Words holding NaN / inf elements take a cvt-based path, so NaN / inf
-//     elements and the NaN scale (255) propagate. The E8M0 scales are expanded to fp32 factors when
-//     they are staged in shared memory. The MMA runs on bf16.
+//   * MXFP8: fp8 * 2^(e-127) formed in fp32 (cvt.rn.f16x2.e4m3x2 / e5m2x2 and cvt.f32.f16 widen
+//     exactly, subnormals included; one non-flushing multiply by the block factor), and its high
+//     half taken as bf16. Exact whenever the value is representable in bf16: every block with
+//     E4M3 scale code e >= 3 (block amax above ~1e-35; E5M2: e >= 10), up to the largest
+//     finite-input scale. Blocks of even smaller magnitude are truncated toward zero onto bf16's
+//     subnormal grid -- the one documented deviation from exact dequantization. NaN / inf
+//     elements and the NaN scale (255) propagate. The E8M0 scales are expanded to fp32 factors
+//     when they are staged in shared memory. The MMA runs on bf16.
 // The epilogue (NVFP4 scaling, bias, probs, cast / accumulate) uses non-flushing PTX (mul.rn.f32,
 // add.rn.f32), so it reproduces the NumPy reference bit for bit given the same accumulator.
 // Determinism: every output element is owned by one thread of one CTA and accumulated in a fixed

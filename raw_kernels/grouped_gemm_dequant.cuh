@@ -28,60 +28,24 @@ __device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc, unsigned* o
     o[3] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 >> 16)), sc);
 }
 
-// 4 fp8 bytes -> 2 bf16x2 words of fp8 * f (f = 2^(e-127) as fp32), through the conversion
-// unit (cvt): exact, round to nearest even where a value falls below bf16's normal range. Used
-// for words holding NaN / inf elements.
-template <bool E5M2>
-__device__ __forceinline__ void fp8_decode4_cvt(unsigned w, float f0, float f1, float f2, float f3,
-                                                unsigned& o0, unsigned& o1) {
-    const unsigned h01 = fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w & 0xFFFFu));
-    const unsigned h23 = fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w >> 16));
-    o0 = pack_bf16x2_rn(lpm_mul_rn(f16_bits_to_f32(h01), f0),
-                        lpm_mul_rn(f16_bits_to_f32(h01 >> 16), f1));
-    o1 = pack_bf16x2_rn(lpm_mul_rn(f16_bits_to_f32(h23), f2),
-                        lpm_mul_rn(f16_bits_to_f32(h23 >> 16), f3));
-}
-
-// Whether a word of 4 fp8 bytes holds a NaN (E4M3 x111 1111) or an inf / NaN (E5M2 x111 11xx).
-template <bool E5M2>
-__device__ __forceinline__ bool fp8x4_special(unsigned w) {
-    constexpr unsigned M = E5M2 ? 0x7C7C7C7Cu : 0x7F7F7F7Fu;
-    constexpr unsigned INC = E5M2 ? 0x04040404u : 0x01010101u;  // carries into bit 7 only there
-    return (((w & M) + INC) & 0x80808080u) != 0u;
-}
-
-// 4 fp8 bytes -> 2 bf16x2 words of fp8 * f with integer and fp32 multiply instructions only.
-// Byte i, placed in the top byte and arithmetically shifted, is the fp32 value fp8 * 2^-120
-// (E4M3; E5M2: * 2^-112) -- fp8 subnormals become fp32 subnormals, exactly. Two non-flushing
-// multiplies (by 2^120 / 2^112, then by f) give the exact fp32 value, whose high half is the
-// bf16 value: exact whenever it is representable (E4M3 scale code >= 3, E5M2 >= 10); below that,
-// truncated toward zero. Finite elements only (see fp8x4_special).
-template <bool E5M2>
-__device__ __forceinline__ void fp8_decode4_int(unsigned w, float f0, float f1, float f2,
-                                                float f3, unsigned& o0, unsigned& o1) {
-    constexpr int SH = E5M2 ? 3 : 4;
-    constexpr unsigned MASK = E5M2 ? 0x8FE00000u : 0x87F00000u;
-    const float up = __uint_as_float(E5M2 ? (112u + 127u) << 23 : (120u + 127u) << 23);
-    const float v0 = __uint_as_float(static_cast<unsigned>(static_cast<int>(w << 24) >> SH) & MASK);
-    const float v1 = __uint_as_float(static_cast<unsigned>(static_cast<int>(w << 16) >> SH) & MASK);
-    const float v2 = __uint_as_float(static_cast<unsigned>(static_cast<int>(w << 8) >> SH) & MASK);
-    const float v3 = __uint_as_float(static_cast<unsigned>(static_cast<int>(w) >> SH) & MASK);
-    const unsigned r0 = __float_as_uint(lpm_mul_rn(lpm_mul_rn(v0, up), f0));
-    const unsigned r1 = __float_as_uint(lpm_mul_rn(lpm_mul_rn(v1, up), f1));
-    const unsigned r2 = __float_as_uint(lpm_mul_rn(lpm_mul_rn(v2, up), f2));
-    const unsigned r3 = __float_as_uint(lpm_mul_rn(lpm_mul_rn(v3, up), f3));
-    o0 = __byte_perm(r0, r1, 0x7632u);
-    o1 = __byte_perm(r2, r3, 0x7632u);
-}
-
+// 4 fp8 bytes -> 2 bf16x2 words of fp8 * f (f = 2^(e-127) as fp32, one factor per element).
+// cvt.rn.f16x2.{e4m3,e5m2}x2 widens two bytes exactly (subnormals, inf and NaN included), cvt.f32.f16
+// widens each half exactly, and one non-flushing multiply forms fp8 * f, exact whenever it is
+// representable in fp32. The high half of that fp32 value is the bf16 value: exact whenever it is
+// representable in bf16 (E4M3 scale code >= 3, E5M2 >= 10); below that, truncated toward zero.
+// inf and NaN elements, and the NaN scale (f = NaN), give inf / NaN.
+// 3 instructions per element (conversion, widening, multiply) plus one byte permute per pair.
 template <bool E5M2>
 __device__ __forceinline__ void fp8_decode4(unsigned w, float f0, float f1, float f2, float f3,
                                             unsigned& o0, unsigned& o1) {
-    if (fp8x4_special<E5M2>(w)) {
-        fp8_decode4_cvt<E5M2>(w, f0, f1, f2, f3, o0, o1);
-    } else {
-        fp8_decode4_int<E5M2>(w, f0, f1, f2, f3, o0, o1);
-    }
+    const unsigned h01 = fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w & 0xFFFFu));
+    const unsigned h23 = fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w >> 16));
+    const float r0 = lpm_mul_rn(f16_bits_to_f32(h01), f0);
+    const float r1 = lpm_mul_rn(f16_bits_to_f32(h01 >> 16), f1);
+    const float r2 = lpm_mul_rn(f16_bits_to_f32(h23), f2);
+    const float r3 = lpm_mul_rn(f16_bits_to_f32(h23 >> 16), f3);
+    o0 = __byte_perm(__float_as_uint(r0), __float_as_uint(r1), 0x7632u);
+    o1 = __byte_perm(__float_as_uint(r2), __float_as_uint(r3), 0x7632u);
 }
 
 // Whether conversion unit u (see convert_unit) covers a row below `valid`. Rows at or beyond
