@@ -51,6 +51,13 @@ __host__ __device__ constexpr bool kind_is_mn(int kind) {
 __host__ __device__ constexpr bool kind_is_hp(int kind) {
     return kind == KIND_HP_K || kind == KIND_HP_MN;
 }
+// A compile-time flag passed as a value (template-dispatch of generic lambdas; NVRTC has no
+// <type_traits>).
+template <bool B>
+struct BoolC {
+    static constexpr bool value = B;
+};
+
 __host__ __device__ constexpr int round16(int x) { return (x + 15) / 16 * 16; }
 
 // Shared-memory footprint of one tile of R rows (mirrored in lowprec_moe/cuda/gemm.py).

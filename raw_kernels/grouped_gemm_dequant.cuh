@@ -60,6 +60,72 @@ __device__ __forceinline__ bool unit_live(int u, int valid) {
     }
 }
 
+// Conversion of a K-major unit in two steps, so that a thread can issue the shared-memory loads
+// of all its units before the first store (the compiler cannot move a load across a store to
+// the same shared memory): unit_load reads the raw words and block scales of unit u, unit_store
+// expands them into the canonical tile exactly as convert_unit does.
+template <int KIND>
+struct UnitRaw;
+template <>
+struct UnitRaw<KIND_FP4_K> {
+    uint4 w;
+    unsigned short s2;
+};
+template <>
+struct UnitRaw<KIND_FP8_K> {
+    uint4 w0, w1;
+    float f;
+};
+
+template <int KIND, int R>
+__device__ __forceinline__ UnitRaw<KIND> unit_load(const unsigned char* raw,
+                                                   const unsigned char* rsc, int u) {
+    static_assert(KIND == KIND_FP4_K || KIND == KIND_FP8_K, "K-major quantized kinds");
+    const int r = u >> 1, h = u & 1;
+    UnitRaw<KIND> x;
+    if constexpr (KIND == KIND_FP4_K) {
+        x.w = *reinterpret_cast<const uint4*>(raw + r * (kBK / 2) + h * 16);
+        x.s2 = *reinterpret_cast<const unsigned short*>(rsc + r * 4 + h * 2);
+    } else {
+        x.f = reinterpret_cast<const float*>(rsc)[r * 2 + h];
+        x.w0 = *reinterpret_cast<const uint4*>(raw + r * kBK + swz<2>(r, (2 * h) * 16));
+        x.w1 = *reinterpret_cast<const uint4*>(raw + r * kBK + swz<2>(r, (2 * h + 1) * 16));
+    }
+    return x;
+}
+
+template <int KIND, int R, bool E5M2>
+__device__ __forceinline__ void unit_store(const UnitRaw<KIND>& x, unsigned char* canon, int u) {
+    const int r = u >> 1, h = u & 1;
+    unsigned o[16];
+    if constexpr (KIND == KIND_FP4_K) {
+        // (s0, s1) -> f16x2 * 64: exact (E4M3 <= 448, 448 * 64 = 28672 < 65504).
+        const unsigned sc = hmul2_rn(fp8x2_to_f16x2<false>(x.s2), 0x54005400u);
+        const unsigned sc0 = __byte_perm(sc, sc, 0x1010u);
+        const unsigned sc1 = __byte_perm(sc, sc, 0x3232u);
+        fp4_decode8(x.w.x, sc0, o + 0);
+        fp4_decode8(x.w.y, sc0, o + 4);
+        fp4_decode8(x.w.z, sc1, o + 8);
+        fp4_decode8(x.w.w, sc1, o + 12);
+    } else {
+        const float f = x.f;
+        fp8_decode4<E5M2>(x.w0.x, f, f, f, f, o[0], o[1]);
+        fp8_decode4<E5M2>(x.w0.y, f, f, f, f, o[2], o[3]);
+        fp8_decode4<E5M2>(x.w0.z, f, f, f, f, o[4], o[5]);
+        fp8_decode4<E5M2>(x.w0.w, f, f, f, f, o[6], o[7]);
+        fp8_decode4<E5M2>(x.w1.x, f, f, f, f, o[8], o[9]);
+        fp8_decode4<E5M2>(x.w1.y, f, f, f, f, o[10], o[11]);
+        fp8_decode4<E5M2>(x.w1.z, f, f, f, f, o[12], o[13]);
+        fp8_decode4<E5M2>(x.w1.w, f, f, f, f, o[14], o[15]);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const int c = 4 * h + j;
+        *reinterpret_cast<uint4*>(canon + r * (kBK * 2) + ((c ^ (r & 7)) << 4)) =
+            make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+    }
+}
+
 // Convert unit u of a raw tile (R rows) into the canonical tile.
 //   K kinds: unit u = (row u >> 1, contraction half u & 1) -> 32 elements of one row.
 //   MN kind: unit u = (line u & 63, row group u >> 6)      -> 32 rows of one contraction line.

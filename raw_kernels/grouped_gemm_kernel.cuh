@@ -147,6 +147,11 @@ __device__ __forceinline__ void gemm_mma(
             const int wg = warp >> 2;
             const unsigned a_addr = sa + (BM == 128 ? wg * (64 * 128) : 0);
             const unsigned b_addr = sb + (BM == 128 ? 0 : wg * (128 * 128));
+            // The start-address field (bits 0-13, address / 16) of a descriptor never carries:
+            // every shared address is below 2^18, so a later slice's descriptor is the tile's
+            // plus (byte offset / 16).
+            const unsigned long long da = wg_desc(a_addr, A_LBO, 1024);
+            const unsigned long long db = wg_desc(b_addr, B_LBO, 1024);
             wg_fence_acc<MI * NI * 4>(accf);
             wg_fence();
 #pragma unroll
@@ -154,8 +159,8 @@ __device__ __forceinline__ void gemm_mma(
 #pragma unroll
                 for (int h = 0; h < HALVES; ++h) {
                     wgmma_m64n128k16<F16, AMN ? 1 : 0, BMN ? 1 : 0>(
-                        accf + h * 64, wg_desc(a_addr + ks * A_STEP, A_LBO, 1024),
-                        wg_desc(b_addr + h * (128 * 128) + ks * B_STEP, B_LBO, 1024));
+                        accf + h * 64, da + ((ks * A_STEP) >> 4),
+                        db + ((h * (128 * 128) + ks * B_STEP) >> 4));
                 }
             }
             wg_commit();
@@ -256,6 +261,79 @@ __device__ __forceinline__ void gemm_mma(
             }
         };
 
+        // The whole raw stage `stage` into canonical buffer `cb` (wgmma path): K-major units are
+        // loaded first, all of them, then expanded and stored (see unit_load); MN-major units one
+        // by one (their 32 per-row factors per unit would not fit in registers many times over).
+        // EA / EB: E5M2 data (MXFP8 only); the caller branches once per tile.
+        auto convert_tile = [&](int stage, int cb, auto ea, auto eb) {
+            constexpr bool EA = decltype(ea)::value, EB = decltype(eb)::value;
+            const unsigned char* rs = smem + stage * STAGE;
+            unsigned char* cs = smem + CANON_OFF + cb * (CANON_A + CANON_B);
+            const unsigned char* rsa = rs + round16(raw_data_bytes(AKIND, BM));
+            const unsigned char* rb = rs + RAW_A;
+            const unsigned char* rsb = rb + round16(raw_data_bytes(BKIND, BN));
+            constexpr int NA = GA::UNITS_PER_THREAD, NB = GB::UNITS_PER_THREAD;
+            constexpr bool KA = !AMN, KB = !BMN;
+            UnitRaw<KA ? AKIND : KIND_FP4_K> xa[KA ? NA : 1];
+            UnitRaw<KB ? BKIND : KIND_FP4_K> xb[KB ? NB : 1];
+            if constexpr (KA) {
+#pragma unroll
+                for (int i = 0; i < NA; ++i) {
+                    const int u = static_cast<int>(threadIdx.x) + i * kThreads;
+                    if (GA::UNITS % kThreads == 0 || u < GA::UNITS)
+                        xa[i] = unit_load<AKIND, BM>(rs, rsa, u);
+                }
+            }
+            if constexpr (KB) {
+#pragma unroll
+                for (int i = 0; i < NB; ++i) {
+                    const int u = static_cast<int>(threadIdx.x) + i * kThreads;
+                    if (GB::UNITS % kThreads == 0 || u < GB::UNITS)
+                        xb[i] = unit_load<BKIND, BN>(rb, rsb, u);
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < NA; ++i) {
+                const int u = static_cast<int>(threadIdx.x) + i * kThreads;
+                if ((GA::UNITS % kThreads == 0 || u < GA::UNITS) &&
+                    unit_live<AKIND>(u, rows_valid)) {
+                    if constexpr (KA) {
+                        unit_store<AKIND, BM, EA>(xa[i], cs, u);
+                    } else {
+                        convert_unit<AKIND, BM, EA>(rs, rsa, cs, u);
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < NB; ++i) {
+                const int u = static_cast<int>(threadIdx.x) + i * kThreads;
+                if ((GB::UNITS % kThreads == 0 || u < GB::UNITS) &&
+                    unit_live<BKIND>(u, cols_valid)) {
+                    if constexpr (KB) {
+                        unit_store<BKIND, BN, EB>(xb[i], cs + CANON_A, u);
+                    } else {
+                        convert_unit<BKIND, BN, EB>(rb, rsb, cs + CANON_A, u);
+                    }
+                }
+            }
+        };
+        using F_ = BoolC<false>;
+        using T_ = BoolC<true>;
+        auto convert_all = [&](int stage, int cb) {
+            constexpr bool QA = AKIND != KIND_FP4_K, QB = BKIND != KIND_FP4_K;  // fp8 operands
+            if (QA && a_e5m2) {
+                if (QB && b_e5m2) {
+                    convert_tile(stage, cb, T_{}, T_{});
+                } else {
+                    convert_tile(stage, cb, T_{}, F_{});
+                }
+            } else if (QB && b_e5m2) {
+                convert_tile(stage, cb, F_{}, T_{});
+            } else {
+                convert_tile(stage, cb, F_{}, F_{});
+            }
+        };
+
         // Prologue: tiles 0..NST-2 in flight, their scales stored; scales of NST-1 in registers.
 #pragma unroll
         for (int s = 0; s < NST - 1; ++s) {
@@ -287,9 +365,13 @@ __device__ __forceinline__ void gemm_mma(
         cp_async_wait<NST - 3>();  // tiles 0 and 1 landed (this thread's copies)
         __syncthreads();
         if (KT > 0) {
+            if constexpr (WG) {
+                convert_all(0, 0);
+                fence_proxy_async();
+            } else {
 #pragma unroll
-            for (int p = 0; p < 4; ++p) convert_part(p, 0, 0);
-            if constexpr (WG) fence_proxy_async();
+                for (int p = 0; p < 4; ++p) convert_part(p, 0, 0);
+            }
         }
         if constexpr (WG) {
             for (int kt = 0; kt < KT; ++kt) {
@@ -305,8 +387,7 @@ __device__ __forceinline__ void gemm_mma(
                 if (kt + 1 < KT) {
                     // Buffer (kt+1)%NCB last held tile kt+1-NCB, retired by every warpgroup
                     // before this iteration's barrier.
-#pragma unroll
-                    for (int p = 0; p < 4; ++p) convert_part(p, (kt + 1) % NST, (kt + 1) % NCB);
+                    convert_all((kt + 1) % NST, (kt + 1) % NCB);
                     fence_proxy_async();
                 }
                 // Scales of tile nt go to shared memory only now, a whole iteration after
