@@ -276,6 +276,8 @@ __device__ __forceinline__ void gemm_mma(
             constexpr bool KA = !AMN, KB = !BMN;
             UnitRaw<KA ? AKIND : KIND_FP4_K> xa[KA ? NA : 1];
             UnitRaw<KB ? BKIND : KIND_FP4_K> xb[KB ? NB : 1];
+            (void)xa;  // unused by MN-major operands
+            (void)xb;
             if constexpr (KA) {
 #pragma unroll
                 for (int i = 0; i < NA; ++i) {
