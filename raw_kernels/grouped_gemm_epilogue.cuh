@@ -151,9 +151,10 @@ struct Epilogue {
     }
 
     // Eight consecutive columns of one row from the staged tile, through steps 1-2 of the
-    // epilogue (per-tensor scale, bias, probs) and cast to OT with one 16-byte store per 16-bit
-    // group (two for fp32). Fast path of tile(): no row-scaled factors, no accumulation, and
-    // 16-byte aligned groups. The flags are uniform, so their branches are taken once per group.
+    // epilogue (per-tensor or row-scaled factors, bias, probs) and cast to OT with one 16-byte
+    // store per 16-bit group (two for fp32, accumulating into the output when asked). Fast path
+    // of tile() for 16-byte aligned groups. The flags are uniform, so their branches are taken
+    // once per group; the arithmetic per element is value()'s and write()'s.
     template <int OT>
     __device__ __forceinline__ void group8(const float* src, long long row, long long col) const {
         const float4 lo = *reinterpret_cast<const float4*>(src);
@@ -162,6 +163,13 @@ struct Epilogue {
         if (scale_mode == 1) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) v[j] = lpm_mul_rn(v[j], alpha);
+        } else if (scale_mode == 2) {
+            const float ra = row_amax(row);
+            const float inv = lpm_f32_from_bits(LPM_FP32_INV_NVFP4_GEMM_FACTOR_BITS);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+                v[j] = lpm_mul_rn(lpm_mul_rn(v[j], inv), lpm_mul_rn(ra, col_amax(col + j)));
+            }
         }
         if (has_bias) {
             const float pr = has_probs ? probs[probs_base + row] : 1.0f;
@@ -175,6 +183,12 @@ struct Epilogue {
         const long long idx = out_off + row * n_cols + col;
         if constexpr (OT == OUT_F32) {
             float4* o = reinterpret_cast<float4*>(static_cast<float*>(out) + idx);
+            if (accumulate) {
+                const float4 p0 = o[0], p1 = o[1];
+                const float p[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+#pragma unroll
+                for (int j = 0; j < 8; ++j) v[j] = lpm_add_rn(p[j], v[j]);
+            }
             o[0] = make_float4(v[0], v[1], v[2], v[3]);
             o[1] = make_float4(v[4], v[5], v[6], v[7]);
         } else {
@@ -210,8 +224,7 @@ struct Epilogue {
                                          int rows_valid, int cols_valid) const {
         // Fast path: whole 8-column groups (n_cols % 8 == 0, so cols_valid is a multiple of 8
         // and every group starts 16-byte aligned when the base pointer is).
-        if (scale_mode != 2 && !accumulate && (n_cols & 7) == 0 &&
-            (reinterpret_cast<unsigned long long>(out) & 15ull) == 0) {
+        if ((n_cols & 7) == 0 && (reinterpret_cast<unsigned long long>(out) & 15ull) == 0) {
             if (out_type == OUT_F32) {
                 tile8<BN, LD, OUT_F32>(cs, r0, c0, rows_valid, cols_valid);
             } else if (out_type == OUT_BF16) {
