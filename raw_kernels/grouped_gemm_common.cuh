@@ -61,6 +61,9 @@
 //   grouped_gemm_epilogue.cuh the epilogue (Epilogue)
 //   grouped_gemm_kernel.cuh   the kernel body gemm_mma and the entry-point macros
 //                             (LPM_GG_PARAMS, LPM_GG_ARGS, LPM_GG_DEFINE, LPM_GG_DEFINE_WG)
+//   grouped_gemm_ws.cuh       the warp-specialised wgmma kernel body gemm_ws for NVFP4 / MXFP8
+//                             (a producer warpgroup expands, two consumer warpgroups multiply)
+//                             and LPM_GG_DEFINE_WS
 
 #ifndef LPM_GROUPED_GEMM_COMMON_CUH
 #define LPM_GROUPED_GEMM_COMMON_CUH
@@ -71,5 +74,6 @@
 #include "grouped_gemm_mma.cuh"
 #include "grouped_gemm_epilogue.cuh"
 #include "grouped_gemm_kernel.cuh"
+#include "grouped_gemm_ws.cuh"
 
 #endif  // LPM_GROUPED_GEMM_COMMON_CUH

@@ -195,6 +195,66 @@ __device__ __forceinline__ void convert_unit(const unsigned char* raw, const uns
     }
 }
 
+// Expand raw stage `rs` (A: RAW bytes of BM rows, then B) into the canonical buffer `cs` (A:
+// BM x 64 16-bit, then B), by NT threads (t = this thread's index among them). K-major units
+// are loaded first, all of them, then expanded and stored (see unit_load); MN-major units one
+// by one (their 32 per-row factors per unit would not fit in registers many times over). Units
+// of rows at or beyond rows_valid / cols_valid are not expanded (see unit_live). EA / EB: E5M2
+// data (MXFP8 only).
+template <int AKIND, int BKIND, int BM, int BN, int NT, bool EA, bool EB>
+__device__ __forceinline__ void convert_stage(const unsigned char* rs, unsigned char* cs,
+                                              unsigned t, int rows_valid, int cols_valid) {
+    using GA = TileGeo<AKIND, BM>;
+    using GB = TileGeo<BKIND, BN>;
+    const unsigned char* rsa = rs + round16(raw_data_bytes(AKIND, BM));
+    const unsigned char* rb = rs + raw_bytes(AKIND, BM);
+    const unsigned char* rsb = rb + round16(raw_data_bytes(BKIND, BN));
+    unsigned char* cb = cs + canon_bytes(BM);
+    constexpr int NA = (GA::UNITS + NT - 1) / NT, NB = (GB::UNITS + NT - 1) / NT;
+    constexpr bool KA = !GA::MN, KB = !GB::MN;
+    UnitRaw<KA ? AKIND : KIND_FP4_K> xa[KA ? NA : 1];
+    UnitRaw<KB ? BKIND : KIND_FP4_K> xb[KB ? NB : 1];
+    (void)xa;  // unused by MN-major operands
+    (void)xb;
+    const int t0 = static_cast<int>(t);
+    if constexpr (KA) {
+#pragma unroll
+        for (int i = 0; i < NA; ++i) {
+            const int u = t0 + i * NT;
+            if (GA::UNITS % NT == 0 || u < GA::UNITS) xa[i] = unit_load<AKIND, BM>(rs, rsa, u);
+        }
+    }
+    if constexpr (KB) {
+#pragma unroll
+        for (int i = 0; i < NB; ++i) {
+            const int u = t0 + i * NT;
+            if (GB::UNITS % NT == 0 || u < GB::UNITS) xb[i] = unit_load<BKIND, BN>(rb, rsb, u);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NA; ++i) {
+        const int u = t0 + i * NT;
+        if ((GA::UNITS % NT == 0 || u < GA::UNITS) && unit_live<AKIND>(u, rows_valid)) {
+            if constexpr (KA) {
+                unit_store<AKIND, BM, EA>(xa[i], cs, u);
+            } else {
+                convert_unit<AKIND, BM, EA>(rs, rsa, cs, u);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < NB; ++i) {
+        const int u = t0 + i * NT;
+        if ((GB::UNITS % NT == 0 || u < GB::UNITS) && unit_live<BKIND>(u, cols_valid)) {
+            if constexpr (KB) {
+                unit_store<BKIND, BN, EB>(xb[i], cb, u);
+            } else {
+                convert_unit<BKIND, BN, EB>(rb, rsb, cb, u);
+            }
+        }
+    }
+}
+
 }  // namespace lpm_gg
 
 #endif  // LPM_GROUPED_GEMM_DEQUANT_CUH

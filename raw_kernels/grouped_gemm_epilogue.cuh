@@ -206,31 +206,31 @@ struct Epilogue {
         }
     }
 
-    template <int BN, int LD, int OT>
+    template <int BN, int LD, int OT, int NTHR>
     __device__ __forceinline__ void tile8(const float* cs, long long r0, long long c0,
                                           int rows_valid, int cols_valid) const {
         constexpr int C8 = BN / 8;
 #pragma unroll 2
-        for (int i = threadIdx.x; i < rows_valid * C8; i += blockDim.x) {
+        for (int i = threadIdx.x; i < rows_valid * C8; i += NTHR) {
             const int r = i / C8, c = (i % C8) * 8;
             if (c < cols_valid) group8<OT>(cs + r * LD + c, r0 + r, c0 + c);
         }
     }
 
     // Apply the epilogue to a staged fp32 tile cs[r * LD + c] (rows r0.., columns c0..),
-    // consecutive columns per thread and iteration (coalesced stores).
-    template <int BN, int LD>
+    // consecutive columns per thread and iteration (coalesced stores), by threads 0..NTHR-1.
+    template <int BN, int LD, int NTHR = kThreads>
     __device__ __forceinline__ void tile(const float* cs, long long r0, long long c0,
                                          int rows_valid, int cols_valid) const {
         // Fast path: whole 8-column groups (n_cols % 8 == 0, so cols_valid is a multiple of 8
         // and every group starts 16-byte aligned when the base pointer is).
         if ((n_cols & 7) == 0 && (reinterpret_cast<unsigned long long>(out) & 15ull) == 0) {
             if (out_type == OUT_F32) {
-                tile8<BN, LD, OUT_F32>(cs, r0, c0, rows_valid, cols_valid);
+                tile8<BN, LD, OUT_F32, NTHR>(cs, r0, c0, rows_valid, cols_valid);
             } else if (out_type == OUT_BF16) {
-                tile8<BN, LD, OUT_BF16>(cs, r0, c0, rows_valid, cols_valid);
+                tile8<BN, LD, OUT_BF16, NTHR>(cs, r0, c0, rows_valid, cols_valid);
             } else {
-                tile8<BN, LD, OUT_F16>(cs, r0, c0, rows_valid, cols_valid);
+                tile8<BN, LD, OUT_F16, NTHR>(cs, r0, c0, rows_valid, cols_valid);
             }
             return;
         }
@@ -243,7 +243,7 @@ struct Epilogue {
         // Unrolled by 4: independent shared loads and global stores in flight per thread (one
         // CTA of 8 warps per SM leaves little else to hide their latency).
 #pragma unroll 4
-        for (int i = threadIdx.x; i < rows_valid * C4; i += blockDim.x) {
+        for (int i = threadIdx.x; i < rows_valid * C4; i += NTHR) {
             const int r = i / C4, c = (i % C4) * 4;
             if (c >= cols_valid) continue;
             const float4 v = *reinterpret_cast<const float4*>(cs + r * LD + c);
@@ -263,6 +263,27 @@ struct Epilogue {
         }
     }
 };
+
+// Stage a warp's mma.sync-layout accumulators acc[MI][NI][4] (flattened: accf) into the fp32
+// tile cs ([rows][LD]):
+// fragment (mi, ni) holds rows wm0 + 16 mi + lane/4 (+8), columns wn0 + 8 ni + 2 (lane%4) (+1).
+template <int MI, int NI, int LD>
+__device__ __forceinline__ void stage_acc(float* cs, const float* accf, int wm0, int wn0,
+                                          int lane) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf) {
+                const int r = wm0 + mi * 16 + (lane >> 2) + hf * 8;
+                const int c = wn0 + ni * 8 + (lane & 3) * 2;
+                *reinterpret_cast<float2*>(cs + r * LD + c) =
+                    make_float2(accf[(mi * NI + ni) * 4 + 2 * hf], accf[(mi * NI + ni) * 4 + 2 * hf + 1]);
+            }
+        }
+    }
+}
 
 }  // namespace lpm_gg
 

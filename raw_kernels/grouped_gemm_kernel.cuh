@@ -124,8 +124,8 @@ __device__ __forceinline__ void gemm_mma(
 #pragma unroll
             for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
 
-    const OperandCopy<AKIND, BM, ACH> copy_a(a_base, a_ld);
-    const OperandCopy<BKIND, BN, BCH> copy_b(b_base, b_ld);
+    const OperandCopy<AKIND, BM, ACH> copy_a(a_base, a_ld, threadIdx.x);
+    const OperandCopy<BKIND, BN, BCH> copy_b(b_base, b_ld, threadIdx.x);
     auto issue = [&](int stage, int kt) {
         const long long k0 = static_cast<long long>(kt) * kBK;
         const unsigned sb = s0 + stage * STAGE;
@@ -133,39 +133,9 @@ __device__ __forceinline__ void gemm_mma(
         copy_b.issue(sb + (DIRECT ? CANON_A : RAW_A), k0, cols_valid, len - k0, b_data);
     };
 
-    // wgmma over one 64-deep k-tile held in canonical tiles sa (A, BM rows) / sb (B, BN rows).
-    // K-major: 8-row atoms 1024 B apart (SBO), LBO unused; a 16-deep step = +32 B.
-    // MN-major: 8-line atoms 1024 B apart (SBO), 64-row panels 8 KiB apart (LBO); a 16-deep
-    // step = +16 lines = +2 KiB. 64 rows of A / 128 rows of B start 8 KiB / 16 KiB further on in
-    // both layouts.
     float* const accf = &acc[0][0][0];
     auto wg_tile = [&](unsigned sa, unsigned sb) {
-        if constexpr (WG) {
-            constexpr unsigned A_LBO = AMN ? kBK * 128 : 16, B_LBO = BMN ? kBK * 128 : 16;
-            constexpr unsigned A_STEP = AMN ? 16 * 128 : 32, B_STEP = BMN ? 16 * 128 : 32;
-            constexpr int HALVES = BM == 128 ? 2 : 1;  // n128 blocks per warpgroup
-            const int wg = warp >> 2;
-            const unsigned a_addr = sa + (BM == 128 ? wg * (64 * 128) : 0);
-            const unsigned b_addr = sb + (BM == 128 ? 0 : wg * (128 * 128));
-            // The start-address field (bits 0-13, address / 16) of a descriptor never carries:
-            // every shared address is below 2^18, so a later slice's descriptor is the tile's
-            // plus (byte offset / 16).
-            const unsigned long long da = wg_desc(a_addr, A_LBO, 1024);
-            const unsigned long long db = wg_desc(b_addr, B_LBO, 1024);
-            wg_fence_acc<MI * NI * 4>(accf);
-            wg_fence();
-#pragma unroll
-            for (int ks = 0; ks < kBK / 16; ++ks) {
-#pragma unroll
-                for (int h = 0; h < HALVES; ++h) {
-                    wgmma_m64n128k16<F16, AMN ? 1 : 0, BMN ? 1 : 0>(
-                        accf + h * 64, da + ((ks * A_STEP) >> 4),
-                        db + ((h * (128 * 128) + ks * B_STEP) >> 4));
-                }
-            }
-            wg_commit();
-            wg_fence_acc<MI * NI * 4>(accf);
-        }
+        if constexpr (WG) wg_ktile<BM, F16, AMN, BMN, MI * NI * 4>(accf, sa, sb, warp >> 2);
     };
 
     if constexpr (DIRECT && WG) {
@@ -213,19 +183,19 @@ __device__ __forceinline__ void gemm_mma(
         }
     } else {
         static_assert(NST >= 3, "pipeline depth");
-        const ScaleCopy<AKIND, BM> scopy_a(a_sbase, a_sld);
-        const ScaleCopy<BKIND, BN> scopy_b(b_sbase, b_sld);
+        const ScaleCopy<AKIND, BM> scopy_a(a_sbase, a_sld, threadIdx.x);
+        const ScaleCopy<BKIND, BN> scopy_b(b_sbase, b_sld, threadIdx.x);
         ScaleRegs<AKIND, BM> sra;
         ScaleRegs<BKIND, BN> srb;
         auto load_scales = [&](int kt) {
             const long long k0 = static_cast<long long>(kt) * kBK;
-            sra.load(scopy_a, k0, rows_valid, len);
-            srb.load(scopy_b, k0, cols_valid, len);
+            sra.load(scopy_a, k0, rows_valid, len, threadIdx.x);
+            srb.load(scopy_b, k0, cols_valid, len, threadIdx.x);
         };
         auto store_scales = [&](int stage) {
             unsigned char* sb = smem + stage * STAGE;
-            sra.store(sb + round16(raw_data_bytes(AKIND, BM)));
-            srb.store(sb + RAW_A + round16(raw_data_bytes(BKIND, BN)));
+            sra.store(sb + round16(raw_data_bytes(AKIND, BM)), threadIdx.x);
+            srb.store(sb + RAW_A + round16(raw_data_bytes(BKIND, BN)), threadIdx.x);
         };
         // Convert part p (of 4) of raw stage `stage` into canonical buffer `cb`.
         auto convert_part = [&](int p, int stage, int cb) {
@@ -266,58 +236,10 @@ __device__ __forceinline__ void gemm_mma(
         // by one (their 32 per-row factors per unit would not fit in registers many times over).
         // EA / EB: E5M2 data (MXFP8 only); the caller branches once per tile.
         auto convert_tile = [&](int stage, int cb, auto ea, auto eb) {
-            constexpr bool EA = decltype(ea)::value, EB = decltype(eb)::value;
-            const unsigned char* rs = smem + stage * STAGE;
-            unsigned char* cs = smem + CANON_OFF + cb * (CANON_A + CANON_B);
-            const unsigned char* rsa = rs + round16(raw_data_bytes(AKIND, BM));
-            const unsigned char* rb = rs + RAW_A;
-            const unsigned char* rsb = rb + round16(raw_data_bytes(BKIND, BN));
-            constexpr int NA = GA::UNITS_PER_THREAD, NB = GB::UNITS_PER_THREAD;
-            constexpr bool KA = !AMN, KB = !BMN;
-            UnitRaw<KA ? AKIND : KIND_FP4_K> xa[KA ? NA : 1];
-            UnitRaw<KB ? BKIND : KIND_FP4_K> xb[KB ? NB : 1];
-            (void)xa;  // unused by MN-major operands
-            (void)xb;
-            if constexpr (KA) {
-#pragma unroll
-                for (int i = 0; i < NA; ++i) {
-                    const int u = static_cast<int>(threadIdx.x) + i * kThreads;
-                    if (GA::UNITS % kThreads == 0 || u < GA::UNITS)
-                        xa[i] = unit_load<AKIND, BM>(rs, rsa, u);
-                }
-            }
-            if constexpr (KB) {
-#pragma unroll
-                for (int i = 0; i < NB; ++i) {
-                    const int u = static_cast<int>(threadIdx.x) + i * kThreads;
-                    if (GB::UNITS % kThreads == 0 || u < GB::UNITS)
-                        xb[i] = unit_load<BKIND, BN>(rb, rsb, u);
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < NA; ++i) {
-                const int u = static_cast<int>(threadIdx.x) + i * kThreads;
-                if ((GA::UNITS % kThreads == 0 || u < GA::UNITS) &&
-                    unit_live<AKIND>(u, rows_valid)) {
-                    if constexpr (KA) {
-                        unit_store<AKIND, BM, EA>(xa[i], cs, u);
-                    } else {
-                        convert_unit<AKIND, BM, EA>(rs, rsa, cs, u);
-                    }
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < NB; ++i) {
-                const int u = static_cast<int>(threadIdx.x) + i * kThreads;
-                if ((GB::UNITS % kThreads == 0 || u < GB::UNITS) &&
-                    unit_live<BKIND>(u, cols_valid)) {
-                    if constexpr (KB) {
-                        unit_store<BKIND, BN, EB>(xb[i], cs + CANON_A, u);
-                    } else {
-                        convert_unit<BKIND, BN, EB>(rb, rsb, cs + CANON_A, u);
-                    }
-                }
-            }
+            convert_stage<AKIND, BKIND, BM, BN, kThreads, decltype(ea)::value,
+                          decltype(eb)::value>(smem + stage * STAGE,
+                                               smem + CANON_OFF + cb * (CANON_A + CANON_B),
+                                               threadIdx.x, rows_valid, cols_valid);
         };
         using F_ = BoolC<false>;
         using T_ = BoolC<true>;
@@ -350,16 +272,16 @@ __device__ __forceinline__ void gemm_mma(
             for (int s = 0; s < NST - 1; ++s) {
                 if (s < KT) {
                     const long long k0 = static_cast<long long>(s) * kBK;
-                    pra[s].load(scopy_a, k0, rows_valid, len);
-                    prb[s].load(scopy_b, k0, cols_valid, len);
+                    pra[s].load(scopy_a, k0, rows_valid, len, threadIdx.x);
+                    prb[s].load(scopy_b, k0, cols_valid, len, threadIdx.x);
                 }
             }
 #pragma unroll
             for (int s = 0; s < NST - 1; ++s) {
                 if (s < KT) {
                     unsigned char* sb = smem + s * STAGE;
-                    pra[s].store(sb + round16(raw_data_bytes(AKIND, BM)));
-                    prb[s].store(sb + RAW_A + round16(raw_data_bytes(BKIND, BN)));
+                    pra[s].store(sb + round16(raw_data_bytes(AKIND, BM)), threadIdx.x);
+                    prb[s].store(sb + RAW_A + round16(raw_data_bytes(BKIND, BN)), threadIdx.x);
                 }
             }
         }
@@ -437,19 +359,7 @@ __device__ __forceinline__ void gemm_mma(
     // apply the epilogue in a compact loop with coalesced stores. Fragment (mi, ni): rows
     // wm0 + 16 mi + lane/4 (+8), columns wn0 + 8 ni + 2 (lane%4) (+1).
     float* cs = reinterpret_cast<float*>(smem);
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni) {
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int r = wm0 + mi * 16 + (lane >> 2) + hf * 8;
-                const int c = wn0 + ni * 8 + (lane & 3) * 2;
-                *reinterpret_cast<float2*>(cs + r * EPI_LD + c) =
-                    make_float2(acc[mi][ni][2 * hf], acc[mi][ni][2 * hf + 1]);
-            }
-        }
-    }
+    stage_acc<MI, NI, EPI_LD>(cs, accf, wm0, wn0, lane);
     __syncthreads();
     ep.tile<BN, EPI_LD>(cs, r0, c0, rows_valid, cols_valid);
 }

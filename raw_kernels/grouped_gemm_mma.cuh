@@ -148,6 +148,40 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da
 #endif
 }
 
+// One 64-deep k-tile of wgmma for warpgroup `wg` of a BM x 256 CTA tile held in canonical tiles
+// sa (A, BM rows) / sb (B, 256 rows). BM = 128: the warpgroup owns rows 64wg..64wg+63 x all 256
+// columns (two wgmma per 16-deep step); BM = 64: rows 0..63 x columns 128wg..128wg+127.
+// K-major: 8-row atoms 1024 B apart (SBO), LBO unused; a 16-deep step = +32 B. MN-major: 8-line
+// atoms 1024 B apart (SBO), 64-row panels 8 KiB apart (LBO); a 16-deep step = +16 lines = +2 KiB.
+// 64 rows of A / 128 rows of B start 8 KiB / 16 KiB further on in both layouts. Commits one
+// wgmma group; NACC: accumulator floats per thread.
+template <int BM, bool F16, bool AMN, bool BMN, int NACC>
+__device__ __forceinline__ void wg_ktile(float* accf, unsigned sa, unsigned sb, int wg) {
+    constexpr unsigned A_LBO = AMN ? kBK * 128 : 16, B_LBO = BMN ? kBK * 128 : 16;
+    constexpr unsigned A_STEP = AMN ? 16 * 128 : 32, B_STEP = BMN ? 16 * 128 : 32;
+    constexpr int HALVES = BM == 128 ? 2 : 1;  // n128 blocks per warpgroup
+    const unsigned a_addr = sa + (BM == 128 ? wg * (64 * 128) : 0);
+    const unsigned b_addr = sb + (BM == 128 ? 0 : wg * (128 * 128));
+    // The start-address field (bits 0-13, address / 16) of a descriptor never carries: every
+    // shared address is below 2^18, so a later slice's descriptor is the tile's plus
+    // (byte offset / 16).
+    const unsigned long long da = wg_desc(a_addr, A_LBO, 1024);
+    const unsigned long long db = wg_desc(b_addr, B_LBO, 1024);
+    wg_fence_acc<NACC>(accf);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < kBK / 16; ++ks) {
+#pragma unroll
+        for (int h = 0; h < HALVES; ++h) {
+            wgmma_m64n128k16<F16, AMN ? 1 : 0, BMN ? 1 : 0>(
+                accf + h * 64, da + ((ks * A_STEP) >> 4),
+                db + ((h * (128 * 128) + ks * B_STEP) >> 4));
+        }
+    }
+    wg_commit();
+    wg_fence_acc<NACC>(accf);
+}
+
 }  // namespace lpm_gg
 
 #endif  // LPM_GROUPED_GEMM_MMA_CUH

@@ -17,3 +17,5 @@ LPM_GG_DEFINE_WG(lpm_gg_nvfp4_kk_w, 128, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K,
 LPM_GG_DEFINE_WG(lpm_gg_nvfp4_kk_v, 64, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 16)
 LPM_GG_DEFINE_WG(lpm_gg_nvfp4_kk_w8, 128, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 8)
 LPM_GG_DEFINE_WG(lpm_gg_nvfp4_kk_v8, 64, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 8)
+LPM_GG_DEFINE_WS(lpm_gg_nvfp4_kk_x, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 16)
+LPM_GG_DEFINE_WS(lpm_gg_nvfp4_kk_x8, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 8)

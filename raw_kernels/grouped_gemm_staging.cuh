@@ -63,27 +63,25 @@ struct TileGeo {
     // bytes per element along the contiguous dimension, as numerator / denominator
     static constexpr int ES_NUM = KIND == KIND_FP4_K ? 1 : kind_is_hp(KIND) ? 2 : 1;
     static constexpr int ES_DEN = KIND == KIND_FP4_K ? 2 : 1;
-    static constexpr int SCALE_COUNT = raw_scale_count(KIND, R);
-    static constexpr int SCALES_PER_THREAD = (SCALE_COUNT + kThreads - 1) / kThreads;
     static constexpr int UNITS = 2 * R;  // 32-element conversion units per tile
     static constexpr int UNITS_PER_THREAD = (UNITS + kThreads - 1) / kThreads;
 };
 
 // The cp.async copies of one operand's k-tiles. A raw (or, for high precision, canonical)
 // tile is OUTER lines x INNER bytes: byte b of line o comes from line_base + o*ld + b and lands at
-// tile_off(o, b). Thread t copies chunk b = (t % CPL)*CH of lines o0 + STEP*i (o0 = t / CPL,
-// STEP = kThreads / CPL), so its source pointer, line stride and tile offset are set up once per
+// tile_off(o, b). Thread t (of the NT threads that copy) copies chunk b = (t % CPL)*CH of lines
+// o0 + STEP*i (o0 = t / CPL, STEP = NT / CPL), so its source pointer, line stride and tile offset are set up once per
 // CTA and every k-tile costs a pointer add, a compare and the copy per chunk. Chunks with
 // o >= outer_valid or b >= inner_valid are zero-filled (the host guarantees that CH divides the
 // valid extents, so no chunk straddles them).
 //   K-major : lines are rows; a k-tile starts k0 * ES_NUM / ES_DEN bytes further on.
 //   MN-major: lines are contraction indices; a k-tile starts k0 lines further on.
-template <int KIND, int R, int CH>
+template <int KIND, int R, int CH, int NT = kThreads>
 struct OperandCopy {
     using G = TileGeo<KIND, R>;
     static constexpr int CPL = G::INNER / CH;  // chunks per line
-    static_assert(CPL >= 1 && CPL <= kThreads && (CPL & (CPL - 1)) == 0, "chunks per line");
-    static constexpr int STEP = kThreads / CPL;  // lines per pass
+    static_assert(CPL >= 1 && CPL <= NT && (CPL & (CPL - 1)) == 0, "chunks per line");
+    static constexpr int STEP = NT / CPL;  // lines per pass
     static constexpr int PASSES = (G::OUTER + STEP - 1) / STEP;
     // tile_off(o + 8j, b) = tile_off(o, b) + 8j * SLOPE for every swizzle, so passes of a
     // multiple of 8 lines (or no swizzle) have constant tile offsets.
@@ -95,9 +93,10 @@ struct OperandCopy {
     unsigned soff;  // tile_off(o0, b)
     int o0, b;
 
-    // base: the operand's global bytes at (tile row 0, contraction 0); ld: line stride (bytes).
-    __device__ __forceinline__ OperandCopy(const unsigned char* base, long long line_stride) {
-        const unsigned t = threadIdx.x;
+    // base: the operand's global bytes at (tile row 0, contraction 0); ld: line stride (bytes);
+    // t: this thread's index among the NT copying threads.
+    __device__ __forceinline__ OperandCopy(const unsigned char* base, long long line_stride,
+                                           unsigned t) {
         o0 = static_cast<int>(t / CPL);
         b = static_cast<int>(t % CPL) * CH;
         ld = line_stride;
@@ -142,66 +141,73 @@ struct OperandCopy {
 //   FP4_K : [R][4] bytes   scale (r, b) at sbase + r*sld + k0/16 + b
 //   FP8_K : [R][2] floats  scale (r, b) at sbase + r*sld + k0/32 + b
 //   FP8_MN: [2][R] floats  scale (b, r) at sbase + (k0/32 + b)*sld + r
-// Entry i of a tile is loaded by thread i % kThreads; its source address, row and block are set
-// up once per CTA (ScaleCopy), so a k-tile costs an add, two compares and the load per entry.
-template <int KIND, int R>
+// Entry i of a tile (shared-memory index i) is loaded by thread i % NT of the NT copying
+// threads; the row and block of its j-th entry are (r0 + R_OF(j), b0 + B_OF(j)), compile-time
+// offsets from the thread's first entry, whose address is set up once per CTA (ScaleCopy).
+template <int KIND, int R, int NT = kThreads>
 struct ScaleCopy {
-    using G = TileGeo<KIND, R>;
     static constexpr int BLK = KIND == KIND_FP4_K ? LPM_NVFP4_BLOCK : LPM_MXFP8_BLOCK;
     static constexpr int NB = kBK / BLK;  // scale blocks per k-tile
     static constexpr bool MN = KIND == KIND_FP8_MN;
-    static_assert(kThreads % (MN ? R : NB) == 0, "scale entries per pass");
-    // row / block advance of entry i + kThreads over entry i
-    static constexpr int R_STEP = MN ? 0 : kThreads / NB;
-    static constexpr int B_STEP = MN ? kThreads / R : 0;
-    const unsigned char* src;  // entry threadIdx.x of k-tile 0
-    long long step;            // entry i + kThreads
-    long long kmul;            // bytes per scale block along the contraction
+    static constexpr int SCALE_COUNT = raw_scale_count(KIND, R);
+    static constexpr int PER_THREAD = (SCALE_COUNT + NT - 1) / NT;
+    static_assert(MN ? (NT % R == 0 || R % NT == 0) : NT % NB == 0, "scale entries per pass");
+    static __host__ __device__ constexpr int R_OF(int j) {
+        return MN ? (R <= NT ? 0 : (j % (R / NT)) * NT) : j * (NT / NB);
+    }
+    static __host__ __device__ constexpr int B_OF(int j) {
+        return MN ? (R <= NT ? j * (NT / R) : j / (R / NT)) : 0;
+    }
+    const unsigned char* src;  // the thread's first entry of k-tile 0
+    long long sld;
     int r0, b0;
 
-    __device__ __forceinline__ ScaleCopy(const unsigned char* sbase, long long sld) {
-        const unsigned t = threadIdx.x;
+    __device__ __forceinline__ ScaleCopy(const unsigned char* sbase, long long scale_ld,
+                                         unsigned t) {
+        sld = scale_ld;
         r0 = static_cast<int>(MN ? t % R : t / NB);
         b0 = static_cast<int>(MN ? t / R : t % NB);
         src = sbase + (MN ? static_cast<long long>(b0) * sld + r0
                           : static_cast<long long>(r0) * sld + b0);
-        step = MN ? B_STEP * sld : R_STEP * sld;
-        kmul = MN ? sld : 1;
+    }
+    // Entries advance by a constant step, except MN-major tiles wider than NT rows.
+    static constexpr bool UNIFORM = !MN || R <= NT;
+    // Byte offset of entry j from the thread's first entry (step: offset of entry 1, UNIFORM).
+    __device__ __forceinline__ long long offset(int j) const {
+        return MN ? B_OF(j) * sld + R_OF(j) : R_OF(j) * sld + B_OF(j);
     }
 };
 
-template <int KIND, int R>
+template <int KIND, int R, int NT = kThreads>
 struct ScaleRegs {
-    unsigned v[TileGeo<KIND, R>::SCALES_PER_THREAD > 0 ? TileGeo<KIND, R>::SCALES_PER_THREAD : 1];
+    using SC = ScaleCopy<KIND, R, NT>;
+    unsigned v[SC::PER_THREAD > 0 ? SC::PER_THREAD : 1];
 
-    __device__ __forceinline__ void load(const ScaleCopy<KIND, R>& sc, long long k0,
-                                         int rows_valid, long long len) {
-        using G = TileGeo<KIND, R>;
-        using SC = ScaleCopy<KIND, R>;
+    __device__ __forceinline__ void load(const SC& sc, long long k0, int rows_valid,
+                                         long long len, unsigned t) {
         const long long kb0 = k0 / SC::BLK;
         const int blocks_left = static_cast<int>((len + SC::BLK - 1) / SC::BLK - kb0);
-        const unsigned char* p = sc.src + kb0 * sc.kmul;
+        const unsigned char* p = sc.src + (SC::MN ? kb0 * sc.sld : kb0);
+        const long long step = SC::UNIFORM ? sc.offset(1) : 0;
 #pragma unroll
-        for (int j = 0; j < G::SCALES_PER_THREAD; ++j) {
-            const int r = sc.r0 + j * SC::R_STEP, b = sc.b0 + j * SC::B_STEP;
+        for (int j = 0; j < SC::PER_THREAD; ++j) {
+            const int r = sc.r0 + SC::R_OF(j), b = sc.b0 + SC::B_OF(j);
             unsigned val = 0u;
-            if ((G::SCALE_COUNT % kThreads == 0 || j * kThreads + static_cast<int>(threadIdx.x) <
-                                                        G::SCALE_COUNT) &&
+            if ((SC::SCALE_COUNT % NT == 0 || j * NT + static_cast<int>(t) < SC::SCALE_COUNT) &&
                 r < rows_valid && b < blocks_left) {
-                val = __ldg(p);
+                val = __ldg(SC::UNIFORM ? p : p + sc.offset(j));
             }
             v[j] = val;
-            p += sc.step;
+            if (SC::UNIFORM) p += step;
         }
     }
 
     // NVFP4: the E4M3 bytes; MXFP8: the fp32 factors 2^(e-127) (e = 0: 2^-127, e = 255: NaN).
-    __device__ __forceinline__ void store(unsigned char* sdst) const {
-        using G = TileGeo<KIND, R>;
+    __device__ __forceinline__ void store(unsigned char* sdst, unsigned t) const {
 #pragma unroll
-        for (int j = 0; j < G::SCALES_PER_THREAD; ++j) {
-            const int i = static_cast<int>(threadIdx.x) + j * kThreads;
-            if (G::SCALE_COUNT % kThreads == 0 || i < G::SCALE_COUNT) {
+        for (int j = 0; j < SC::PER_THREAD; ++j) {
+            const int i = static_cast<int>(t) + j * NT;
+            if (SC::SCALE_COUNT % NT == 0 || i < SC::SCALE_COUNT) {
                 if constexpr (KIND == KIND_FP4_K) {
                     sdst[i] = static_cast<unsigned char>(v[j]);
                 } else {

@@ -162,6 +162,11 @@ def test_kernel_constants_match_sources():
     from lowprec_moe import kernels
     from lowprec_moe.cuda import gemm as C
 
+    ws = (kernels.kernel_dir() / "grouped_gemm_ws.cuh").read_text()
+    assert "kWsThreads = kWsConsumers + kWsProducers;" in ws
+    consumers = int(re.search(r"kWsConsumers = (\d+);", ws).group(1))
+    producers = int(re.search(r"kWsProducers = (\d+);", ws).group(1))
+    assert consumers + producers == C.WS_THREADS
     src = (kernels.kernel_dir() / "grouped_gemm_base.cuh").read_text()
     for name in ("D_A_OFF", "D_A_LD", "D_A_SOFF", "D_A_SLD", "D_B_OFF", "D_B_LD", "D_B_SOFF",
                  "D_B_SLD", "D_ROWS", "D_LEN", "D_OUT_OFF", "D_AMAX_A", "D_AMAX_B", "D_BIAS",
@@ -178,9 +183,11 @@ def test_kernel_constants_match_sources():
     # every kernel name the launcher can pick exists in its module
     for prefix in ("bf16", "fp16", "nvfp4", "mxfp8"):
         text = (kernels.kernel_dir() / f"grouped_gemm_{prefix}.cu").read_text()
-        defined = set(re.findall(r"LPM_GG_DEFINE(?:_WG)?\((\w+),", text))
+        defined = set(re.findall(r"LPM_GG_DEFINE(?:_WG|_WS)?\((\w+),", text))
         layouts = {"nvfp4": ["kk"]}.get(prefix, ["kk", "kn", "nn"])
+        quantized = prefix in ("nvfp4", "mxfp8")
         for lay in layouts:
-            for cfg in ("l", "w") + (("s", "v") if lay != "nn" else ()):
+            for cfg in ("l", "w") + (("s", "v") if lay != "nn" else ()) + (
+                    ("x",) if quantized else ()):
                 for suf in ("", "8") if prefix == "nvfp4" else ("",):
                     assert f"lpm_gg_{prefix}_{lay}_{cfg}{suf}" in defined, (prefix, lay, cfg)

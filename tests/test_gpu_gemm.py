@@ -265,6 +265,34 @@ def test_gpu_kernel_families(mode, fmt, family, monkeypatch):
     _assert_grouped_equals_members(mode, fmt, 14, f"{family} {mode} {fmt}")
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled", "mxfp8-e4m3", "mxfp8-e5m2",
+                                 "mxfp8-hybrid"])
+@pytest.mark.parametrize("mode", MODES)
+def test_gpu_warp_specialised_equals_wgmma_bitwise(mode, fmt, monkeypatch):
+    """The default sm_90 kernel for quantized operands (a producer warpgroup expands, two
+    consumer warpgroups multiply; named-barrier handshake over 2-3 buffers) against the plain
+    wgmma kernel, bit for bit, with enough k-tiles to cycle every buffer several times."""
+    from lowprec_moe.cuda import gemm as C
+
+    if C._device_caps()[0] != (9, 0):
+        pytest.skip("the warp-specialised kernel needs an sm_90 GPU")
+    splits = [0, 300, 37, 260, 5, 129]
+    a, b = _host_operands(mode, fmt, seed=21, splits=splits, n=352, k=704)
+    p = _validate(mode, gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="float32",
+                  out=None, accumulate=False)
+    launch = C.choose_kernel(p, C.plan(p))
+    if launch.bm == 128:
+        assert launch.threads == C.WS_THREADS and launch.kernel.endswith(("_x", "_x8")), launch
+    ws = _run(mode, a, b, splits, out_dtype="float32")
+    exp, mag = _expected(mode, a, b, splits)
+    assert_gemm_close(ws, exp, mag, f"ws {mode} {fmt} {launch.kernel}")
+    monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
+    plain = C.choose_kernel(p, C.plan(p))
+    assert plain.threads == C.THREADS, plain
+    assert_bytes_equal(ws, _run(mode, a, b, splits, out_dtype="float32"),
+                       f"ws vs wgmma {mode} {fmt}")
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4-row-scaled", "mxfp8-hybrid"])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_simt_forced_matches(mode, fmt, monkeypatch):

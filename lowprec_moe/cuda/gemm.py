@@ -43,8 +43,12 @@ Kernel choice
   the split-dependent tile choice never changes results (grouped == per-expert, bitwise). GPUs
   whose opt-in shared memory per block is too small for a tensor-core kernel take the SIMT
   kernel.
+* On sm_90, NVFP4 / MXFP8 operands with the 128x256 tile run the warp-specialised wgmma kernel
+  (384 threads: one warpgroup copies and expands the quantized tiles while two warpgroups issue
+  the wgmma), which computes bitwise what the plain wgmma kernel computes.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
-  family (debugging, cross-checks).
+  family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel, without the
+  warp-specialised one.
 """
 
 from __future__ import annotations
@@ -63,7 +67,8 @@ from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     BK, CONFIGS, DESC_WORDS, D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD, D_B_SOFF,
     D_B_SLD, D_ROWS, D_LEN, D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS, EK_F32, EK_BF16,
     EK_F16, EK_FP4, EK_E4M3, EK_E5M2, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K,
-    KIND_HP_MN, MMA_PARAMS, OUT_TYPES, Operand, Plan, SIMT_PARAMS, SIMT_TILE, THREADS, _cdiv,
+    KIND_HP_MN, MMA_PARAMS, OUT_TYPES, Operand, Plan, SIMT_PARAMS, SIMT_TILE, THREADS,
+    WS_THREADS, _cdiv,
     _flat_amax, descriptors, plan, tile_table)
 
 __all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV"]
@@ -166,6 +171,7 @@ class Launch:
     ch: int
     smem: int
     wgmma: bool = False
+    threads: int = THREADS
 
 
 _FAMILIES = ("auto", "wgmma", "mma", "simt")
@@ -216,12 +222,17 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
         cfg = big
     else:
         cfg = small if _pick_bm(pl.rows, CONFIGS[small][0]) != 128 else big
+    # warp-specialised wgmma kernel: quantized operands, 128-row tile, the default family
+    ws = cfg == "w" and p.fmt != "hp" and family == "auto"
+    if ws:
+        cfg = "x"
     bm, bn = CONFIGS[cfg]
     name = f"lpm_gg_{prefix}_{layout}_{cfg}" + ("8" if ch == 8 else "")
     smem = _smem_bytes(pl.a.kind, pl.b.kind, bm, bn, use_wg)
     if smem > optin:  # e.g. consumer GPUs with ~100 KiB per block
         return simt
-    return Launch(f"grouped_gemm_{prefix}", name, False, bm, bn, ch, smem, use_wg)
+    return Launch(f"grouped_gemm_{prefix}", name, False, bm, bn, ch, smem, use_wg,
+                  WS_THREADS if ws else THREADS)
 
 
 def kernel_info(p) -> dict:
@@ -234,6 +245,8 @@ def kernel_info(p) -> dict:
         mma_type = "f16" if p.fmt == "nvfp4" or p.hp_dtype == "float16" else "bf16"
         instr = (f"wgmma.m64n128k16.{mma_type}" if ln.wgmma
                  else f"mma.sync.m16n8k16.{mma_type}")
+        if ln.threads == WS_THREADS:
+            instr += " ws"
     return dict(module=ln.module, kernel=ln.kernel, instruction=instr, tile=(ln.bm, ln.bn),
                 smem=ln.smem)
 
@@ -392,5 +405,5 @@ def grouped_gemm(p):
         if key not in _smem_set:
             fn.max_dynamic_shared_size_bytes = launch.smem
             _smem_set.add(key)
-    fn((grid,), (THREADS,), args, shared_mem=launch.smem)
+    fn((grid,), (launch.threads,), args, shared_mem=launch.smem)
     return out

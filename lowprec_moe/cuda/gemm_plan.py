@@ -30,10 +30,14 @@ KIND_HP_K, KIND_HP_MN, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN = range(5)
 OUT_TYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
 BK = 64
 THREADS = 256
+#: threads of the warp-specialised wgmma kernels (kWsThreads in grouped_gemm_ws.cuh)
+WS_THREADS = 384
 #: CTA tiles of the tensor-core kernels: name suffix -> (BM, BN). mma.sync: l, s; wgmma (sm_90):
-#: w, v. Within a family every tile uses the same MMA instruction, so the choice (made from the
-#: splits) never changes the arithmetic: grouped calls equal per-expert calls bit for bit.
-CONFIGS = {"l": (128, 256), "s": (32, 256), "w": (128, 256), "v": (64, 256)}
+#: w, v, and x (the warp-specialised NVFP4 / MXFP8 kernel, same tile and shared memory as w).
+#: Within a family every tile uses the same MMA instruction on the same canonical values, so the
+#: choice (made from the splits) never changes the arithmetic: grouped calls equal per-expert
+#: calls bit for bit.
+CONFIGS = {"l": (128, 256), "s": (32, 256), "w": (128, 256), "v": (64, 256), "x": (128, 256)}
 #: Parameter names, in order, of the tensor-core kernels (LPM_GG_PARAMS in
 #: grouped_gemm_kernel.cuh) and of lpm_gg_simt; tests/test_gemm_plan.py checks them against the CUDA
 #: sources.
