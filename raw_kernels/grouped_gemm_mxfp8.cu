@@ -18,6 +18,3 @@ LPM_GG_DEFINE_WG(lpm_gg_mxfp8_kk_v, 64, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_K, 
 LPM_GG_DEFINE_WG(lpm_gg_mxfp8_kn_w, 128, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_MN, false, 16)
 LPM_GG_DEFINE_WG(lpm_gg_mxfp8_kn_v, 64, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_MN, false, 16)
 LPM_GG_DEFINE_WG(lpm_gg_mxfp8_nn_w, 128, lpm_gg::KIND_FP8_MN, lpm_gg::KIND_FP8_MN, false, 16)
-LPM_GG_DEFINE_WS(lpm_gg_mxfp8_kk_x, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_K, false, 16)
-LPM_GG_DEFINE_WS(lpm_gg_mxfp8_kn_x, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_MN, false, 16)
-LPM_GG_DEFINE_WS(lpm_gg_mxfp8_nn_x, lpm_gg::KIND_FP8_MN, lpm_gg::KIND_FP8_MN, false, 16)

@@ -1,13 +1,15 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
-// warp-specialised wgmma kernel body gemm_ws for NVFP4 / MXFP8 operands and its entry-point
-// macro LPM_GG_DEFINE_WS.
+// warp-specialised wgmma kernel body gemm_ws for quantized operands and its entry-point macro
+// LPM_GG_DEFINE_WS. The library instantiates it for NVFP4 only: with MXFP8 the producers' 88
+// registers spill and it is slower than the plain wgmma kernel (benchmarks/RESULTS.md).
 //
-// 384 threads per CTA, one 128 x 256 output tile, the shared-memory layout of the wgmma
+// 512 threads per CTA, one 128 x 256 output tile, the shared-memory layout of the wgmma
 // CONVERT path of gemm_mma (4 raw stages, NCB canonical buffers; gemm_smem_bytes):
 //   * warpgroups 0-1 (threads 0-255, "consumers") only issue the wgmma of each k-tile and run
 //     the epilogue, with the accumulators of gemm_mma's wgmma path;
-//   * warpgroup 2 (threads 256-383, "producer") issues the cp.async copies of the raw tiles,
-//     stages the block scales and expands each raw tile into a canonical buffer.
+//   * warpgroups 2-3 (threads 256-511, "producers") issue the cp.async copies of the raw tiles,
+//     stage the block scales and expand each raw tile into a canonical buffer.
+// setmaxnreg gives the consumers 168 registers and the producers the rest (88).
 // So the expansion of tile k+1 (and k+2 with three buffers) runs while the tensor cores work on
 // tile k, instead of sharing the warps that issue and wait for the MMAs. The handshake uses
 // named barriers: FULL[b] (the producer arrives after expanding into buffer b, the consumers
@@ -27,8 +29,13 @@
 namespace lpm_gg {
 
 constexpr int kWsConsumers = 256;  // two warpgroups: wgmma and the epilogue
-constexpr int kWsProducers = 128;  // one warpgroup: copies, block scales, expansion
+constexpr int kWsProducers = 256;  // two warpgroups: copies, block scales, expansion
 constexpr int kWsThreads = kWsConsumers + kWsProducers;
+// Registers per thread after the role split (setmaxnreg): the consumers hold 128 fp32
+// accumulators each; together the roles use the whole register file (65536).
+constexpr int kWsConsumerRegs = 168;
+constexpr int kWsProducerRegs = 65536 / kWsProducers - kWsConsumerRegs * kWsConsumers / kWsProducers;
+static_assert(kWsProducerRegs % 8 == 0 && kWsProducerRegs >= 24, "setmaxnreg granularity");
 // Named barriers (0 is __syncthreads).
 constexpr int WS_BAR_PROD = 1;   // the producer warpgroup
 constexpr int WS_BAR_EPI = 2;    // the consumer warpgroups
@@ -40,6 +47,19 @@ __device__ __forceinline__ void named_sync(int id, int nthreads) {
 }
 __device__ __forceinline__ void named_arrive(int id, int nthreads) {
     asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(nthreads) : "memory");
+}
+// Per-warpgroup register budget (sm_90a): release registers (producer) / claim them (consumer).
+template <int N>
+__device__ __forceinline__ void regs_release() {
+#if LPM_GG_HAS_WGMMA
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <int N>
+__device__ __forceinline__ void regs_claim() {
+#if LPM_GG_HAS_WGMMA
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
 }
 
 template <int AKIND, int BKIND, bool F16, int CH>
@@ -106,7 +126,8 @@ __device__ __forceinline__ void gemm_ws(
     const int KT = static_cast<int>((len + kBK - 1) / kBK);
 
     if (threadIdx.x >= kWsConsumers) {
-        // ---------------- producer warpgroup ----------------
+        // ---------------- producer warpgroups ----------------
+        regs_release<kWsProducerRegs>();
         const unsigned t = threadIdx.x - kWsConsumers;
         const long long a_ld = d[D_A_LD], b_ld = d[D_B_LD];
         const unsigned char* a_base =
@@ -207,6 +228,7 @@ __device__ __forceinline__ void gemm_ws(
     }
 
     // ---------------- consumer warpgroups ----------------
+    regs_claim<kWsConsumerRegs>();
     ep.init_alpha();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
@@ -239,7 +261,7 @@ __device__ __forceinline__ void gemm_ws(
 }  // namespace lpm_gg
 
 // extern "C" entry point NAME of a warp-specialised wgmma (sm_90a) configuration: 128 x 256
-// tile, 384 threads (see gemm_ws). On other architectures it compiles to a trap; the launcher
+// tile, 512 threads (see gemm_ws). On other architectures it compiles to a trap; the launcher
 // never selects it there.
 #define LPM_GG_DEFINE_WS(NAME, AKIND, BKIND, F16, CH)                                          \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1) NAME(LPM_GG_PARAMS) {  \

@@ -43,9 +43,9 @@ Kernel choice
   the split-dependent tile choice never changes results (grouped == per-expert, bitwise). GPUs
   whose opt-in shared memory per block is too small for a tensor-core kernel take the SIMT
   kernel.
-* On sm_90, NVFP4 / MXFP8 operands with the 128x256 tile run the warp-specialised wgmma kernel
-  (384 threads: one warpgroup copies and expands the quantized tiles while two warpgroups issue
-  the wgmma), which computes bitwise what the plain wgmma kernel computes.
+* On sm_90, NVFP4 operands with the 128x256 tile run the warp-specialised wgmma kernel (512
+  threads: two warpgroups copy and expand the quantized tiles while two warpgroups issue the
+  wgmma), which computes bitwise what the plain wgmma kernel computes.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel, without the
   warp-specialised one.
@@ -222,8 +222,9 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
         cfg = big
     else:
         cfg = small if _pick_bm(pl.rows, CONFIGS[small][0]) != 128 else big
-    # warp-specialised wgmma kernel: quantized operands, 128-row tile, the default family
-    ws = cfg == "w" and p.fmt != "hp" and family == "auto"
+    # warp-specialised wgmma kernel: NVFP4, 128-row tile, the default family (for MXFP8 its
+    # producer warpgroups run out of registers and it is slower than the plain kernel)
+    ws = cfg == "w" and p.fmt == "nvfp4" and family == "auto"
     if ws:
         cfg = "x"
     bm, bn = CONFIGS[cfg]

@@ -31,9 +31,9 @@ OUT_TYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
 BK = 64
 THREADS = 256
 #: threads of the warp-specialised wgmma kernels (kWsThreads in grouped_gemm_ws.cuh)
-WS_THREADS = 384
+WS_THREADS = 512
 #: CTA tiles of the tensor-core kernels: name suffix -> (BM, BN). mma.sync: l, s; wgmma (sm_90):
-#: w, v, and x (the warp-specialised NVFP4 / MXFP8 kernel, same tile and shared memory as w).
+#: w, v, and x (the warp-specialised NVFP4 kernel, same tile and shared memory as w).
 #: Within a family every tile uses the same MMA instruction on the same canonical values, so the
 #: choice (made from the splits) never changes the arithmetic: grouped calls equal per-expert
 #: calls bit for bit.
