@@ -12,9 +12,9 @@
 // setmaxnreg gives the consumers 168 registers and the producers the rest (88).
 // So the expansion of tile k+1 (and k+2 with three buffers) runs while the tensor cores work on
 // tile k, instead of sharing the warps that issue and wait for the MMAs. The handshake uses
-// named barriers: FULL[b] (the producer arrives after expanding into buffer b, the consumers
+// named barriers: FULL[b] (the producers arrive after expanding into buffer b, the consumers
 // wait) and EMPTY[b] (the consumers arrive once the wgmma that read buffer b retired, the
-// producer waits before expanding into it again); a further barrier orders the producer's own
+// producers wait before expanding into it again); a further barrier orders the producers' own
 // cp.async copies, another the consumers' epilogue. Every k-tile issues the same wgmma, on the
 // same canonical values, in the same order as gemm_mma, so the results are bitwise those of the
 // other wgmma kernels (and grouped == per-expert holds across the family).
@@ -34,10 +34,11 @@ constexpr int kWsThreads = kWsConsumers + kWsProducers;
 // Registers per thread after the role split (setmaxnreg): the consumers hold 128 fp32
 // accumulators each; together the roles use the whole register file (65536).
 constexpr int kWsConsumerRegs = 168;
-constexpr int kWsProducerRegs = 65536 / kWsProducers - kWsConsumerRegs * kWsConsumers / kWsProducers;
+constexpr int kWsProducerRegs =
+    (65536 - kWsConsumerRegs * kWsConsumers) / kWsProducers;  // 88
 static_assert(kWsProducerRegs % 8 == 0 && kWsProducerRegs >= 24, "setmaxnreg granularity");
 // Named barriers (0 is __syncthreads).
-constexpr int WS_BAR_PROD = 1;   // the producer warpgroup
+constexpr int WS_BAR_PROD = 1;   // the producer warpgroups
 constexpr int WS_BAR_EPI = 2;    // the consumer warpgroups
 constexpr int WS_BAR_FULL = 3;   // + buffer (3 buffers at most)
 constexpr int WS_BAR_EMPTY = 6;  // + buffer
