@@ -29,11 +29,11 @@ __device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc, unsigned* o
 }
 
 // 4 fp8 bytes -> 2 bf16x2 words of fp8 * f (f = 2^(e-127) as fp32, one factor per element).
-// cvt.rn.f16x2.{e4m3,e5m2}x2 widens two bytes exactly (subnormals, inf and NaN included), cvt.f32.f16
-// widens each half exactly, and one non-flushing multiply forms fp8 * f, exact whenever it is
-// representable in fp32. The high half of that fp32 value is the bf16 value: exact whenever it is
-// representable in bf16 (E4M3 scale code >= 3, E5M2 >= 10); below that, truncated toward zero.
-// inf and NaN elements, and the NaN scale (f = NaN), give inf / NaN.
+// cvt.rn.f16x2.{e4m3,e5m2}x2 widens two bytes exactly (subnormals, inf and NaN included),
+// cvt.f32.f16 widens each half exactly, and one non-flushing multiply forms fp8 * f, exact
+// whenever it is representable in fp32. The high half of that fp32 value is the bf16 value:
+// exact whenever it is representable in bf16 (E4M3 scale code >= 3, E5M2 >= 10); below that,
+// truncated toward zero. inf and NaN elements, and the NaN scale (f = NaN), give inf / NaN.
 // 3 instructions per element (conversion, widening, multiply) plus one byte permute per pair.
 template <bool E5M2>
 __device__ __forceinline__ void fp8_decode4(unsigned w, float f0, float f1, float f2, float f3,

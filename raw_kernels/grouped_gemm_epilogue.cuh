@@ -278,8 +278,8 @@ __device__ __forceinline__ void stage_acc(float* cs, const float* accf, int wm0,
             for (int hf = 0; hf < 2; ++hf) {
                 const int r = wm0 + mi * 16 + (lane >> 2) + hf * 8;
                 const int c = wn0 + ni * 8 + (lane & 3) * 2;
-                *reinterpret_cast<float2*>(cs + r * LD + c) =
-                    make_float2(accf[(mi * NI + ni) * 4 + 2 * hf], accf[(mi * NI + ni) * 4 + 2 * hf + 1]);
+                const float* f = accf + (mi * NI + ni) * 4 + 2 * hf;
+                *reinterpret_cast<float2*>(cs + r * LD + c) = make_float2(f[0], f[1]);
             }
         }
     }
