@@ -21,7 +21,8 @@
 //   * NVFP4 / MXFP8 operands ("CONVERT"): cp.async of the packed bytes into a 4-stage raw ring,
 //     block scales through registers one tile ahead; every k-tile the CTA expands the next raw tile
 //     into a 16-bit canonical tile (2-3 buffers, see canon_buffers) while the tensor cores work
-//     on the current one.
+//     on the current one. The warp-specialised variant (grouped_gemm_ws.cuh, 512 threads, NVFP4)
+//     hands the copies and the expansion to two producer warpgroups instead.
 //     No dequantized copy of an operand ever exists in global memory.
 // Canonical tiles (16-bit): K-major [R][64] (128-byte rows, 16-byte chunk c of row r stored at
 // chunk c ^ (r & 7)), or MN-major [64 lines][R] stored as R/64 panels of [64][128 bytes] with the
