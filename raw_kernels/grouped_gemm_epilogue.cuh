@@ -59,6 +59,17 @@ struct Epilogue {
         return ep;
     }
 
+    // The wgrad of an expert without tokens: dW_g = 0 over the tile (nothing to do when
+    // accumulating), written by threads 0..nthreads-1.
+    __device__ __forceinline__ void zero_tile(long long r0, long long c0, int rows_valid,
+                                              int cols_valid, int nthreads) const {
+        if (!accumulate) {
+            for (int i = threadIdx.x; i < rows_valid * cols_valid; i += nthreads) {
+                write(r0 + i / cols_valid, c0 + i % cols_valid, 0.0f);
+            }
+        }
+    }
+
     __device__ __forceinline__ void init_alpha() {
         alpha = 0.0f;
         if (scale_mode == 1) {

@@ -70,19 +70,11 @@ extern "C" __global__ void __launch_bounds__(256) lpm_gg_simt(
     __shared__ __align__(16) float Bs[kKS][LDS];
     __shared__ __align__(16) float Cs[kT * LDS];
 
-    const int entry = static_cast<int>(blockIdx.x) / n_col_tiles;
-    const int ct = static_cast<int>(blockIdx.x) % n_col_tiles;
-    const int g = tiles[2 * entry];
-    const int rt = tiles[2 * entry + 1];
-    const long long* d = desc + static_cast<long long>(g) * kDescWords;
-    const long long rows = d[D_ROWS];
-    const long long len = d[D_LEN];
-    const long long r0 = static_cast<long long>(rt) * kT;
-    const long long c0 = static_cast<long long>(ct) * kT;
-    const long long rv = rows - r0, cv = n_cols - c0;
-    if (rv <= 0 || cv <= 0) return;
-    const int rows_valid = static_cast<int>(rv < kT ? rv : kT);
-    const int cols_valid = static_cast<int>(cv < kT ? cv : kT);
+    const CtaTile tile = locate_tile<kT, kT>(tiles, n_col_tiles, desc, n_cols);
+    if (tile.rv <= 0 || tile.cv <= 0) return;
+    const long long* d = tile.d;
+    const long long len = tile.len, r0 = tile.r0, c0 = tile.c0;
+    const int rows_valid = tile.rows_valid<kT>(), cols_valid = tile.cols_valid<kT>();
 
     Epilogue ep = Epilogue::of_expert(d, out, n_cols, out_type, accumulate, scale_mode, amax_a,
                                       a_vec, amax_b, b_vec, bias, probs, has_bias, has_probs);

@@ -67,6 +67,43 @@ struct TileGeo {
     static constexpr int UNITS_PER_THREAD = (UNITS + kThreads - 1) / kThreads;
 };
 
+// The CTA's place in the grouped problem: its output tile (tile-table entry blockIdx.x /
+// n_col_tiles, column tile blockIdx.x % n_col_tiles), the expert's descriptor words, the
+// contraction length, the tile origin and the rows / columns left from it (rv <= 0 or cv <= 0:
+// the tile holds no output and the CTA has nothing to do; rows_valid / cols_valid: the
+// extents clamped to the tile).
+struct CtaTile {
+    const long long* d;
+    long long len, r0, c0, rv, cv;
+
+    template <int BM>
+    __device__ __forceinline__ int rows_valid() const {
+        return static_cast<int>(rv < BM ? rv : BM);
+    }
+    template <int BN>
+    __device__ __forceinline__ int cols_valid() const {
+        return static_cast<int>(cv < BN ? cv : BN);
+    }
+};
+
+template <int BM, int BN>
+__device__ __forceinline__ CtaTile locate_tile(const int* tiles, int n_col_tiles,
+                                               const long long* desc, long long n_cols) {
+    CtaTile t;
+    const int entry = static_cast<int>(blockIdx.x) / n_col_tiles;
+    const int ct = static_cast<int>(blockIdx.x) % n_col_tiles;
+    const int g = tiles[2 * entry];
+    const int rt = tiles[2 * entry + 1];
+    t.d = desc + static_cast<long long>(g) * kDescWords;
+    const long long rows = t.d[D_ROWS];
+    t.len = t.d[D_LEN];
+    t.r0 = static_cast<long long>(rt) * BM;
+    t.c0 = static_cast<long long>(ct) * BN;
+    t.rv = rows - t.r0;
+    t.cv = n_cols - t.c0;
+    return t;
+}
+
 // The cp.async copies of one operand's k-tiles. A raw (or, for high precision, canonical)
 // tile is OUTER lines x INNER bytes: byte b of line o comes from line_base + o*ld + b and lands at
 // tile_off(o, b). Thread t (of the NT threads that copy) copies chunk b = (t % CPL)*CH of lines

@@ -100,28 +100,16 @@ __device__ __forceinline__ void gemm_ws(
     const unsigned s0 = (raw_u32 + 1023u) & ~1023u;
     unsigned char* const smem = smem_raw + (s0 - raw_u32);
 
-    const int entry = static_cast<int>(blockIdx.x) / n_col_tiles;
-    const int ct = static_cast<int>(blockIdx.x) % n_col_tiles;
-    const int g = tiles[2 * entry];
-    const int rt = tiles[2 * entry + 1];
-    const long long* d = desc + static_cast<long long>(g) * kDescWords;
-    const long long rows = d[D_ROWS];
-    const long long len = d[D_LEN];
-    const long long r0 = static_cast<long long>(rt) * BM;
-    const long long c0 = static_cast<long long>(ct) * BN;
-    const long long rv = rows - r0, cv = n_cols - c0;
-    if (rv <= 0 || cv <= 0) return;
-    const int rows_valid = static_cast<int>(rv < BM ? rv : BM);
-    const int cols_valid = static_cast<int>(cv < BN ? cv : BN);
+    const CtaTile tile = locate_tile<BM, BN>(tiles, n_col_tiles, desc, n_cols);
+    if (tile.rv <= 0 || tile.cv <= 0) return;
+    const long long* d = tile.d;
+    const long long len = tile.len, r0 = tile.r0, c0 = tile.c0;
+    const int rows_valid = tile.rows_valid<BM>(), cols_valid = tile.cols_valid<BN>();
 
     Epilogue ep = Epilogue::of_expert(d, out, n_cols, out_type, accumulate, scale_mode, amax_a,
                                       a_vec, amax_b, b_vec, bias, probs, has_bias, has_probs);
     if (len <= 0 && zero_if_empty) {  // wgrad of an expert without tokens: dW_g = 0
-        if (!accumulate) {
-            for (int i = threadIdx.x; i < rows_valid * cols_valid; i += kWsThreads) {
-                ep.write(r0 + i / cols_valid, c0 + i % cols_valid, 0.0f);
-            }
-        }
+        ep.zero_tile(r0, c0, rows_valid, cols_valid, kWsThreads);
         return;
     }
     const int KT = static_cast<int>((len + kBK - 1) / kBK);
