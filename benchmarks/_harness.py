@@ -97,6 +97,17 @@ class _HostEvents:
         return 1e3 * (end.t - start.t)
 
 
+def recipes(lpm) -> dict:
+    """The recipes the layer benchmarks compare, by name."""
+    return {
+        "bf16": lpm.Recipe.bf16(),
+        "mxfp8": lpm.Recipe.mxfp8(),
+        "mxfp8-hybrid": lpm.Recipe.mxfp8(fp8_format="hybrid"),
+        "nvfp4": lpm.Recipe.nvfp4(),  # RHT + stochastic rounding, 16x16 weight blocks
+        "nvfp4-row-scaled": lpm.Recipe.nvfp4(row_scaled_activation=True),
+    }
+
+
 def rel_err(xp, a, b) -> float:
     d = xp.linalg.norm((a.astype(xp.float32) - b.astype(xp.float32)).ravel())
     r = xp.linalg.norm(b.astype(xp.float32).ravel())

@@ -45,16 +45,10 @@ except ImportError:  # running from a checkout that is not installed
     import lowprec_moe as lpm
 
 
-from _harness import (Backend, add_common_args, finish_args, rel_err, release_torch,  # noqa: E402
-                      select, time_torch_step, torch_module)
+from _harness import (Backend, add_common_args, finish_args, recipes, rel_err,  # noqa: E402
+                      release_torch, select, time_torch_step, torch_module)
 
-RECIPES = {
-    "bf16": lpm.Recipe.bf16(),
-    "mxfp8": lpm.Recipe.mxfp8(),
-    "mxfp8-hybrid": lpm.Recipe.mxfp8(fp8_format="hybrid"),
-    "nvfp4": lpm.Recipe.nvfp4(),  # RHT + stochastic rounding, 16x16 weight blocks
-    "nvfp4-row-scaled": lpm.Recipe.nvfp4(row_scaled_activation=True),
-}
+RECIPES = recipes(lpm)
 
 
 @dataclass
