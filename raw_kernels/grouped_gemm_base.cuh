@@ -209,6 +209,15 @@ __device__ __forceinline__ unsigned pack_bf16x2_rn(float lo, float hi) {
     return r;
 }
 
+// One 16-byte global store (p 16-byte aligned); the compiler split the equivalent uint4 store
+// of the epilogue into four 4-byte stores.
+__device__ __forceinline__ void st_global_v4(void* p, unsigned a, unsigned b, unsigned c,
+                                             unsigned d) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(p), "r"(a), "r"(b), "r"(c),
+                 "r"(d)
+                 : "memory");
+}
+
 __device__ __forceinline__ unsigned short f32_to_f16_bits_rn(float x) {
     unsigned short h;
     asm("cvt.rn.f16.f32 %0, %1;\n" : "=h"(h) : "f"(x));

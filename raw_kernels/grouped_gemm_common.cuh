@@ -14,7 +14,8 @@
 // Canonical GEMM: out[r][c] = sum_k A[r][k] * B[c][k] for r < rows(g), c < n_cols, k < len(g).
 //
 // Tensor-core kernels, fp32 accumulation, 256 threads, BK = 64: mma.sync.m16n8k16 per warp
-// (ldmatrix fragments; sm_89 and newer), or on sm_90a wgmma.m64n128k16 per warpgroup reading both
+// (ldmatrix fragments; sm_89 and newer), or on sm_90a wgmma per warpgroup (m64n256k16 for the
+// 128-row tile, m64n128k16 for the 64-row tile and the warp-specialised kernel) reading both
 // operands straight from the shared-memory tiles. Operand staging is common to both:
 //   * high-precision bf16 / fp16 operands ("DIRECT"): cp.async straight into the canonical
 //     shared-memory tile (3-5 stage ring, see pipeline_stages);

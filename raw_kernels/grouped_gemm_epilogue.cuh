@@ -204,16 +204,27 @@ struct Epilogue {
             o[1] = make_float4(v[4], v[5], v[6], v[7]);
         } else {
             unsigned w[4];
+            bool nan = false;
+            if constexpr (OT == OUT_BF16) {
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const unsigned h0 = OT == OUT_BF16 ? lpm_f32_to_bf16_bits_rn(v[2 * j])
-                                                   : f32_to_f16_bits_rn(v[2 * j]);
-                const unsigned h1 = OT == OUT_BF16 ? lpm_f32_to_bf16_bits_rn(v[2 * j + 1])
-                                                   : f32_to_f16_bits_rn(v[2 * j + 1]);
-                w[j] = h0 | (h1 << 16);
+                for (int j = 0; j < 8; ++j) nan |= !(v[j] == v[j]);
             }
-            *reinterpret_cast<uint4*>(static_cast<unsigned short*>(out) + idx) =
-                make_uint4(w[0], w[1], w[2], w[3]);
+            if (OT == OUT_BF16 && !nan) {
+                // cvt.rn.bf16x2.f32 rounds like lpm_f32_to_bf16_bits_rn for every non-NaN
+                // value (no flush); NaN groups take the per-element path (payload kept).
+#pragma unroll
+                for (int j = 0; j < 4; ++j) w[j] = pack_bf16x2_rn(v[2 * j], v[2 * j + 1]);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const unsigned h0 = OT == OUT_BF16 ? lpm_f32_to_bf16_bits_rn(v[2 * j])
+                                                       : f32_to_f16_bits_rn(v[2 * j]);
+                    const unsigned h1 = OT == OUT_BF16 ? lpm_f32_to_bf16_bits_rn(v[2 * j + 1])
+                                                       : f32_to_f16_bits_rn(v[2 * j + 1]);
+                    w[j] = h0 | (h1 << 16);
+                }
+            }
+            st_global_v4(static_cast<unsigned short*>(out) + idx, w[0], w[1], w[2], w[3]);
         }
     }
 

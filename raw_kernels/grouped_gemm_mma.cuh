@@ -120,8 +120,10 @@ __device__ __forceinline__ void wg_fence_acc(float* d) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// D(64x128, fp32) += A(64x16) * B(16x128); TA / TB: 1 = operand stored MN-major. Every wgmma
-// of the library has this one shape, so tile configurations never change the arithmetic.
+// D(64x128, fp32) += A(64x16) * B(16x128); TA / TB: 1 = operand stored MN-major. The library's
+// wgmma are this shape and its two-halves form m64n256k16 (below); both give every output
+// element the same products in the same order, so tile configurations never change the
+// arithmetic (the bitwise tests between kernel families check it).
 template <bool F16, int TA, int TB>
 __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da,
                                                  unsigned long long db) {
@@ -148,18 +150,51 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da
 #endif
 }
 
+// D(64x256, fp32) += A(64x16) * B(16x256): the two m64n128k16 halves of one warpgroup's 256
+// columns in one instruction (A is read from shared memory once instead of twice). The
+// accumulator registers are those of the two halves in order (d[0..63]: columns 0-127), and
+// every output element sees the same products in the same order as with m64n128k16.
+template <bool F16, int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n256k16(float* d, unsigned long long da,
+                                                 unsigned long long db) {
+#if LPM_GG_HAS_WGMMA
+    if constexpr (F16) {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+            "%128, %129, p, 1, 1, %131, %132;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+            : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+    } else {
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
+            "%128, %129, p, 1, 1, %131, %132;\n}\n"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+            : "l"(da), "l"(db), "r"(1), "n"(TA), "n"(TB));
+    }
+#else
+    __trap();
+#endif
+}
+
 // One 64-deep k-tile of wgmma for warpgroup `wg` of a BM x 256 CTA tile held in canonical tiles
 // sa (A, BM rows) / sb (B, 256 rows). BM = 128: the warpgroup owns rows 64wg..64wg+63 x all 256
-// columns (two wgmma per 16-deep step); BM = 64: rows 0..63 x columns 128wg..128wg+127.
+// columns (one m64n256k16 per 16-deep step, or with WIDE = false its two m64n128k16 halves: the
+// warp-specialised kernel's 128-register compile limit does not fit m64n256k16); BM = 64:
+// rows 0..63 x columns 128wg..128wg+127 (one m64n128k16).
 // K-major: 8-row atoms 1024 B apart (SBO), LBO unused; a 16-deep step = +32 B. MN-major: 8-line
 // atoms 1024 B apart (SBO), 64-row panels 8 KiB apart (LBO); a 16-deep step = +16 lines = +2 KiB.
-// 64 rows of A / 128 rows of B start 8 KiB / 16 KiB further on in both layouts. Commits one
+// 64 rows of A / 128 rows of B start 8 KiB / 16 KiB further on in both layouts (so m64n256k16
+// spans B's 256 rows with the same descriptor strides). Commits one
 // wgmma group; NACC: accumulator floats per thread.
-template <int BM, bool F16, bool AMN, bool BMN, int NACC>
+template <int BM, bool F16, bool AMN, bool BMN, int NACC, bool WIDE = true>
 __device__ __forceinline__ void wg_ktile(float* accf, unsigned sa, unsigned sb, int wg) {
     constexpr unsigned A_LBO = AMN ? kBK * 128 : 16, B_LBO = BMN ? kBK * 128 : 16;
     constexpr unsigned A_STEP = AMN ? 16 * 128 : 32, B_STEP = BMN ? 16 * 128 : 32;
-    constexpr int HALVES = BM == 128 ? 2 : 1;  // n128 blocks per warpgroup
+    constexpr int HALVES = BM == 128 ? 2 : 1;  // n128 column blocks per warpgroup
     const unsigned a_addr = sa + (BM == 128 ? wg * (64 * 128) : 0);
     const unsigned b_addr = sb + (BM == 128 ? 0 : wg * (128 * 128));
     // The start-address field (bits 0-13, address / 16) of a descriptor never carries: every
@@ -171,11 +206,16 @@ __device__ __forceinline__ void wg_ktile(float* accf, unsigned sa, unsigned sb, 
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
+        if constexpr (HALVES == 2 && WIDE) {
+            wgmma_m64n256k16<F16, AMN ? 1 : 0, BMN ? 1 : 0>(accf, da + ((ks * A_STEP) >> 4),
+                                                           db + ((ks * B_STEP) >> 4));
+        } else {
 #pragma unroll
-        for (int h = 0; h < HALVES; ++h) {
-            wgmma_m64n128k16<F16, AMN ? 1 : 0, BMN ? 1 : 0>(
-                accf + h * 64, da + ((ks * A_STEP) >> 4),
-                db + ((h * (128 * 128) + ks * B_STEP) >> 4));
+            for (int h = 0; h < HALVES; ++h) {
+                wgmma_m64n128k16<F16, AMN ? 1 : 0, BMN ? 1 : 0>(
+                    accf + h * 64, da + ((ks * A_STEP) >> 4),
+                    db + ((h * (128 * 128) + ks * B_STEP) >> 4));
+            }
         }
     }
     wg_commit();

@@ -231,7 +231,7 @@ __device__ __forceinline__ void gemm_ws(
         const int cb = kt % NCB;
         named_sync(WS_BAR_FULL + cb, kWsThreads);  // tile kt expanded into buffer cb
         const unsigned sa = s0 + CANON_OFF + cb * (CANON_A + CANON_B);
-        wg_ktile<BM, F16, AMN, BMN, NI * 4>(accf, sa, sa + CANON_A, warp >> 2);
+        wg_ktile<BM, F16, AMN, BMN, NI * 4, false>(accf, sa, sa + CANON_A, warp >> 2);
         wg_wait<1>();  // tile kt-1 retired by this warpgroup
         wg_fence_acc<NI * 4>(accf);
         if (kt >= 1 && kt - 1 + NCB < KT) named_arrive(WS_BAR_EMPTY + (kt - 1) % NCB, kWsThreads);

@@ -292,6 +292,34 @@ def test_gpu_warp_specialised_equals_wgmma_bitwise(mode, fmt, monkeypatch):
                        f"ws vs wgmma {mode} {fmt}")
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "nvfp4", "mxfp8-e4m3", "mxfp8-hybrid"])
+@pytest.mark.parametrize("mode", ["fprop", "dgrad"])
+def test_gpu_wgmma_tiles_equal_bitwise(mode, fmt, monkeypatch):
+    """The two wgmma tiles of an M-grouped GEMM -- 128 rows (one m64n256k16 per warpgroup and
+    16-deep step) and 64 rows (m64n128k16) -- give the same bits, a partial column tile
+    included: the split-dependent tile choice must not change results."""
+    from lowprec_moe.cuda import gemm as C
+
+    if "wgmma" not in _families():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
+    splits = [0, 300, 37, 260, 5, 129]
+    a, b = _host_operands(mode, fmt, seed=23, splits=splits, n=352, k=704)
+    ga, gb = gpu(a), gpu(b)
+
+    def launch():
+        p = _validate(mode, ga, gb, splits, bias=None, probs=None, out_dtype="float32",
+                      out=None, accumulate=False)
+        return C.choose_kernel(p, C.plan(p))
+
+    assert launch().bm == 128
+    big = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
+    monkeypatch.setattr(C, "_pick_bm", lambda rows, small: small)
+    assert launch().bm == 64
+    small = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
+    assert_bytes_equal(small, big, f"64-row vs 128-row wgmma tile {mode} {fmt}")
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4-row-scaled", "mxfp8-hybrid"])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_simt_forced_matches(mode, fmt, monkeypatch):

@@ -36,11 +36,14 @@ Kernel choice
   fp16 with K (or N) not a multiple of 8.
 * float32 operands, and any operand the tensor-core kernels cannot stream: the fp32 SIMT kernel
   (exact fp32 operand values, non-flushing fma.rn.f32 accumulation) -- the fp32-accurate path.
-* On sm_90 (H100 / H200) the tensor-core kernels use ``wgmma.m64n128k16`` (operands staged in
-  shared memory in the 128-byte-swizzle layouts, two warpgroups) with a 128x256 or, for few
-  tokens per expert, a 64x256 tile; other GPUs use ``mma.sync`` with 128x256 / 32x256 tiles. The
-  family depends on the device only, and within a family every tile runs the same instruction, so
-  the split-dependent tile choice never changes results (grouped == per-expert, bitwise). GPUs
+* On sm_90 (H100 / H200) the tensor-core kernels use ``wgmma`` (operands staged in shared memory
+  in the 128-byte-swizzle layouts, two warpgroups) with a 128x256 tile (``m64n256k16``: each
+  warpgroup owns 64 rows x 256 columns) or, for few tokens per expert, a 64x256 tile
+  (``m64n128k16``); other GPUs use ``mma.sync`` with 128x256 / 32x256 tiles. The family depends
+  on the device only, and within a family every tile gives each output element the same products
+  in the same order (the two wgmma shapes differ only in how many columns one instruction
+  covers), so the split-dependent tile choice never changes results (grouped == per-expert,
+  bitwise; a GPU test compares the two tiles). GPUs
   whose opt-in shared memory per block is too small for a tensor-core kernel take the SIMT
   kernel.
 * On sm_90, NVFP4 operands with the 128x256 tile run the warp-specialised wgmma kernel (512
@@ -244,7 +247,9 @@ def kernel_info(p) -> dict:
         instr = "fma.rn.f32 (SIMT)"
     else:
         mma_type = "f16" if p.fmt == "nvfp4" or p.hp_dtype == "float16" else "bf16"
-        instr = (f"wgmma.m64n128k16.{mma_type}" if ln.wgmma
+        # the warp-specialised kernel keeps m64n128k16 (its 128-register compile limit)
+        shape = "m64n256k16" if ln.bm == 128 and ln.threads != WS_THREADS else "m64n128k16"
+        instr = (f"wgmma.{shape}.{mma_type}" if ln.wgmma
                  else f"mma.sync.m16n8k16.{mma_type}")
         if ln.threads == WS_THREADS:
             instr += " ws"
