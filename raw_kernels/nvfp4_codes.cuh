@@ -140,6 +140,22 @@ LPM_DEV uint2 q_block16(const float (&v)[16], const unsigned int* w, bool has_na
 // Random Hadamard transform of a 16-value chunk (SPEC 2.3)
 // ==========================================================================================
 
+// Unnormalised 16-point Walsh-Hadamard transform in float64: 4 butterfly stages of
+// round-to-nearest adds / subtracts (exact whenever every partial sum is).
+LPM_DEV void q_wht16_f64(double (&d)[16]) {
+#pragma unroll
+    for (int h = 1; h < 16; h <<= 1) {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
+            if ((i & h) == 0) {
+                const double a = d[i], b = d[i + h];
+                d[i] = __dadd_rn(a, b);
+                d[i + h] = __dsub_rn(a, b);
+            }
+        }
+    }
+}
+
 // The reference's ordered float64 sum (i = 0..15, from +0), rounded once to bf16. Out of line:
 // only chunks with an exponent spread too wide for an exact sum, or with inf / NaN, get here.
 static __device__ __noinline__ void q_rht16_ordered(float* v) {
@@ -185,17 +201,7 @@ LPM_DEV void q_rht16(float (&v)[16]) {
             const double x = q_f32_to_f64(v[i]);
             d[i] = ((LPM_RHT_SIGN_MASK >> i) & 1u) ? -x : x;
         }
-#pragma unroll
-        for (int h = 1; h < 16; h <<= 1) {
-#pragma unroll
-            for (int i = 0; i < 16; ++i) {
-                if ((i & h) == 0) {
-                    const double a = d[i], b = d[i + h];
-                    d[i] = __dadd_rn(a, b);
-                    d[i + h] = __dsub_rn(a, b);
-                }
-            }
-        }
+        q_wht16_f64(d);
 #pragma unroll
         for (int j = 0; j < 16; ++j)  // * 1/4 (exact) + 0.0 (turns an exact zero into +0)
             v[j] = q_bf16_bits_to_f32(q_f64_to_bf16_bits(__fma_rn(d[j], 0.25, 0.0)));
@@ -209,17 +215,7 @@ LPM_DEV void q_rht16_inverse(float (&v)[16]) {
     double d[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) d[i] = q_f32_to_f64(v[i]);
-#pragma unroll
-    for (int h = 1; h < 16; h <<= 1) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            if ((i & h) == 0) {
-                const double a = d[i], b = d[i + h];
-                d[i] = __dadd_rn(a, b);
-                d[i + h] = __dsub_rn(a, b);
-            }
-        }
-    }
+    q_wht16_f64(d);
 #pragma unroll
     for (int i = 0; i < 16; ++i)
         v[i] = q_f64_to_f32(__fma_rn(d[i], ((LPM_RHT_SIGN_MASK >> i) & 1u) ? -0.25 : 0.25, 0.0));
