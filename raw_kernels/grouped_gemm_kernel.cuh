@@ -11,19 +11,30 @@
 
 namespace lpm_gg {
 
-__device__ __forceinline__ void trap_if_smem_short(unsigned need) {
-    unsigned have;
-    asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(have));
-    if (have < need) __trap();
+// The dynamic shared memory of a GEMM kernel body, aligned to 1024 bytes (wgmma swizzle
+// atoms; the launch adds 1024 bytes for it): returns the generic pointer and sets s0 to the
+// shared address. Thread 0 traps when the launch gave fewer than `need` bytes or when
+// `mismatch` (the launcher's copy chunks are not the kernel's).
+__device__ __forceinline__ unsigned char* gemm_smem(unsigned char* smem_raw, unsigned need,
+                                                    bool mismatch, unsigned& s0) {
+    if (threadIdx.x == 0) {
+        unsigned have;
+        asm("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(have));
+        if (have < need) __trap();
+        if (mismatch) __trap();
+    }
+    const unsigned raw_u32 = smem_u32(smem_raw);
+    s0 = (raw_u32 + 1023u) & ~1023u;
+    return smem_raw + (s0 - raw_u32);
 }
 
 // ==========================================================================================
 // The tensor-core kernel body
 
 // WG = false: mma.sync.m16n8k16 per warp (ldmatrix fragments), warps arranged WARPS_M x WARPS_N.
-// WG = true : wgmma.m64n128k16 (sm_90a), BN = 256, two warpgroups:
-//             BM = 128: warpgroup w owns rows 64w..64w+63 x all 256 columns (two wgmma per step);
-//             BM = 64 : warpgroup w owns rows 0..63 x columns 128w..128w+127 (one wgmma per step).
+// WG = true : wgmma (sm_90a), BN = 256, two warpgroups:
+//             BM = 128: warpgroup w owns rows 64w..64w+63 x all 256 columns (m64n256k16);
+//             BM = 64 : warpgroup w owns rows 0..63 x columns 128w..128w+127 (m64n128k16).
 //             Warp v of a warpgroup holds rows 16v..16v+15 of the warpgroup's block in the
 //             mma.sync C layout, so the accumulator array and the epilogue serve both paths.
 template <int BM, int BN, int WARPS_M, int AKIND, int BKIND, bool F16, int ACH, int BCH, bool WG>
@@ -65,13 +76,8 @@ __device__ __forceinline__ void gemm_mma(
     static_assert((ACH == 16 || ACH == 8) && (BCH == 16 || BCH == 8), "copy chunk");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    if (threadIdx.x == 0) {
-        trap_if_smem_short(SMEM);
-        if (a_ch != ACH || b_ch != BCH) __trap();  // launcher / kernel mismatch
-    }
-    const unsigned raw_u32 = smem_u32(smem_raw);
-    const unsigned s0 = (raw_u32 + 1023u) & ~1023u;
-    unsigned char* const smem = smem_raw + (s0 - raw_u32);
+    unsigned s0;
+    unsigned char* const smem = gemm_smem(smem_raw, SMEM, a_ch != ACH || b_ch != BCH, s0);
 
     const CtaTile tile = locate_tile<BM, BN>(tiles, n_col_tiles, desc, n_cols);
     if (tile.rv <= 0 || tile.cv <= 0) return;

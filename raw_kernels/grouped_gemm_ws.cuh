@@ -92,13 +92,8 @@ __device__ __forceinline__ void gemm_ws(
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
-    if (threadIdx.x == 0) {
-        trap_if_smem_short(SMEM);
-        if (a_ch != CH || b_ch != CH) __trap();  // launcher / kernel mismatch
-    }
-    const unsigned raw_u32 = smem_u32(smem_raw);
-    const unsigned s0 = (raw_u32 + 1023u) & ~1023u;
-    unsigned char* const smem = smem_raw + (s0 - raw_u32);
+    unsigned s0;
+    unsigned char* const smem = gemm_smem(smem_raw, SMEM, a_ch != CH || b_ch != CH, s0);
 
     const CtaTile tile = locate_tile<BM, BN>(tiles, n_col_tiles, desc, n_cols);
     if (tile.rv <= 0 || tile.cv <= 0) return;
