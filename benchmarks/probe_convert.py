@@ -10,13 +10,16 @@ instruction). The ratios between rows are what matter (measured in the same run,
 cancels out): the grouped GEMM's NVFP4 / MXFP8 expansion issues one
 ``cvt.rn.f16x2.e4m3x2`` (SASS F2FP) per element pair, and MXFP8 two ``cvt.f32.f16`` more;
 benchmarks/RESULTS.md (warp-specialised kernel) suspects the conversion pipe to be the limit.
-CUDA events, warm-up, median of 5.
+CUDA events, warm-up, median of 5 (bench_gemm's timer).
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 # One step of a chain on the 32-bit register %0 (PTX; %1: the constant 0x3C003C01, f16x2
 # (1, 1 + 2^-10)), per probed instruction.
@@ -59,6 +62,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=4096)
     args = ap.parse_args()
     import cupy as cp
+    from bench_gemm import _median_ms
 
     dev = cp.cuda.Device()
     sms = dev.attributes["MultiProcessorCount"]
@@ -69,18 +73,8 @@ def main() -> None:
     for name, op in OPS.items():
         src = SRC.replace("OP", op)
         fn = cp.RawModule(code=src, options=("-std=c++17",)).get_function("probe")
-        run = lambda: fn((blocks,), (threads,), (out, cp.int32(args.iters)))  # noqa: E731
-        run()
-        dev.synchronize()
-        times = []
-        for _ in range(5):
-            s, e = cp.cuda.Event(), cp.cuda.Event()
-            s.record()
-            run()
-            e.record()
-            e.synchronize()
-            times.append(cp.cuda.get_elapsed_time(s, e))
-        ms = statistics.median(times)
+        ms = _median_ms(cp, lambda: fn((blocks,), (threads,), (out, cp.int32(args.iters))),
+                        1, 5)
         lane_ops = blocks * threads * args.iters * 16 * 8
         print(f"{name:32s} {ms:9.3f} {lane_ops / (ms * 1e6) / sms:20.1f}")
 
