@@ -12,7 +12,9 @@ scales included, plus the bf16 output), the TFLOP/s of ``torch._grouped_mm`` on 
 problem when torch is importable (only here: torch is never a dependency of the library), the
 ratio, and the kernel / MMA instruction that ran. Random data (never zeros); quantization happens
 outside the timed region (GPU quantizers, falling back to the NumPy reference plus an upload when
-they are unavailable); CUDA events, warm-up, medians. Outputs are bf16 (``out=`` buffers
+they are unavailable); CUDA events, warm-up, medians; each timed sample spans enough back-to-back
+calls for ~2 ms (ours and torch alike), so a call's host work overlaps the previous kernel, and
+the host enqueue time per call is printed beside it. Outputs are bf16 (``out=`` buffers
 preallocated). ``nvfp4-rs`` = row-scaled activations (fprop and wgrad; dgrad is never
 row-scaled). The compact table is printed last. ``--quick`` runs a reduced set (< 60 s).
 
@@ -60,19 +62,42 @@ def make_splits(spec, rng) -> list[int]:
     return [int(v) for v in s]
 
 
-def _median_ms(cp, fn, warmup, iters) -> float:
+def _reps(single_ms: float) -> int:
+    """Back-to-back calls per timed sample: enough for ~2 ms of work, at most 50."""
+    return max(1, min(50, int(2.0 / max(single_ms, 1e-3))))
+
+
+def _burst_median_ms(event, sync, elapsed, fn, warmup, iters) -> tuple[float, float]:
+    """(median ms per call, host enqueue us per call): each sample records events around `reps`
+    back-to-back calls, so a call's host work overlaps the previous call's kernel (a single
+    call between two events would also time the host's enqueue while the GPU idles). When the
+    host is slower than the kernel the GPU starves and the median shows the host time."""
     for _ in range(warmup):
         fn()
-    cp.cuda.Device().synchronize()
-    times = []
+    sync()
+    start, end = event(), event()
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    reps = _reps(elapsed(start, end))
+    times, host = [], []
     for _ in range(iters):
-        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start, end = event(), event()
         start.record()
-        fn()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        host.append((time.perf_counter() - t0) / reps * 1e6)
         end.record()
         end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end))
-    return statistics.median(times)
+        times.append(elapsed(start, end) / reps)
+    return statistics.median(times), statistics.median(host)
+
+
+def _median_ms(cp, fn, warmup, iters) -> tuple[float, float]:
+    return _burst_median_ms(cp.cuda.Event, cp.cuda.Device().synchronize,
+                            cp.cuda.get_elapsed_time, fn, warmup, iters)
 
 
 def _quantize(lpm, x, splits, fmt, **kw):
@@ -159,18 +184,8 @@ def torch_setup(mode, splits, n, k):
 def torch_time(fn, warmup, iters) -> float:
     import torch
 
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return statistics.median(times)
+    return _burst_median_ms(lambda: torch.cuda.Event(enable_timing=True), torch.cuda.synchronize,
+                            lambda s, e: s.elapsed_time(e), fn, warmup, iters)[0]
 
 
 def main() -> None:
@@ -230,7 +245,7 @@ def main() -> None:
                                   out=out, accumulate=False)
                     info = C.kernel_info(p)
                     fn = lambda: grouped_gemm(a, b, splits, mode=mode, out=out)  # noqa: E731
-                    ms = _median_ms(cp, fn, warmup, iters)
+                    ms, host_us = _median_ms(cp, fn, warmup, iters)
                 except Exception as exc:
                     print(f"{label} FAILED: {type(exc).__name__}: {exc}")
                     rows.append((shape, mode, fmt, None, None, None, None, None, "failed"))
@@ -246,7 +261,8 @@ def main() -> None:
                 rows.append((shape, mode, fmt, ms, tf, gbs, t_tf, ratio, instr))
                 print(f"{label} {ms:9.3f} ms {tf:8.1f} TFLOP/s {gbs:8.1f} GB/s  torch "
                       f"{'%8.1f' % t_tf if t_tf else '     n/a'}  ratio "
-                      f"{'%5.2f' % ratio if ratio else '  n/a'}  {instr}", flush=True)
+                      f"{'%5.2f' % ratio if ratio else '  n/a'}  {instr}  host {host_us:.0f} us",
+                      flush=True)
             if terr and not tfn:
                 print(f"{shape:9s} {mode:5s} torch._grouped_mm unavailable: {terr}")
         del x, dy, w

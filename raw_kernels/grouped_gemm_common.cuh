@@ -66,6 +66,8 @@
 //   grouped_gemm_ws.cuh       the warp-specialised wgmma kernel body gemm_ws for NVFP4 / MXFP8
 //                             (a producer warpgroup expands, two consumer warpgroups multiply)
 //                             and LPM_GG_DEFINE_WS
+//   grouped_gemm_swap.cuh     the swapped-operand wgmma kernel body gemm_swap for few tokens
+//                             per expert (weights on the wgmma M side) and LPM_GG_DEFINE_SWAP
 
 #ifndef LPM_GROUPED_GEMM_COMMON_CUH
 #define LPM_GROUPED_GEMM_COMMON_CUH
@@ -77,5 +79,6 @@
 #include "grouped_gemm_epilogue.cuh"
 #include "grouped_gemm_kernel.cuh"
 #include "grouped_gemm_ws.cuh"
+#include "grouped_gemm_swap.cuh"
 
 #endif  // LPM_GROUPED_GEMM_COMMON_CUH

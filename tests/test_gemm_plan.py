@@ -95,7 +95,7 @@ def _emulate(p, bm, bn):
     return out.reshape(p.out_shape).astype(np.float32), written.reshape(p.out_shape)
 
 
-@pytest.mark.parametrize("tile", [(128, 256), (64, 256), (32, 256), (64, 64)])
+@pytest.mark.parametrize("tile", [(128, 256), (64, 256), (32, 256), (32, 128), (64, 64)])
 @pytest.mark.parametrize("fmt", ["bf16", "fp32", "mxfp8-hybrid", "nvfp4", "nvfp4-row-scaled"])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_plan_emulated(mode, fmt, tile):
@@ -183,7 +183,7 @@ def test_kernel_constants_match_sources():
     # every kernel name the launcher can pick exists in its module
     for prefix in ("bf16", "fp16", "nvfp4", "mxfp8"):
         text = (kernels.kernel_dir() / f"grouped_gemm_{prefix}.cu").read_text()
-        defined = set(re.findall(r"LPM_GG_DEFINE(?:_WG|_WS)?\((\w+),", text))
+        defined = set(re.findall(r"LPM_GG_DEFINE(?:_WG|_WS|_SWAP)?\((\w+),", text))
         layouts = {"nvfp4": ["kk"]}.get(prefix, ["kk", "kn", "nn"])
         quantized = prefix == "nvfp4"  # the warp-specialised kernel
         for lay in layouts:
@@ -191,6 +191,15 @@ def test_kernel_constants_match_sources():
                     ("x",) if quantized else ()):
                 for suf in ("", "8") if prefix == "nvfp4" else ("",):
                     assert f"lpm_gg_{prefix}_{lay}_{cfg}{suf}" in defined, (prefix, lay, cfg)
+        if prefix in ("nvfp4", "mxfp8"):  # the swapped-operand kernel (K-major quantized operands)
+            for suf in ("", "8") if prefix == "nvfp4" else ("",):
+                assert f"lpm_gg_{prefix}_kk_t{suf}" in defined, prefix
+    # the swapped-operand kernel's tile and stage counts
+    for name, value in (("kSwapTokens", C.CONFIGS["t"][0]), ("kSwapCols", C.CONFIGS["t"][1])):
+        assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == value, name
+    stages = re.search(r"KIND_FP4_K \? (\d+) : (\d+);", src)
+    assert (int(stages.group(1)), int(stages.group(2))) == (C.SWAP_STAGES["nvfp4"],
+                                                            C.SWAP_STAGES["mxfp8"])
 
 
 # ============================================================================================
@@ -234,3 +243,67 @@ def test_choose_kernel_policy(mode, fmt, family, monkeypatch):
     assert ln.wgmma == (family != "mma"), ln
     assert ln.threads == (C.WS_THREADS if ws else C.THREADS), ln
     assert ln.smem == C._smem_bytes(pl.a.kind, pl.b.kind, 128, 256, family != "mma"), ln
+
+
+def _policy_problem(mode, fmt, splits, n=128, k=256):
+    from lowprec_moe.gemm import _validate
+
+    rng = np.random.default_rng(4)
+    m = sum(splits)
+    dtype = HP_DTYPES.get(fmt, np.float32)
+    x = rng.standard_normal((m, k)).astype(dtype)
+    w = rng.standard_normal((len(splits), n, k)).astype(dtype)
+    dy = rng.standard_normal((m, n)).astype(dtype)
+    if fmt in HP_DTYPES:
+        a, b = {"fprop": (x, w), "dgrad": (dy, w), "wgrad": (dy, x)}[mode]
+    else:
+        xq, wq, dq = _quantize(fmt, x, w, dy, splits)
+        a, b = {"fprop": (xq, wq), "dgrad": (dq, wq), "wgrad": (dq, xq)}[mode]
+    return _validate(mode, a, b, splits, bias=None, probs=None, out_dtype="float32", out=None,
+                     accumulate=False)
+
+
+@pytest.mark.parametrize("family", ["auto", "wgmma", "mma"])
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp8-e4m3", "mxfp8-hybrid", "nvfp4",
+                                 "nvfp4-row-scaled"])
+@pytest.mark.parametrize("mode", MODES)
+def test_choose_kernel_few_tokens_swap(mode, fmt, family, monkeypatch):
+    """sm_90, at most 32 tokens per expert: M-grouped GEMMs on K-major quantized operands
+    (NVFP4 fprop / dgrad, MXFP8 fprop) take the swapped-operand kernel (32 tokens x 128 output
+    columns, its own shared-memory formula); bf16, MXFP8 dgrad (MN-major W), wgrad and the
+    mma.sync family do not. One expert above 32 tokens turns it off."""
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setenv(C.KERNEL_ENV, family)
+    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)
+    p = _policy_problem(mode, fmt, [16, 0, 32, 3, 16])
+    pl = C.plan(p)
+    ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+    swap = (family != "mma" and mode != "wgrad" and fmt != "bf16"
+            and not (mode == "dgrad" and fmt.startswith("mxfp8")))
+    assert ln.kernel.endswith("_kk_t") == swap, ln
+    if swap:
+        assert (ln.bm, ln.bn) == C.CONFIGS["t"] == (32, 128) and ln.threads == C.THREADS, ln
+        assert ln.wgmma and not ln.simt, ln
+        assert ln.smem == C._swap_smem_bytes(pl.a.kind, pl.b.kind), ln
+        p2 = _policy_problem(mode, fmt, [16, 0, 33, 3, 16])
+        assert not C.choose_kernel(p2, C.plan(p2), caps=H200_CAPS).kernel.endswith("_t")
+        # NVFP4 copies each row's 4 block-scale bytes of a k-tile as one word: a contraction
+        # that is not a multiple of 64 (scale rows of K/16 bytes) keeps the other kernels
+        p3 = _policy_problem(mode, fmt, [16, 0, 32, 3, 16], n=160, k=160)
+        ln3 = C.choose_kernel(p3, C.plan(p3), caps=H200_CAPS)
+        assert ln3.kernel.endswith("_t") == (not fmt.startswith("nvfp4")), ln3
+
+
+def test_swap_smem_formula():
+    """The swapped-operand kernel's shared memory (mirrors swap_smem_bytes): NVFP4 fits three
+    CTAs per SM (1 KiB reserved per CTA), MXFP8 two."""
+    from lowprec_moe.cuda import gemm as C
+
+    nv = C._swap_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K)
+    mx = C._swap_smem_bytes(C.KIND_FP8_K, C.KIND_FP8_K)
+    # ring: 5 (NVFP4) / 4 (MXFP8) x (128 weight rows + 32 token rows) raw, rounded to 1 KiB;
+    # 2 x (128 + 32) canonical rows of 128 B
+    assert nv == 29 * 1024 + 2 * 160 * 128 + 1024
+    assert mx == 45 * 1024 + 2 * 160 * 128 + 1024
+    assert 3 * (nv + 1024) <= 228 * 1024 and 2 * (mx + 1024) <= 228 * 1024

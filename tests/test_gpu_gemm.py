@@ -320,6 +320,65 @@ def test_gpu_wgmma_tiles_equal_bitwise(mode, fmt, monkeypatch):
     assert_bytes_equal(small, big, f"64-row vs 128-row wgmma tile {mode} {fmt}")
 
 
+@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled", "mxfp8-e4m3", "mxfp8-e5m2",
+                                 "mxfp8-hybrid"])
+@pytest.mark.parametrize("mode", ["fprop", "dgrad"])
+def test_gpu_swap_equals_wgmma_bitwise(mode, fmt, monkeypatch):
+    """The swapped-operand kernel (weights on the wgmma M side, 32 tokens x 128 columns per CTA),
+    forced for every split -- 300 tokens span ten token tiles, partial column tiles, for MXFP8
+    a partial k-tile (K = 160) -- against float64, and bit for bit against the plain wgmma kernel,
+    with a bf16 output (and for fprop bias and probs) through its transposed staging."""
+    from lowprec_moe.cuda import gemm as C
+
+    if "wgmma" not in _families():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    if mode == "dgrad" and fmt.startswith("mxfp8"):
+        pytest.skip("MXFP8 dgrad reads W MN-major: no swapped-operand kernel")
+    # NVFP4 needs 4-byte aligned k-tile scale words: contraction a multiple of 64
+    n, k = (192, 256) if fmt.startswith("nvfp4") else (N, K)
+    a, b = _host_operands(mode, fmt, seed=24, n=n, k=k)
+    ga, gb = gpu(a), gpu(b)
+    rng = np.random.default_rng(25)
+    kw = dict(bias=rng.standard_normal((G, n)).astype(np.float32),
+              probs=rng.random(M).astype(np.float32)) if mode == "fprop" else {}
+
+    def launch():
+        p = _validate(mode, ga, gb, SPLITS, bias=None, probs=None, out_dtype="float32",
+                      out=None, accumulate=False)
+        return C.choose_kernel(p, C.plan(p))
+
+    monkeypatch.setattr(C, "_use_swap", lambda rows: True)
+    assert launch().kernel.endswith("_kk_t"), launch()
+    swap = _run(mode, a, b, SPLITS, out_dtype="float32")
+    exp, mag = _expected(mode, a, b, SPLITS)
+    assert_gemm_close(swap, exp, mag, f"swap {mode} {fmt}")
+    swap_epi = _run(mode, a, b, SPLITS, out_dtype="bfloat16", **kw)
+    monkeypatch.setattr(C, "_use_swap", lambda rows: False)
+    assert not launch().kernel.endswith("_t"), launch()
+    assert_bytes_equal(swap, _run(mode, a, b, SPLITS, out_dtype="float32"),
+                       f"swap vs wgmma {mode} {fmt}")
+    assert_bytes_equal(swap_epi, _run(mode, a, b, SPLITS, out_dtype="bfloat16", **kw),
+                       f"swap vs wgmma, bf16 epilogue {mode} {fmt}")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled", "mxfp8-e4m3"])
+def test_gpu_swap_chosen_for_few_tokens(fmt):
+    """At most 32 tokens per expert (empty experts included): fprop takes the swapped-operand
+    kernel by default."""
+    from lowprec_moe.cuda import gemm as C
+
+    if "wgmma" not in _families():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    splits = [16] * 9 + [0, 3, 32, 1]
+    a, b = _host_operands("fprop", fmt, seed=26, splits=splits, n=224, k=192)
+    p = _validate("fprop", gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="float32",
+                  out=None, accumulate=False)
+    assert C.choose_kernel(p, C.plan(p)).kernel.endswith("_kk_t")
+    got = _run("fprop", a, b, splits, out_dtype="float32")
+    exp, mag = _expected("fprop", a, b, splits)
+    assert_gemm_close(got, exp, mag, f"few tokens swap {fmt}")
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4-row-scaled", "mxfp8-hybrid"])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_simt_forced_matches(mode, fmt, monkeypatch):

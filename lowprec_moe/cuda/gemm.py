@@ -67,8 +67,8 @@ import numpy as np
 from .. import formats as F
 from .. import kernels
 from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
-    BK, CONFIGS, DESC_WORDS, D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD, D_B_SOFF,
-    D_B_SLD, D_ROWS, D_LEN, D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS, EK_F32, EK_BF16,
+    BK, CONFIGS, DESC_WORDS, SWAP_STAGES, D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD,
+    D_B_SOFF, D_B_SLD, D_ROWS, D_LEN, D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS, EK_F32, EK_BF16,
     EK_F16, EK_FP4, EK_E4M3, EK_E5M2, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K,
     KIND_HP_MN, MMA_PARAMS, OUT_TYPES, Operand, Plan, SIMT_PARAMS, SIMT_TILE, THREADS,
     WS_THREADS, _cdiv,
@@ -132,36 +132,63 @@ def _pick_bm(rows: np.ndarray, small: int) -> int:
 MAX_SMEM = 227 * 1024
 
 
-def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) -> int:
-    """Dynamic shared memory of a tensor-core kernel (mirrors gemm_smem_bytes in
-    raw_kernels/grouped_gemm_base.cuh)."""
+def _canon(r: int) -> int:
+    return r * BK * 2
+
+
+def _raw_bytes(kind: int, r: int) -> int:
+    """Raw (quantized) tile of ``r`` rows: data, then block scales (NVFP4: E4M3 bytes; MXFP8:
+    fp32 factors), each rounded up to 16 bytes (raw_bytes in grouped_gemm_base.cuh)."""
     def r16(x):
         return (x + 15) // 16 * 16
 
-    def canon(r):
-        return r * BK * 2
+    data = r * BK // 2 if kind == KIND_FP4_K else r * BK if kind in (
+        KIND_FP8_K, KIND_FP8_MN) else _canon(r)
+    scale = r * BK // F.NVFP4_BLOCK if kind == KIND_FP4_K else 4 * r * BK // F.MXFP8_BLOCK \
+        if kind in (KIND_FP8_K, KIND_FP8_MN) else 0
+    return r16(data) + r16(scale)
 
-    def raw_data(kind, r):
-        return r * BK // 2 if kind == KIND_FP4_K else r * BK if kind in (
-            KIND_FP8_K, KIND_FP8_MN) else canon(r)
 
-    def raw_scale(kind, r):  # NVFP4: E4M3 bytes; MXFP8: fp32 factors
-        return r * BK // F.NVFP4_BLOCK if kind == KIND_FP4_K else 4 * r * BK // F.MXFP8_BLOCK \
-            if kind in (KIND_FP8_K, KIND_FP8_MN) else 0
-
+def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) -> int:
+    """Dynamic shared memory of a tensor-core kernel (mirrors gemm_smem_bytes in
+    raw_kernels/grouped_gemm_base.cuh)."""
     direct = a_kind in (KIND_HP_K, KIND_HP_MN)
-    ca, cb = canon(bm), canon(bn)
+    ca, cb = _canon(bm), _canon(bn)
     if direct:
         # wgmma keeps one k-tile in flight across the barrier: one stage more
         nst = (4 if ca + cb <= 40 * 1024 else 3) + (1 if wg else 0)
         main = nst * (ca + cb)
     else:
-        stage = r16(raw_data(a_kind, bm)) + r16(raw_scale(a_kind, bm)) + \
-            r16(raw_data(b_kind, bn)) + r16(raw_scale(b_kind, bn))
+        stage = _raw_bytes(a_kind, bm) + _raw_bytes(b_kind, bn)
         ring = _cdiv(4 * stage, 1024) * 1024
         ncb = 3 if wg and ring + 3 * (ca + cb) + 1024 <= MAX_SMEM else 2
         main = ring + ncb * (ca + cb)
     return max(main, bm * (bn + 8) * 4) + 1024  # + base alignment to 1024 bytes
+
+
+def _swap_smem_bytes(x_kind: int, w_kind: int) -> int:
+    """Dynamic shared memory of the swapped-operand kernel (swap_smem_bytes in
+    raw_kernels/grouped_gemm_base.cuh): raw ring, two canonical buffers, alignment."""
+    tokens, cols = CONFIGS["t"]
+    nst = SWAP_STAGES["nvfp4" if x_kind == w_kind == KIND_FP4_K else "mxfp8"]
+    ring = _cdiv(nst * (_raw_bytes(w_kind, cols) + _raw_bytes(x_kind, tokens)), 1024)
+    return ring * 1024 + 2 * (_canon(cols) + _canon(tokens)) + 1024
+
+
+def _scales_word_aligned(op: Operand) -> bool:
+    """Every k-tile's block-scale bytes of every row start 4-byte aligned (the NVFP4
+    swapped-operand kernel copies them with 4-byte cp.async)."""
+    buf = op.scale.data
+    ptr = int(buf.ptr) if hasattr(buf, "ptr") else int(op.scale.ctypes.data)  # CuPy / NumPy
+    return ptr % 4 == 0 and not np.any(op.soff % 4) and not np.any(op.sld % 4)
+
+
+def _use_swap(rows: np.ndarray) -> bool:
+    """Whether an M-grouped GEMM on quantized K-major operands takes the swapped-operand kernel:
+    when no expert has more tokens than its tile (32). Each of its CTAs expands 128 weight rows
+    for up to 32 tokens, the 64x256 tile 256 weight rows for up to 64; for a few tokens per
+    expert the swapped tile wastes no MMA work and several CTAs share an SM."""
+    return bool(rows.size) and int(rows.max()) <= CONFIGS["t"][0]
 
 
 @dataclass
@@ -221,8 +248,12 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     # The family depends on the device (and the override) only, never on the splits.
     use_wg = has_wgmma and family in ("auto", "wgmma")
     big, small = ("w", "v") if use_wg else ("l", "s")
+    quantized_k = all(op.kind in (KIND_FP4_K, KIND_FP8_K) for op in (pl.a, pl.b))
     if p.mode == "wgrad":
         cfg = big
+    elif use_wg and quantized_k and _use_swap(pl.rows) and (
+            p.fmt != "nvfp4" or (_scales_word_aligned(pl.a) and _scales_word_aligned(pl.b))):
+        cfg = "t"  # few tokens per expert: weights on the wgmma M side
     else:
         cfg = small if _pick_bm(pl.rows, CONFIGS[small][0]) != 128 else big
     # warp-specialised wgmma kernel: NVFP4, 128-row tile, the default family (for MXFP8 its
@@ -232,7 +263,10 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
         cfg = "x"
     bm, bn = CONFIGS[cfg]
     name = f"lpm_gg_{prefix}_{layout}_{cfg}" + ("8" if ch == 8 else "")
-    smem = _smem_bytes(pl.a.kind, pl.b.kind, bm, bn, use_wg)
+    if cfg == "t":
+        smem = _swap_smem_bytes(pl.a.kind, pl.b.kind)
+    else:
+        smem = _smem_bytes(pl.a.kind, pl.b.kind, bm, bn, use_wg)
     if smem > optin:  # e.g. consumer GPUs with ~100 KiB per block
         return simt
     return Launch(f"grouped_gemm_{prefix}", name, False, bm, bn, ch, smem, use_wg,
@@ -247,8 +281,10 @@ def kernel_info(p) -> dict:
         instr = "fma.rn.f32 (SIMT)"
     else:
         mma_type = "f16" if p.fmt == "nvfp4" or p.hp_dtype == "float16" else "bf16"
-        # the warp-specialised kernel keeps m64n128k16 (its 128-register compile limit)
-        shape = "m64n256k16" if ln.bm == 128 and ln.threads != WS_THREADS else "m64n128k16"
+        # the warp-specialised kernel keeps m64n128k16 (its 128-register compile limit); the
+        # swapped-operand kernel multiplies 64 weight rows by 32 tokens
+        shape = ("m64n32k16" if ln.kernel.endswith(("_t", "_t8")) else
+                 "m64n256k16" if ln.bm == 128 and ln.threads != WS_THREADS else "m64n128k16")
         instr = (f"wgmma.{shape}.{mma_type}" if ln.wgmma
                  else f"mma.sync.m16n8k16.{mma_type}")
         if ln.threads == WS_THREADS:

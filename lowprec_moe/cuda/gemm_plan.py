@@ -33,11 +33,16 @@ THREADS = 256
 #: threads of the warp-specialised wgmma kernels (kWsThreads in grouped_gemm_ws.cuh)
 WS_THREADS = 512
 #: CTA tiles of the tensor-core kernels: name suffix -> (BM, BN). mma.sync: l, s; wgmma (sm_90):
-#: w, v, and x (the warp-specialised NVFP4 kernel, same tile and shared memory as w).
+#: w, v, x (the warp-specialised NVFP4 kernel, same tile and shared memory as w) and t (the
+#: swapped-operand kernel for few tokens per expert: 32 token rows x 128 output columns;
+#: kSwapTokens / kSwapCols in grouped_gemm_base.cuh).
 #: Within a family every tile uses the same MMA instruction on the same canonical values, so the
 #: choice (made from the splits) never changes the arithmetic: grouped calls equal per-expert
 #: calls bit for bit.
-CONFIGS = {"l": (128, 256), "s": (32, 256), "w": (128, 256), "v": (64, 256), "x": (128, 256)}
+CONFIGS = {"l": (128, 256), "s": (32, 256), "w": (128, 256), "v": (64, 256), "x": (128, 256),
+           "t": (32, 128)}
+#: raw stages of the swapped-operand kernel per format (swap_stages in grouped_gemm_base.cuh)
+SWAP_STAGES = {"nvfp4": 5, "mxfp8": 4}
 #: Parameter names, in order, of the tensor-core kernels (LPM_GG_PARAMS in
 #: grouped_gemm_kernel.cuh) and of lpm_gg_simt; tests/test_gemm_plan.py checks them against the CUDA
 #: sources.
