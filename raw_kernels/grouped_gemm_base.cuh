@@ -116,19 +116,24 @@ __host__ __device__ constexpr int gemm_smem_bytes(int akind, int bkind, int bm, 
 }
 
 // The swapped-operand kernel (gemm_swap, few tokens per expert): kSwapTokens token rows x
-// kSwapCols output columns per CTA; swap_stages raw stages (NVFP4: 5, its block scales travel
-// with the data; MXFP8: 4) + 2 canonical buffers (the transposed fp32 staging tile of the
-// epilogue is smaller), plus the 1024-byte alignment. NVFP4: 70 KiB, three CTAs per SM.
+// kSwapCols output columns per CTA; swap_stages raw stages, then 2 canonical buffers -- NVFP4:
+// the token tile only (the weights go from the raw stage to registers), MXFP8: both tiles --
+// plus the 1024-byte alignment (the transposed fp32 epilogue tile fits in the raw ring).
+// NVFP4: 6 stages, 44 KiB; MXFP8: 4 stages, 86 KiB.
 constexpr int kSwapCols = 128;
 constexpr int kSwapTokens = 32;
+__host__ __device__ constexpr bool swap_rs(int xkind, int wkind) {
+    return xkind == KIND_FP4_K && wkind == KIND_FP4_K;
+}
 __host__ __device__ constexpr int swap_stages(int xkind, int wkind) {
-    return xkind == KIND_FP4_K && wkind == KIND_FP4_K ? 5 : 4;
+    return swap_rs(xkind, wkind) ? 6 : 4;
 }
 __host__ __device__ constexpr int swap_smem_bytes(int xkind, int wkind) {
     return (swap_stages(xkind, wkind) *
                 (raw_bytes(wkind, kSwapCols) + raw_bytes(xkind, kSwapTokens)) +
             1023) / 1024 * 1024 +
-           2 * (canon_bytes(kSwapCols) + canon_bytes(kSwapTokens)) + 1024;
+           2 * ((swap_rs(xkind, wkind) ? 0 : canon_bytes(kSwapCols)) + canon_bytes(kSwapTokens)) +
+           1024;
 }
 
 // ==========================================================================================

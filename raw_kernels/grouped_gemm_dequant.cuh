@@ -12,9 +12,10 @@ namespace lpm_gg {
 // ==========================================================================================
 // Conversion of one 32-element unit of a raw tile into the canonical 16-bit tile
 
-// 8 E2M1 nibbles (element 0 in the low nibble of byte 0) -> 4 f16x2 words of e2m1 * scale,
-// `sc` = f16x2 (scale * 64, scale * 64).
-__device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc, unsigned* o) {
+// 8 E2M1 nibbles (element 0 in the low nibble of byte 0) -> 4 f16x2 words of e2m1 * scale:
+// elements 0-3 (o[0], o[1]) scaled by `sc0`, elements 4-7 (o[2], o[3]) by `sc1`, each an f16x2
+// (scale * 64, scale * 64).
+__device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc0, unsigned sc1, unsigned* o) {
     unsigned lo = w & 0x0F0F0F0Fu;         // nibbles of elements 0, 2, 4, 6 (one per byte)
     unsigned hi = (w >> 4) & 0x0F0F0F0Fu;  // elements 1, 3, 5, 7
     // E2M1 s.e1e0.m -> E4M3 byte s.000e1e0.m00 = e2m1 * 2^-6 (exact, subnormal for e = 0).
@@ -22,10 +23,14 @@ __device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc, unsigned* o
     hi = ((hi << 2) & 0x1C1C1C1Cu) | ((hi << 4) & 0x80808080u);
     const unsigned p0 = __byte_perm(lo, hi, 0x5140u);  // elements 0, 1, 2, 3
     const unsigned p1 = __byte_perm(lo, hi, 0x7362u);  // elements 4, 5, 6, 7
-    o[0] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 & 0xFFFFu)), sc);
-    o[1] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 >> 16)), sc);
-    o[2] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 & 0xFFFFu)), sc);
-    o[3] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 >> 16)), sc);
+    o[0] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 & 0xFFFFu)), sc0);
+    o[1] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 >> 16)), sc0);
+    o[2] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 & 0xFFFFu)), sc1);
+    o[3] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 >> 16)), sc1);
+}
+// One block scale for all 8 elements.
+__device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc, unsigned* o) {
+    fp4_decode8(w, sc, sc, o);
 }
 
 // 4 fp8 bytes -> 2 bf16x2 words of fp8 * f (f = 2^(e-127) as fp32, one factor per element).

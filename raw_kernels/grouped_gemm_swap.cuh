@@ -60,8 +60,67 @@ __device__ __forceinline__ void wgmma_m64n32k16(float* d, unsigned long long da,
 #endif
 }
 
+// The same with A (64x16 f16) from registers: a[0..3] = the m16n8k16 A fragment of this warp's
+// 16 rows (rows g, g+8 x contraction 2q, 2q+1 and 2q+8, 2q+9; g = lane/4, q = lane%4).
+__device__ __forceinline__ void wgmma_m64n32k16_rs(float* d, const unsigned (&a)[4],
+                                                   unsigned long long db) {
+#if LPM_GG_HAS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+        "{%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]),
+          "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+#else
+    __trap();
+#endif
+}
+
+// The A fragments of one NVFP4 k-tile (4 16-deep steps) of weight rows r and r + 8, decoded
+// straight from the raw stage (rows of 32 bytes, then 4 E4M3 scale bytes per row at `rsc`):
+// step s needs byte q of data words 2s and 2s+1 of each row (contraction 16s+2q, +1 and
+// 16s+2q+8, +9) and scale byte s. The values are those convert_unit writes to the canonical
+// tile (same decoder, same scale product).
+__device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsigned char* rsc,
+                                            int r, int q, unsigned (&af)[4][4]) {
+    const uint4 a0 = *reinterpret_cast<const uint4*>(raw + r * (kBK / 2));
+    const uint4 a1 = *reinterpret_cast<const uint4*>(raw + r * (kBK / 2) + 16);
+    const uint4 b0 = *reinterpret_cast<const uint4*>(raw + (r + 8) * (kBK / 2));
+    const uint4 b1 = *reinterpret_cast<const uint4*>(raw + (r + 8) * (kBK / 2) + 16);
+    const unsigned sa = *reinterpret_cast<const unsigned*>(rsc + r * 4);
+    const unsigned sb = *reinterpret_cast<const unsigned*>(rsc + (r + 8) * 4);
+    const unsigned wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+    const unsigned wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+    const unsigned sel = static_cast<unsigned>(q) | (static_cast<unsigned>(q + 4) << 4);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+        // nibbles: row r (16s+2q, +1, 16s+2q+8, +9), then row r+8 (the same)
+        const unsigned w = __byte_perm(__byte_perm(wa[2 * s], wa[2 * s + 1], sel),
+                                       __byte_perm(wb[2 * s], wb[2 * s + 1], sel), 0x5410u);
+        const unsigned s2 = __byte_perm(sa, sb, static_cast<unsigned>(s | ((s + 4) << 4)));
+        const unsigned sc = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(s2 & 0xFFFFu)),
+                                     0x54005400u);  // (scale_r, scale_r+8) * 64, exact
+        unsigned o[4];
+        fp4_decode8(w, __byte_perm(sc, sc, 0x1010u), __byte_perm(sc, sc, 0x3232u), o);
+        af[s][0] = o[0];  // row r,   2q..2q+1
+        af[s][1] = o[2];  // row r+8, 2q..2q+1
+        af[s][2] = o[1];  // row r,   2q+8..2q+9
+        af[s][3] = o[3];  // row r+8, 2q+8..2q+9
+    }
+}
+
 // XKIND: the token-side operand (the launch's A: x in fprop, dy in dgrad); WKIND: the
 // weight-side operand (the launch's B). Both K-major and quantized.
+//   NVFP4 (RS): the weight fragments are decoded from the raw stage straight into registers
+//     (wgmma with A from registers): no canonical weight tile, so no shared-memory stores and
+//     wgmma reads of it -- the token tile is the only canonical buffer. The block scales come
+//     with the data: the 4 scale bytes of a row and k-tile are one aligned word (the launcher
+//     checks), copied by cp.async NST-1 tiles ahead.
+//   MXFP8 (SS): both operands expanded into canonical tiles in shared memory, block scales
+//     through registers one tile ahead (gemm_mma's CONVERT path).
 template <int XKIND, int WKIND, bool F16, int CH>
 __device__ __forceinline__ void gemm_swap(
     const int* __restrict__ tiles, int n_col_tiles, const long long* __restrict__ desc,
@@ -75,20 +134,18 @@ __device__ __forceinline__ void gemm_swap(
     constexpr int BW = kSwapCols, BT = kSwapTokens;
     static_assert(XKIND == KIND_FP4_K || XKIND == KIND_FP8_K, "K-major quantized token side");
     static_assert(WKIND == KIND_FP4_K || WKIND == KIND_FP8_K, "K-major quantized weight side");
-    constexpr int CANON_W = canon_bytes(BW), CANON_X = canon_bytes(BT);
+    constexpr bool RS = XKIND == KIND_FP4_K && WKIND == KIND_FP4_K;
+    static_assert(!RS || F16, "NVFP4 expands to fp16");
+    constexpr int CANON_W = RS ? 0 : canon_bytes(BW), CANON_X = canon_bytes(BT);
     constexpr int RAW_W = raw_bytes(WKIND, BW), RAW_X = raw_bytes(XKIND, BT);
     constexpr int STAGE = RAW_W + RAW_X;
     constexpr int NST = swap_stages(XKIND, WKIND), NCB = 2;
-    // NVFP4: the 4 block-scale bytes of a row and k-tile are one aligned word (the launcher
-    // checks), copied with the data (cp.async, NST-1 tiles ahead) instead of through registers
-    // one tile ahead: with so little work per k-tile a register round trip would expose a
-    // memory latency every iteration.
-    constexpr bool ASYNC_SC = XKIND == KIND_FP4_K && WKIND == KIND_FP4_K;
     constexpr int CANON_OFF = (NST * STAGE + 1023) / 1024 * 1024;
     constexpr int EPI_LD = BW + 4;  // conflict-free transposed staging, 16-byte aligned rows
     constexpr int SMEM = swap_smem_bytes(XKIND, WKIND);
-    static_assert(CANON_OFF + NCB * (CANON_W + CANON_X) + 1024 <= SMEM, "shared memory");
+    static_assert(CANON_OFF + NCB * (CANON_W + CANON_X) + 1024 == SMEM, "shared memory");
     static_assert(BT * EPI_LD * 4 + 1024 <= SMEM, "epilogue staging");
+    static_assert(NST >= 3, "pipeline depth");
     constexpr int NACC = BT / 2;  // m64n32 accumulators per thread
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -116,60 +173,69 @@ __device__ __forceinline__ void gemm_swap(
     const unsigned char* w_sbase = b_scale + d[D_B_SOFF] + c0 * d[D_B_SLD];
     const int KT = static_cast<int>((len + kBK - 1) / kBK);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    constexpr int W_SC = round16(raw_data_bytes(WKIND, BW));            // in a stage
+    constexpr int X_SC = RAW_W + round16(raw_data_bytes(XKIND, BT));    // in a stage
 
     float acc[NACC];
 #pragma unroll
     for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
 
-    const OperandCopy<WKIND, BW, CH> copy_w(w_base, d[D_B_LD], threadIdx.x);
-    const OperandCopy<XKIND, BT, CH> copy_x(x_base, d[D_A_LD], threadIdx.x);
-    if (ASYNC_SC && threadIdx.x == 0 &&
+    if (RS && threadIdx.x == 0 &&
         ((d[D_A_SLD] | d[D_B_SLD] | reinterpret_cast<long long>(x_sbase) |
           reinterpret_cast<long long>(w_sbase)) & 3) != 0)
         __trap();  // the launcher's alignment check was bypassed
-    // ASYNC_SC: thread t < BW copies weight row t's scale word, BW <= t < BW + BT token row
-    // t - BW's, into the stage's scale area (the ScaleRegs layout: row r at 4r).
+    // RS: thread t < BW copies weight row t's scale word, BW <= t < BW + BT token row t - BW's,
+    // into the stage's scale areas (the ScaleRegs layout: row r at 4r).
     const bool sc_w = threadIdx.x < BW;
     const int sc_row = sc_w ? threadIdx.x : threadIdx.x - BW;
-    const bool sc_on = ASYNC_SC && threadIdx.x < BW + BT;
+    const bool sc_on = RS && threadIdx.x < BW + BT;
     const unsigned char* sc_src =
         (sc_w ? w_sbase + sc_row * d[D_B_SLD] : x_sbase + sc_row * d[D_A_SLD]);
-    const unsigned sc_dst = (sc_w ? round16(raw_data_bytes(WKIND, BW))
-                                  : RAW_W + round16(raw_data_bytes(XKIND, BT))) +
-                            4u * static_cast<unsigned>(sc_row);
+    const unsigned sc_dst = (sc_w ? W_SC : X_SC) + 4u * static_cast<unsigned>(sc_row);
     const bool sc_live = sc_row < (sc_w ? col_valid : tok_valid);
-    const ScaleCopy<WKIND, BW> scopy_w(w_sbase, d[D_B_SLD], threadIdx.x);
-    const ScaleCopy<XKIND, BT> scopy_x(x_sbase, d[D_A_SLD], threadIdx.x);
-    ScaleRegs<WKIND, BW> srw;
-    ScaleRegs<XKIND, BT> srx;
+
+    const OperandCopy<WKIND, BW, CH> copy_w(w_base, d[D_B_LD], threadIdx.x);
+    const OperandCopy<XKIND, BT, CH> copy_x(x_base, d[D_A_LD], threadIdx.x);
     auto issue = [&](int stage, int kt) {
         const long long k0 = static_cast<long long>(kt) * kBK;
         const unsigned sb = s0 + stage * STAGE;
         copy_w.issue(sb, k0, col_valid, len - k0, b_data);
         copy_x.issue(sb + RAW_W, k0, tok_valid, len - k0, a_data);
-        if (ASYNC_SC && sc_on) {
+        if (RS && sc_on) {
             const long long blocks = (len - k0 + LPM_NVFP4_BLOCK - 1) / LPM_NVFP4_BLOCK;
             const int bytes = sc_live ? static_cast<int>(blocks < 4 ? blocks : 4) : 0;
             cp_async<4>(sb + sc_dst, bytes ? sc_src + k0 / LPM_NVFP4_BLOCK : sc_src, bytes);
         }
     };
-    auto load_scales = [&](int kt) {
+    const ScaleCopy<WKIND, BW> scopy_w(w_sbase, d[D_B_SLD], threadIdx.x);
+    const ScaleCopy<XKIND, BT> scopy_x(x_sbase, d[D_A_SLD], threadIdx.x);
+    ScaleRegs<WKIND, BW> srw;
+    ScaleRegs<XKIND, BT> srx;
+    auto load_scales = [&](int kt) {  // (SS)
         const long long k0 = static_cast<long long>(kt) * kBK;
         srw.load(scopy_w, k0, col_valid, len, threadIdx.x);
         srx.load(scopy_x, k0, tok_valid, len, threadIdx.x);
     };
-    auto store_scales = [&](int stage) {
+    auto store_scales = [&](int stage) {  // (SS)
         unsigned char* sb = smem + stage * STAGE;
-        srw.store(sb + round16(raw_data_bytes(WKIND, BW)), threadIdx.x);
-        srx.store(sb + RAW_W + round16(raw_data_bytes(XKIND, BT)), threadIdx.x);
-    };
-    auto convert_tile = [&](int stage, int cb, auto ew, auto ex) {
-        convert_stage<WKIND, XKIND, BW, BT, kThreads, decltype(ew)::value, decltype(ex)::value>(
-            smem + stage * STAGE, smem + CANON_OFF + cb * (CANON_W + CANON_X), threadIdx.x,
-            col_valid, tok_valid);
+        srw.store(sb + W_SC, threadIdx.x);
+        srx.store(sb + X_SC, threadIdx.x);
     };
     using F_ = BoolC<false>;
     using T_ = BoolC<true>;
+    // Expand raw stage `stage` into canonical buffer `cb`: SS both operands, RS the tokens only.
+    auto convert_tile = [&](int stage, int cb, auto ew, auto ex) {
+        unsigned char* const rs = smem + stage * STAGE;
+        unsigned char* const cs = smem + CANON_OFF + cb * (CANON_W + CANON_X);
+        if constexpr (RS) {
+            const int u = static_cast<int>(threadIdx.x);
+            if (u < TileGeo<XKIND, BT>::UNITS && unit_live<XKIND>(u, tok_valid))
+                convert_unit<XKIND, BT, false>(rs + RAW_W, rs + X_SC, cs, u);
+        } else {
+            convert_stage<WKIND, XKIND, BW, BT, kThreads, decltype(ew)::value,
+                          decltype(ex)::value>(rs, cs, threadIdx.x, col_valid, tok_valid);
+        }
+    };
     constexpr bool QW = WKIND != KIND_FP4_K, QX = XKIND != KIND_FP4_K;  // fp8 operands
     const bool e5w = QW && b_e5m2, e5x = QX && a_e5m2;
     auto convert_all = [&](int stage, int cb) {
@@ -185,27 +251,42 @@ __device__ __forceinline__ void gemm_swap(
             convert_tile(stage, cb, F_{}, F_{});
         }
     };
-    // One 64-deep k-tile of this warpgroup's 64 weight rows x 32 tokens.
-    auto mma_tile = [&](unsigned sw) {
-        const unsigned long long dw = wg_desc(sw + (warp >> 2) * (64 * 128), 16, 1024);
-        const unsigned long long dx = wg_desc(sw + CANON_W, 16, 1024);
-        wg_fence_acc<NACC>(acc);
-        wg_fence();
+    // Weight rows of this thread's fragments (RS): wr, wr + 8.
+    const int wr = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
+    // One 64-deep k-tile of this warpgroup's 64 weight rows x 32 tokens (raw stage `stage`,
+    // canonical buffer `cb`).
+    auto mma_tile = [&](int stage, int cb) {
+        const unsigned sc = s0 + CANON_OFF + cb * (CANON_W + CANON_X);
+        const unsigned long long dx = wg_desc(sc + CANON_W, 16, 1024);
+        if constexpr (RS) {
+            unsigned af[4][4];
+            const unsigned char* rs = smem + stage * STAGE;
+            fp4_a_frags(rs, rs + W_SC, wr, lane & 3, af);
+            wg_fence_acc<NACC>(acc);
+            wg_fence();
 #pragma unroll
-        for (int ks = 0; ks < kBK / 16; ++ks)
-            wgmma_m64n32k16<F16>(acc, dw + ((ks * 32) >> 4), dx + ((ks * 32) >> 4));
+            for (int ks = 0; ks < kBK / 16; ++ks)
+                wgmma_m64n32k16_rs(acc, af[ks], dx + ((ks * 32) >> 4));
+        } else {
+            const unsigned long long dw = wg_desc(sc + (warp >> 2) * (64 * 128), 16, 1024);
+            wg_fence_acc<NACC>(acc);
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < kBK / 16; ++ks)
+                wgmma_m64n32k16<F16>(acc, dw + ((ks * 32) >> 4), dx + ((ks * 32) >> 4));
+        }
         wg_commit();
         wg_fence_acc<NACC>(acc);
     };
 
-    // The pipeline of gemm_mma's wgmma CONVERT path with two canonical buffers: tile kt's MMAs
-    // run while tile kt+1 is expanded; copies are requested NST-1 tiles ahead.
+    // gemm_mma's wgmma CONVERT pipeline with two canonical buffers: tile kt's MMAs run while
+    // the canonical tiles of kt+1 are expanded; copies are requested NST-1 tiles ahead.
 #pragma unroll
     for (int s = 0; s < NST - 1; ++s) {
         if (s < KT) issue(s, s);
         cp_async_commit();
     }
-    if constexpr (!ASYNC_SC) {
+    if constexpr (!RS) {
         ScaleRegs<WKIND, BW> prw[NST - 1];
         ScaleRegs<XKIND, BT> prx[NST - 1];
 #pragma unroll
@@ -220,12 +301,12 @@ __device__ __forceinline__ void gemm_swap(
         for (int s = 0; s < NST - 1; ++s) {
             if (s < KT) {
                 unsigned char* sb = smem + s * STAGE;
-                prw[s].store(sb + round16(raw_data_bytes(WKIND, BW)), threadIdx.x);
-                prx[s].store(sb + RAW_W + round16(raw_data_bytes(XKIND, BT)), threadIdx.x);
+                prw[s].store(sb + W_SC, threadIdx.x);
+                prx[s].store(sb + X_SC, threadIdx.x);
             }
         }
     }
-    if (!ASYNC_SC && NST - 1 < KT) load_scales(NST - 1);
+    if (!RS && NST - 1 < KT) load_scales(NST - 1);
     cp_async_wait<NST - 3>();  // tiles 0 and 1 landed (this thread's copies)
     __syncthreads();
     if (KT > 0) {
@@ -233,11 +314,11 @@ __device__ __forceinline__ void gemm_swap(
         fence_proxy_async();
     }
     for (int kt = 0; kt < KT; ++kt) {
-        // Invariants: canonical buffer kt%2 holds tile kt (this thread's part); raw tile kt+1
-        // landed (this thread's copies); raw stage (kt-1)%NST is free; !ASYNC_SC: scale
+        // Invariants: canonical buffer kt%2 holds tile kt (this thread's part); raw tiles kt
+        // and kt+1 landed (this thread's copies); raw stage (kt-1)%NST is free; SS: scale
         // registers hold tile kt+NST-1.
         __syncthreads();
-        mma_tile(s0 + CANON_OFF + (kt & 1) * (CANON_W + CANON_X));
+        mma_tile(kt % NST, kt & 1);
         const int nt = kt + NST - 1;
         if (nt < KT) issue(nt % NST, nt);
         cp_async_commit();
@@ -245,26 +326,25 @@ __device__ __forceinline__ void gemm_swap(
             convert_all((kt + 1) % NST, (kt + 1) & 1);
             fence_proxy_async();
         }
-        if (!ASYNC_SC && nt < KT) store_scales(nt % NST);
-        if (!ASYNC_SC && nt + 1 < KT) load_scales(nt + 1);
-        wg_wait0();  // canonical buffer kt%2 is rewritten next iteration
+        if (!RS && nt < KT) store_scales(nt % NST);
+        if (!RS && nt + 1 < KT) load_scales(nt + 1);
+        wg_wait0();  // canonical buffer kt%2 (and RS: the fragment registers) reused next
         wg_fence_acc<NACC>(acc);
         cp_async_wait<NST - 3>();  // raw tile kt+2 landed (this thread's copies)
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the operand tiles: reuse shared memory
 
-    // Epilogue: thread (warp, lane) holds D^T rows (output columns) f, f + 8 and, per n8 block
-    // j, columns (tokens) t, t + 1; staged as cs[token][column].
+    // Epilogue: thread (warp, lane) holds D^T rows (output columns) wr, wr + 8 and, per n8
+    // block j, columns (tokens) t, t + 1; staged as cs[token][column].
     float* cs = reinterpret_cast<float*>(smem);
-    const int f = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
 #pragma unroll
     for (int j = 0; j < BT / 8; ++j) {
         const int t = 8 * j + 2 * (lane & 3);
-        cs[t * EPI_LD + f] = acc[4 * j + 0];
-        cs[(t + 1) * EPI_LD + f] = acc[4 * j + 1];
-        cs[t * EPI_LD + f + 8] = acc[4 * j + 2];
-        cs[(t + 1) * EPI_LD + f + 8] = acc[4 * j + 3];
+        cs[t * EPI_LD + wr] = acc[4 * j + 0];
+        cs[(t + 1) * EPI_LD + wr] = acc[4 * j + 1];
+        cs[t * EPI_LD + wr + 8] = acc[4 * j + 2];
+        cs[(t + 1) * EPI_LD + wr + 8] = acc[4 * j + 3];
     }
     __syncthreads();
     ep.tile<BW, EPI_LD>(cs, r0, c0, tok_valid, col_valid);

@@ -168,11 +168,13 @@ def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) ->
 
 def _swap_smem_bytes(x_kind: int, w_kind: int) -> int:
     """Dynamic shared memory of the swapped-operand kernel (swap_smem_bytes in
-    raw_kernels/grouped_gemm_base.cuh): raw ring, two canonical buffers, alignment."""
+    raw_kernels/grouped_gemm_base.cuh): raw ring, two canonical buffers (NVFP4: the token tile
+    only), alignment."""
     tokens, cols = CONFIGS["t"]
-    nst = SWAP_STAGES["nvfp4" if x_kind == w_kind == KIND_FP4_K else "mxfp8"]
+    rs = x_kind == w_kind == KIND_FP4_K  # NVFP4: weights decoded into registers
+    nst = SWAP_STAGES["nvfp4" if rs else "mxfp8"]
     ring = _cdiv(nst * (_raw_bytes(w_kind, cols) + _raw_bytes(x_kind, tokens)), 1024)
-    return ring * 1024 + 2 * (_canon(cols) + _canon(tokens)) + 1024
+    return ring * 1024 + 2 * ((0 if rs else _canon(cols)) + _canon(tokens)) + 1024
 
 
 def _scales_word_aligned(op: Operand) -> bool:

@@ -42,7 +42,7 @@ WS_THREADS = 512
 CONFIGS = {"l": (128, 256), "s": (32, 256), "w": (128, 256), "v": (64, 256), "x": (128, 256),
            "t": (32, 128)}
 #: raw stages of the swapped-operand kernel per format (swap_stages in grouped_gemm_base.cuh)
-SWAP_STAGES = {"nvfp4": 5, "mxfp8": 4}
+SWAP_STAGES = {"nvfp4": 6, "mxfp8": 4}
 #: Parameter names, in order, of the tensor-core kernels (LPM_GG_PARAMS in
 #: grouped_gemm_kernel.cuh) and of lpm_gg_simt; tests/test_gemm_plan.py checks them against the CUDA
 #: sources.
