@@ -110,7 +110,7 @@ def check_splits(splits, m_total: int) -> tuple[int, ...]:
         raise ValueError(f"splits={arr.tolist()} must be non-negative")
     if int(arr.sum()) != m_total:
         raise ValueError(f"splits={arr.tolist()} sum to {int(arr.sum())}, expected M={m_total}")
-    return tuple(int(s) for s in arr)
+    return tuple(arr.tolist())  # Python ints (one C call, not one per expert)
 
 
 def check_finite(name: str, a) -> None:
