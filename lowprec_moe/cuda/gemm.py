@@ -49,6 +49,13 @@ Kernel choice
 * On sm_90, NVFP4 operands with the 128x256 tile run the warp-specialised wgmma kernel (512
   threads: two warpgroups copy and expand the quantized tiles while two warpgroups issue the
   wgmma), which computes bitwise what the plain wgmma kernel computes.
+* On sm_90, M-grouped GEMMs on quantized contraction-contiguous operands (NVFP4 fprop / dgrad,
+  MXFP8 fprop) with at most 32 tokens per expert run the swapped-operand kernel
+  (``grouped_gemm_swap.cuh``): it computes the transposed tile, 128 output columns x 32
+  tokens, with the weights on the wgmma M side (``m64n32k16``; NVFP4 weights decoded straight
+  into registers) and several CTAs per SM -- bitwise the results of the other wgmma kernels
+  (a GPU test compares them). NVFP4 needs each row's block scales of a k-tile 4-byte aligned
+  (contraction a multiple of 64), else the 64x256 tile is used.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel, without the
   warp-specialised one.
