@@ -258,27 +258,9 @@ __device__ __forceinline__ void gemm_mma(
             if (s < KT) issue(s, s);
             cp_async_commit();
         }
-        {
-            // all prologue scale loads in flight before the first store (one memory latency)
-            ScaleRegs<AKIND, BM> pra[NST - 1];
-            ScaleRegs<BKIND, BN> prb[NST - 1];
-#pragma unroll
-            for (int s = 0; s < NST - 1; ++s) {
-                if (s < KT) {
-                    const long long k0 = static_cast<long long>(s) * kBK;
-                    pra[s].load(scopy_a, k0, rows_valid, len, threadIdx.x);
-                    prb[s].load(scopy_b, k0, cols_valid, len, threadIdx.x);
-                }
-            }
-#pragma unroll
-            for (int s = 0; s < NST - 1; ++s) {
-                if (s < KT) {
-                    unsigned char* sb = smem + s * STAGE;
-                    pra[s].store(sb + round16(raw_data_bytes(AKIND, BM)), threadIdx.x);
-                    prb[s].store(sb + RAW_A + round16(raw_data_bytes(BKIND, BN)), threadIdx.x);
-                }
-            }
-        }
+        prologue_scales<NST - 1>(scopy_a, rows_valid, scopy_b, cols_valid, len, KT, smem, STAGE,
+                                 round16(raw_data_bytes(AKIND, BM)),
+                                 RAW_A + round16(raw_data_bytes(BKIND, BN)), threadIdx.x);
         if (NST - 1 < KT) load_scales(NST - 1);
         cp_async_wait<NST - 3>();  // tiles 0 and 1 landed (this thread's copies)
         __syncthreads();

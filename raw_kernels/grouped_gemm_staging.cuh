@@ -255,6 +255,34 @@ struct ScaleRegs {
     }
 };
 
+// Block scales of the pipeline prologue: k-tiles 0..NS-1 (those below KT) into their raw stages
+// (stage s at raw + s * stage_bytes; A's scales at a_off, B's at b_off inside a stage). All
+// loads are in flight before the first store: one memory latency for the whole prologue.
+template <int NS, int AKIND, int RA, int BKIND, int RB, int NT>
+__device__ __forceinline__ void prologue_scales(const ScaleCopy<AKIND, RA, NT>& sa, int a_valid,
+                                                const ScaleCopy<BKIND, RB, NT>& sb, int b_valid,
+                                                long long len, int KT, unsigned char* raw,
+                                                int stage_bytes, int a_off, int b_off,
+                                                unsigned t) {
+    ScaleRegs<AKIND, RA, NT> pra[NS];
+    ScaleRegs<BKIND, RB, NT> prb[NS];
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+        if (s < KT) {
+            const long long k0 = static_cast<long long>(s) * kBK;
+            pra[s].load(sa, k0, a_valid, len, t);
+            prb[s].load(sb, k0, b_valid, len, t);
+        }
+    }
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+        if (s < KT) {
+            pra[s].store(raw + s * stage_bytes + a_off, t);
+            prb[s].store(raw + s * stage_bytes + b_off, t);
+        }
+    }
+}
+
 }  // namespace lpm_gg
 
 #endif  // LPM_GROUPED_GEMM_STAGING_CUH

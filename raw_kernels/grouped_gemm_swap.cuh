@@ -101,8 +101,9 @@ __device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsi
         const unsigned w = __byte_perm(__byte_perm(wa[2 * s], wa[2 * s + 1], sel),
                                        __byte_perm(wb[2 * s], wb[2 * s + 1], sel), 0x5410u);
         const unsigned s2 = __byte_perm(sa, sb, static_cast<unsigned>(s | ((s + 4) << 4)));
-        const unsigned sc = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(s2 & 0xFFFFu)),
-                                     0x54005400u);  // (scale_r, scale_r+8) * 64, exact
+        // (scale_r, scale_r+8) * 64, exact
+        const unsigned sc =
+            hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(s2 & 0xFFFFu)), 0x54005400u);
         unsigned o[4];
         fp4_decode8(w, __byte_perm(sc, sc, 0x1010u), __byte_perm(sc, sc, 0x3232u), o);
         af[s][0] = o[0];  // row r,   2q..2q+1
@@ -286,26 +287,9 @@ __device__ __forceinline__ void gemm_swap(
         if (s < KT) issue(s, s);
         cp_async_commit();
     }
-    if constexpr (!RS) {
-        ScaleRegs<WKIND, BW> prw[NST - 1];
-        ScaleRegs<XKIND, BT> prx[NST - 1];
-#pragma unroll
-        for (int s = 0; s < NST - 1; ++s) {
-            if (s < KT) {
-                const long long k0 = static_cast<long long>(s) * kBK;
-                prw[s].load(scopy_w, k0, col_valid, len, threadIdx.x);
-                prx[s].load(scopy_x, k0, tok_valid, len, threadIdx.x);
-            }
-        }
-#pragma unroll
-        for (int s = 0; s < NST - 1; ++s) {
-            if (s < KT) {
-                unsigned char* sb = smem + s * STAGE;
-                prw[s].store(sb + W_SC, threadIdx.x);
-                prx[s].store(sb + X_SC, threadIdx.x);
-            }
-        }
-    }
+    if constexpr (!RS)
+        prologue_scales<NST - 1>(scopy_w, col_valid, scopy_x, tok_valid, len, KT, smem, STAGE,
+                                 W_SC, X_SC, threadIdx.x);
     if (!RS && NST - 1 < KT) load_scales(NST - 1);
     cp_async_wait<NST - 3>();  // tiles 0 and 1 landed (this thread's copies)
     __syncthreads();

@@ -155,27 +155,9 @@ __device__ __forceinline__ void gemm_ws(
             if (s < KT) issue(s, s);
             cp_async_commit();
         }
-        {
-            // all prologue scale loads in flight before the first store (one memory latency)
-            ScaleRegs<AKIND, BM, kWsProducers> pra[NST - 1];
-            ScaleRegs<BKIND, BN, kWsProducers> prb[NST - 1];
-#pragma unroll
-            for (int s = 0; s < NST - 1; ++s) {
-                if (s < KT) {
-                    const long long k0 = static_cast<long long>(s) * kBK;
-                    pra[s].load(scopy_a, k0, rows_valid, len, t);
-                    prb[s].load(scopy_b, k0, cols_valid, len, t);
-                }
-            }
-#pragma unroll
-            for (int s = 0; s < NST - 1; ++s) {
-                if (s < KT) {
-                    unsigned char* sb = smem + s * STAGE;
-                    pra[s].store(sb + round16(raw_data_bytes(AKIND, BM)), t);
-                    prb[s].store(sb + RAW_A + round16(raw_data_bytes(BKIND, BN)), t);
-                }
-            }
-        }
+        prologue_scales<NST - 1>(scopy_a, rows_valid, scopy_b, cols_valid, len, KT, smem, STAGE,
+                                 round16(raw_data_bytes(AKIND, BM)),
+                                 RAW_A + round16(raw_data_bytes(BKIND, BN)), t);
         if (NST - 1 < KT) load_scales(NST - 1);
         constexpr bool QA = AKIND != KIND_FP4_K, QB = BKIND != KIND_FP4_K;  // fp8 operands
         const bool e5a = QA && a_e5m2, e5b = QB && b_e5m2;

@@ -208,43 +208,6 @@ def test_kernel_constants_match_sources():
 H200_CAPS = ((9, 0), 227 * 1024)
 
 
-@pytest.mark.parametrize("family", ["auto", "wgmma", "mma"])
-@pytest.mark.parametrize("fmt", ["bf16", "mxfp8-hybrid", "nvfp4", "nvfp4-row-scaled"])
-@pytest.mark.parametrize("mode", MODES)
-def test_choose_kernel_policy(mode, fmt, family, monkeypatch):
-    """sm_90: NVFP4 with the 128-row tile takes the warp-specialised kernel (512 threads) by
-    default; MXFP8 and bf16 take the plain wgmma kernel; forcing ``wgmma`` / ``mma`` selects
-    those families. The shared memory equals the kernel's formula for the tile."""
-    from lowprec_moe.cuda import gemm as C
-    from lowprec_moe.gemm import _validate
-
-    monkeypatch.setenv(C.KERNEL_ENV, family)
-    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)  # host arrays have no device pointer
-    splits = [0, 300, 37, 260, 5, 129]  # the 128-row tile for every mode
-    rng = np.random.default_rng(3)
-    m, n, k = sum(splits), 96, 160
-    dtype = HP_DTYPES.get(fmt, np.float32)
-    x = rng.standard_normal((m, k)).astype(dtype)
-    w = rng.standard_normal((len(splits), n, k)).astype(dtype)
-    dy = rng.standard_normal((m, n)).astype(dtype)
-    if fmt in HP_DTYPES:
-        a, b = {"fprop": (x, w), "dgrad": (dy, w), "wgrad": (dy, x)}[mode]
-    else:
-        xq, wq, dq = _quantize(fmt, x, w, dy, splits)
-        a, b = {"fprop": (xq, wq), "dgrad": (dq, wq), "wgrad": (dq, xq)}[mode]
-    p = _validate(mode, a, b, splits, bias=None, probs=None, out_dtype="float32", out=None,
-                  accumulate=False)
-    pl = C.plan(p)
-    ln = C.choose_kernel(p, pl, caps=H200_CAPS)
-    assert not ln.simt and (ln.bm, ln.bn) == (128, 256), ln
-    ws = family == "auto" and fmt.startswith("nvfp4")
-    cfg = "x" if ws else "w" if family in ("auto", "wgmma") else "l"
-    assert ln.kernel.endswith(f"_{cfg}"), ln
-    assert ln.wgmma == (family != "mma"), ln
-    assert ln.threads == (C.WS_THREADS if ws else C.THREADS), ln
-    assert ln.smem == C._smem_bytes(pl.a.kind, pl.b.kind, 128, 256, family != "mma"), ln
-
-
 def _policy_problem(mode, fmt, splits, n=128, k=256):
     from lowprec_moe.gemm import _validate
 
@@ -261,6 +224,30 @@ def _policy_problem(mode, fmt, splits, n=128, k=256):
         a, b = {"fprop": (xq, wq), "dgrad": (dq, wq), "wgrad": (dq, xq)}[mode]
     return _validate(mode, a, b, splits, bias=None, probs=None, out_dtype="float32", out=None,
                      accumulate=False)
+
+
+@pytest.mark.parametrize("family", ["auto", "wgmma", "mma"])
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp8-hybrid", "nvfp4", "nvfp4-row-scaled"])
+@pytest.mark.parametrize("mode", MODES)
+def test_choose_kernel_policy(mode, fmt, family, monkeypatch):
+    """sm_90: NVFP4 with the 128-row tile takes the warp-specialised kernel (512 threads) by
+    default; MXFP8 and bf16 take the plain wgmma kernel; forcing ``wgmma`` / ``mma`` selects
+    those families. The shared memory equals the kernel's formula for the tile."""
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setenv(C.KERNEL_ENV, family)
+    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)  # host arrays have no device pointer
+    # the 128-row tile for every mode
+    p = _policy_problem(mode, fmt, [0, 300, 37, 260, 5, 129], n=96, k=160)
+    pl = C.plan(p)
+    ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+    assert not ln.simt and (ln.bm, ln.bn) == (128, 256), ln
+    ws = family == "auto" and fmt.startswith("nvfp4")
+    cfg = "x" if ws else "w" if family in ("auto", "wgmma") else "l"
+    assert ln.kernel.endswith(f"_{cfg}"), ln
+    assert ln.wgmma == (family != "mma"), ln
+    assert ln.threads == (C.WS_THREADS if ws else C.THREADS), ln
+    assert ln.smem == C._smem_bytes(pl.a.kind, pl.b.kind, 128, 256, family != "mma"), ln
 
 
 @pytest.mark.parametrize("family", ["auto", "wgmma", "mma"])
