@@ -7,17 +7,25 @@
 // 256-row weight tile, one CTA per SM. This body computes the transposed tile instead,
 //     D^T (128 output columns x 32 tokens) = W_tile (128 x K) * x_tile^T (K x 32),
 // so the weight rows fill the wgmma M dimension (two warpgroups x 64 rows) and the tokens its
-// N dimension (wgmma.m64n32k16). A CTA expands 128 weight rows and 32 token rows per k-tile and
-// needs 70 KiB of shared memory (NVFP4; five raw stages, block scales copied with the data), so
-// three CTAs share an SM and overlap one another's copies, expansion and barriers.
+// N dimension (wgmma.m64n32k16). A CTA handles 128 weight rows and 32 token rows per k-tile;
+// with NVFP4 it needs 43 KiB of shared memory and 80 registers per thread, so three CTAs share
+// an SM and overlap one another's copies, decoding and barriers (MXFP8: 86 KiB, two CTAs).
 //
 // Both operands are quantized and contraction-contiguous (NVFP4 rowwise / transposed
 // columnwise, MXFP8 rowwise): the staging, block scales and exact expansion are those of
-// gemm_mma (OperandCopy, ScaleRegs, convert_stage) with the roles exchanged -- the weight side
-// takes the "A" slots (128 rows), the token side the "B" slots (32 rows). Every output element
-// is the sum of the same 16-deep slices of exact products as in the other wgmma kernels, in the
-// same k order; the GPU tests check that the results are bitwise those of gemm_mma.
-// The accumulators are staged transposed ([token][column]) so the shared epilogue runs as is.
+// gemm_mma (OperandCopy, ScaleRegs, convert_unit / convert_stage) with the roles exchanged --
+// the weight side takes the "A" slots (128 rows), the token side the "B" slots (32 rows); with
+// NVFP4 the weights skip the canonical tile and go from the raw stage to wgmma registers
+// (fp4_a_frags, the same decoder and scale product). Every output element is the sum of the
+// same 16-deep slices of exact products as in the other wgmma kernels, in the same k order; the
+// GPU tests check that the results are bitwise those of gemm_mma. The accumulators are staged
+// transposed ([token][column]) so the shared epilogue runs as is.
+//
+// Measured (benchmarks/RESULTS.md): the NVFP4 kernel is bound by the weight decode (~3
+// instructions per element) and by the four dependent wgmma per k-tile that each warp waits
+// for, not by memory. Decoding tile k+1 into a second register set while tile k's wgmma run
+// would hide the latter, but ptxas serializes wgmma whose register inputs are written inside a
+// wgmma pipeline stage (C7513).
 
 #ifndef LPM_GROUPED_GEMM_SWAP_CUH
 #define LPM_GROUPED_GEMM_SWAP_CUH
