@@ -1,7 +1,8 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): CTA size
 // and k-tile depth, the descriptor words, operand kinds and output types, the shared-memory
-// footprint formulas (mirrored in lowprec_moe/cuda/gemm_plan.py and gemm.py), and the PTX
-// wrappers (cp.async, ldmatrix, mma.sync, fp8 / fp16 / bf16 conversions).
+// footprint formulas (mirrored in lowprec_moe/cuda/gemm_plan.py and gemm.py), the PTX
+// wrappers (cp.async, ldmatrix, mma.sync, fp8 / fp16 / bf16 conversions), and the kernel
+// parameter / argument lists (LPM_GG_PARAMS, LPM_GG_ARGS).
 
 #ifndef LPM_GROUPED_GEMM_BASE_CUH
 #define LPM_GROUPED_GEMM_BASE_CUH
@@ -251,5 +252,22 @@ __device__ __forceinline__ float e4m3_to_f32(unsigned b) {
 }
 
 }  // namespace lpm_gg
+
+// Parameter list of every tensor-core kernel entry point and kernel body (gemm_mma, gemm_ws,
+// gemm_swap), and the matching argument list.
+#define LPM_GG_PARAMS                                                                          \
+    const int *__restrict__ tiles, int n_col_tiles, const long long *__restrict__ desc,       \
+        long long n_cols, const unsigned char *__restrict__ a_data,                           \
+        const unsigned char *__restrict__ a_scale, int a_ch, int a_e5m2,                      \
+        const unsigned char *__restrict__ b_data, const unsigned char *__restrict__ b_scale,  \
+        int b_ch, int b_e5m2, const float *__restrict__ amax_a,                               \
+        const float *__restrict__ amax_b, int a_vec, int b_vec, int scale_mode,               \
+        const float *__restrict__ bias, const float *__restrict__ probs, int has_bias,        \
+        int has_probs, void *__restrict__ out, int out_type, int accumulate, int zero_if_empty
+
+#define LPM_GG_ARGS                                                                            \
+    tiles, n_col_tiles, desc, n_cols, a_data, a_scale, a_ch, a_e5m2, b_data, b_scale, b_ch,   \
+        b_e5m2, amax_a, amax_b, a_vec, b_vec, scale_mode, bias, probs, has_bias, has_probs,   \
+        out, out_type, accumulate, zero_if_empty
 
 #endif  // LPM_GROUPED_GEMM_BASE_CUH

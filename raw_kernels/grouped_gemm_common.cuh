@@ -55,14 +55,15 @@
 // header includes them in dependency order:
 //   grouped_gemm_base.cuh     CTA size, k-tile depth, descriptor words (DescWord), operand kinds,
 //                             output types, shared-memory formulas (pipeline_stages,
-//                             canon_buffers, gemm_smem_bytes), PTX wrappers
+//                             canon_buffers, gemm_smem_bytes), PTX wrappers, the kernel
+//                             parameter / argument lists (LPM_GG_PARAMS, LPM_GG_ARGS)
 //   grouped_gemm_staging.cuh  swizzled tile offsets, cp.async tile loads, TileGeo,
 //                             OperandCopy, ScaleRegs
 //   grouped_gemm_dequant.cuh  exact in-kernel dequantization: fp4 / fp8 decoders, convert_unit
 //   grouped_gemm_mma.cuh      warp-level mma.sync steps, sm_90a wgmma wrappers
 //   grouped_gemm_epilogue.cuh the epilogue (Epilogue)
 //   grouped_gemm_kernel.cuh   the kernel body gemm_mma and the entry-point macros
-//                             (LPM_GG_PARAMS, LPM_GG_ARGS, LPM_GG_DEFINE, LPM_GG_DEFINE_WG)
+//                             (LPM_GG_DEFINE, LPM_GG_DEFINE_WG)
 //   grouped_gemm_ws.cuh       the warp-specialised wgmma kernel body gemm_ws for NVFP4 / MXFP8
 //                             (a producer warpgroup expands, two consumer warpgroups multiply)
 //                             and LPM_GG_DEFINE_WS

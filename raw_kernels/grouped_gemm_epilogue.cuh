@@ -286,6 +286,12 @@ struct Epilogue {
     }
 };
 
+// The epilogue of expert descriptor D inside a kernel body whose parameters carry the names of
+// LPM_GG_PARAMS (grouped_gemm_base.cuh; the SIMT kernel uses the same names).
+#define LPM_GG_EPILOGUE_OF(D)                                                                  \
+    ::lpm_gg::Epilogue::of_expert((D), out, n_cols, out_type, accumulate, scale_mode, amax_a,  \
+                                  a_vec, amax_b, b_vec, bias, probs, has_bias, has_probs)
+
 // Stage a warp's mma.sync-layout accumulators acc[MI][NI][4] (flattened: accf) into the fp32
 // tile cs ([rows][LD]):
 // fragment (mi, ni) holds rows wm0 + 16 mi + lane/4 (+8), columns wn0 + 8 ni + 2 (lane%4) (+1).

@@ -1,6 +1,6 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
-// tensor-core kernel body gemm_mma and the entry-point macros (LPM_GG_PARAMS, LPM_GG_ARGS,
-// LPM_GG_DEFINE, LPM_GG_DEFINE_WG).
+// tensor-core kernel body gemm_mma and its entry-point macros (LPM_GG_DEFINE,
+// LPM_GG_DEFINE_WG).
 
 #ifndef LPM_GROUPED_GEMM_KERNEL_CUH
 #define LPM_GROUPED_GEMM_KERNEL_CUH
@@ -38,15 +38,7 @@ __device__ __forceinline__ unsigned char* gemm_smem(unsigned char* smem_raw, uns
 //             Warp v of a warpgroup holds rows 16v..16v+15 of the warpgroup's block in the
 //             mma.sync C layout, so the accumulator array and the epilogue serve both paths.
 template <int BM, int BN, int WARPS_M, int AKIND, int BKIND, bool F16, int ACH, int BCH, bool WG>
-__device__ __forceinline__ void gemm_mma(
-    const int* __restrict__ tiles, int n_col_tiles, const long long* __restrict__ desc,
-    long long n_cols, const unsigned char* __restrict__ a_data,
-    const unsigned char* __restrict__ a_scale, int a_ch, int a_e5m2,
-    const unsigned char* __restrict__ b_data, const unsigned char* __restrict__ b_scale, int b_ch,
-    int b_e5m2, const float* __restrict__ amax_a, const float* __restrict__ amax_b, int a_vec,
-    int b_vec, int scale_mode, const float* __restrict__ bias, const float* __restrict__ probs,
-    int has_bias, int has_probs, void* __restrict__ out, int out_type, int accumulate,
-    int zero_if_empty) {
+__device__ __forceinline__ void gemm_mma(LPM_GG_PARAMS) {
     constexpr int WARPS_N = (kThreads / 32) / WARPS_M;
     constexpr int TM = WG ? 16 : BM / WARPS_M, TN = WG ? (BM == 128 ? BN : BN / 2) : BN / WARPS_N;
     constexpr int MI = TM / 16, NI = TN / 8;
@@ -85,8 +77,7 @@ __device__ __forceinline__ void gemm_mma(
     const long long len = tile.len, r0 = tile.r0, c0 = tile.c0;
     const int rows_valid = tile.rows_valid<BM>(), cols_valid = tile.cols_valid<BN>();
 
-    Epilogue ep = Epilogue::of_expert(d, out, n_cols, out_type, accumulate, scale_mode, amax_a,
-                                      a_vec, amax_b, b_vec, bias, probs, has_bias, has_probs);
+    Epilogue ep = LPM_GG_EPILOGUE_OF(d);
 
     if (len <= 0 && zero_if_empty) {  // wgrad of an expert without tokens: dW_g = 0
         ep.zero_tile(r0, c0, rows_valid, cols_valid, kThreads);
@@ -341,22 +332,6 @@ __device__ __forceinline__ void gemm_mma(
 }
 
 }  // namespace lpm_gg
-
-// Parameter list shared by every tensor-core kernel entry point.
-#define LPM_GG_PARAMS                                                                          \
-    const int *__restrict__ tiles, int n_col_tiles, const long long *__restrict__ desc,       \
-        long long n_cols, const unsigned char *__restrict__ a_data,                           \
-        const unsigned char *__restrict__ a_scale, int a_ch, int a_e5m2,                      \
-        const unsigned char *__restrict__ b_data, const unsigned char *__restrict__ b_scale,  \
-        int b_ch, int b_e5m2, const float *__restrict__ amax_a,                               \
-        const float *__restrict__ amax_b, int a_vec, int b_vec, int scale_mode,               \
-        const float *__restrict__ bias, const float *__restrict__ probs, int has_bias,        \
-        int has_probs, void *__restrict__ out, int out_type, int accumulate, int zero_if_empty
-
-#define LPM_GG_ARGS                                                                            \
-    tiles, n_col_tiles, desc, n_cols, a_data, a_scale, a_ch, a_e5m2, b_data, b_scale, b_ch,   \
-        b_e5m2, amax_a, amax_b, a_vec, b_vec, scale_mode, bias, probs, has_bias, has_probs,   \
-        out, out_type, accumulate, zero_if_empty
 
 // extern "C" entry point NAME for one mma.sync configuration (CH: cp.async chunk, 16 or 8).
 #define LPM_GG_DEFINE(NAME, BM, BN, WARPS_M, AKIND, BKIND, F16, CH)                            \

@@ -76,8 +76,7 @@ extern "C" __global__ void __launch_bounds__(256) lpm_gg_simt(
     const long long len = tile.len, r0 = tile.r0, c0 = tile.c0;
     const int rows_valid = tile.rows_valid<kT>(), cols_valid = tile.cols_valid<kT>();
 
-    Epilogue ep = Epilogue::of_expert(d, out, n_cols, out_type, accumulate, scale_mode, amax_a,
-                                      a_vec, amax_b, b_vec, bias, probs, has_bias, has_probs);
+    Epilogue ep = LPM_GG_EPILOGUE_OF(d);
 
     if (len <= 0 && zero_if_empty) {
         if (!accumulate) {

@@ -37,36 +37,31 @@
 
 namespace lpm_gg {
 
-// D(64x32, fp32) += A(64x16) * B(16x32), both operands K-major in shared memory.
+// D(64x32, fp32) += A(64x16) * B(16x32), both operands K-major in shared memory; TYPES: the
+// operand types of the instruction ("f16.f16" or "bf16.bf16").
+#define LPM_GG_WGMMA_M64N32K16_SS(TYPES)                                                       \
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                                  \
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPES " "                       \
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "    \
+                 "%16, %17, p, 1, 1, 0, 0;\n}\n"                                               \
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),     \
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),   \
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])                          \
+                 : "l"(da), "l"(db), "r"(1))
 template <bool F16>
 __device__ __forceinline__ void wgmma_m64n32k16(float* d, unsigned long long da,
                                                 unsigned long long db) {
 #if LPM_GG_HAS_WGMMA
     if constexpr (F16) {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-            "%16, %17, p, 1, 1, 0, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-              "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-              "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-            : "l"(da), "l"(db), "r"(1));
+        LPM_GG_WGMMA_M64N32K16_SS("f16.f16");
     } else {
-        asm volatile(
-            "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-            "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-            "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
-            "%16, %17, p, 1, 1, 0, 0;\n}\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-              "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-              "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-            : "l"(da), "l"(db), "r"(1));
+        LPM_GG_WGMMA_M64N32K16_SS("bf16.bf16");
     }
 #else
     __trap();
 #endif
 }
+#undef LPM_GG_WGMMA_M64N32K16_SS
 
 // The same with A (64x16 f16) from registers: a[0..3] = the m16n8k16 A fragment of this warp's
 // 16 rows (rows g, g+8 x contraction 2q, 2q+1 and 2q+8, 2q+9; g = lane/4, q = lane%4).
@@ -131,15 +126,7 @@ __device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsi
 //   MXFP8 (SS): both operands expanded into canonical tiles in shared memory, block scales
 //     through registers one tile ahead (gemm_mma's CONVERT path).
 template <int XKIND, int WKIND, bool F16, int CH>
-__device__ __forceinline__ void gemm_swap(
-    const int* __restrict__ tiles, int n_col_tiles, const long long* __restrict__ desc,
-    long long n_cols, const unsigned char* __restrict__ a_data,
-    const unsigned char* __restrict__ a_scale, int a_ch, int a_e5m2,
-    const unsigned char* __restrict__ b_data, const unsigned char* __restrict__ b_scale, int b_ch,
-    int b_e5m2, const float* __restrict__ amax_a, const float* __restrict__ amax_b, int a_vec,
-    int b_vec, int scale_mode, const float* __restrict__ bias, const float* __restrict__ probs,
-    int has_bias, int has_probs, void* __restrict__ out, int out_type, int accumulate,
-    int zero_if_empty) {
+__device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
     constexpr int BW = kSwapCols, BT = kSwapTokens;
     static_assert(XKIND == KIND_FP4_K || XKIND == KIND_FP8_K, "K-major quantized token side");
     static_assert(WKIND == KIND_FP4_K || WKIND == KIND_FP8_K, "K-major quantized weight side");
@@ -168,8 +155,7 @@ __device__ __forceinline__ void gemm_swap(
     const long long len = tile.len, r0 = tile.r0, c0 = tile.c0;
     const int tok_valid = tile.rows_valid<BT>(), col_valid = tile.cols_valid<BW>();
 
-    Epilogue ep = Epilogue::of_expert(d, out, n_cols, out_type, accumulate, scale_mode, amax_a,
-                                      a_vec, amax_b, b_vec, bias, probs, has_bias, has_probs);
+    Epilogue ep = LPM_GG_EPILOGUE_OF(d);
     if (len <= 0 && zero_if_empty) {
         ep.zero_tile(r0, c0, tok_valid, col_valid, kThreads);
         return;

@@ -64,15 +64,7 @@ __device__ __forceinline__ void regs_claim() {
 }
 
 template <int AKIND, int BKIND, bool F16, int CH>
-__device__ __forceinline__ void gemm_ws(
-    const int* __restrict__ tiles, int n_col_tiles, const long long* __restrict__ desc,
-    long long n_cols, const unsigned char* __restrict__ a_data,
-    const unsigned char* __restrict__ a_scale, int a_ch, int a_e5m2,
-    const unsigned char* __restrict__ b_data, const unsigned char* __restrict__ b_scale, int b_ch,
-    int b_e5m2, const float* __restrict__ amax_a, const float* __restrict__ amax_b, int a_vec,
-    int b_vec, int scale_mode, const float* __restrict__ bias, const float* __restrict__ probs,
-    int has_bias, int has_probs, void* __restrict__ out, int out_type, int accumulate,
-    int zero_if_empty) {
+__device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
     constexpr int BM = 128, BN = 256;
     constexpr bool AMN = kind_is_mn(AKIND), BMN = kind_is_mn(BKIND);
     static_assert(!kind_is_hp(AKIND) && !kind_is_hp(BKIND), "quantized operands only");
@@ -101,8 +93,7 @@ __device__ __forceinline__ void gemm_ws(
     const long long len = tile.len, r0 = tile.r0, c0 = tile.c0;
     const int rows_valid = tile.rows_valid<BM>(), cols_valid = tile.cols_valid<BN>();
 
-    Epilogue ep = Epilogue::of_expert(d, out, n_cols, out_type, accumulate, scale_mode, amax_a,
-                                      a_vec, amax_b, b_vec, bias, probs, has_bias, has_probs);
+    Epilogue ep = LPM_GG_EPILOGUE_OF(d);
     if (len <= 0 && zero_if_empty) {  // wgrad of an expert without tokens: dW_g = 0
         ep.zero_tile(r0, c0, rows_valid, cols_valid, kWsThreads);
         return;

@@ -147,7 +147,7 @@ def test_kernel_parameter_order_matches_sources():
     from lowprec_moe import kernels
     from lowprec_moe.cuda import gemm as C
 
-    src = (kernels.kernel_dir() / "grouped_gemm_kernel.cuh").read_text()
+    src = (kernels.kernel_dir() / "grouped_gemm_base.cuh").read_text()
     m = re.search(r"#define LPM_GG_PARAMS\s*\\\n(.*?)\n\n", src, re.S)
     body = m.group(1).replace("\\\n", " ")
     assert tuple(_c_param_names(body)) == C.MMA_PARAMS

@@ -22,7 +22,7 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-# ---- mirrored from raw_kernels/grouped_gemm_base.cuh (LPM_GG_PARAMS: grouped_gemm_kernel.cuh) --
+# ---- mirrored from raw_kernels/grouped_gemm_base.cuh (descriptor words, kinds, LPM_GG_PARAMS) --
 DESC_WORDS = 16
 (D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD, D_B_SOFF, D_B_SLD, D_ROWS, D_LEN,
  D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS) = range(15)
@@ -44,7 +44,7 @@ CONFIGS = {"l": (128, 256), "s": (32, 256), "w": (128, 256), "v": (64, 256), "x"
 #: raw stages of the swapped-operand kernel per format (swap_stages in grouped_gemm_base.cuh)
 SWAP_STAGES = {"nvfp4": 6, "mxfp8": 4}
 #: Parameter names, in order, of the tensor-core kernels (LPM_GG_PARAMS in
-#: grouped_gemm_kernel.cuh) and of lpm_gg_simt; tests/test_gemm_plan.py checks them against the CUDA
+#: grouped_gemm_base.cuh) and of lpm_gg_simt; tests/test_gemm_plan.py checks them against the CUDA
 #: sources.
 MMA_PARAMS = ("tiles", "n_col_tiles", "desc", "n_cols", "a_data", "a_scale", "a_ch", "a_e5m2",
               "b_data", "b_scale", "b_ch", "b_e5m2", "amax_a", "amax_b", "a_vec", "b_vec",
