@@ -10,13 +10,15 @@ For every shape of SPEC section 10 x {fprop, dgrad, wgrad} x {bf16, mxfp8, nvfp4
 it reports our time, TFLOP/s (``2 * M_total * N * K / t``) and GB/s (operand bytes as stored,
 scales included, plus the bf16 output), the TFLOP/s of ``torch._grouped_mm`` on the same bf16
 problem when torch is importable (only here: torch is never a dependency of the library), the
-ratio, and the kernel / MMA instruction that ran. Random data (never zeros); quantization happens
-outside the timed region (GPU quantizers, falling back to the NumPy reference plus an upload when
-they are unavailable); CUDA events, warm-up, medians; each timed sample spans enough back-to-back
-calls for ~2 ms (ours and torch alike), so a call's host work overlaps the previous kernel, and
-the host enqueue time per call is printed beside it. Outputs are bf16 (``out=`` buffers
-preallocated). ``nvfp4-rs`` = row-scaled activations (fprop and wgrad; dgrad is never
-row-scaled). The compact table is printed last. ``--quick`` runs a reduced set (< 60 s).
+ratio, and the kernel / MMA instruction that ran. With torch, every case times torch and ours in
+alternation (one sample each per round) and the ratio is the median of the per-round ratios, so
+clock drift between runs does not enter it. Random data (never zeros); quantization happens outside
+the timed region (GPU quantizers, falling back to the NumPy reference plus an upload when they are
+unavailable); CUDA events, warm-up, medians; each timed sample spans enough back-to-back calls for
+~2 ms (ours and torch alike), so a call's host work overlaps the previous kernel, and the host
+enqueue time per call is printed beside it. Outputs are bf16 (``out=`` buffers preallocated).
+``nvfp4-rs`` = row-scaled activations (fprop and wgrad; dgrad is never row-scaled). The compact
+table is printed last. ``--quick`` runs a reduced set (< 60 s).
 
 Targets (issue "Grouped GEMM kernels for Hopper"): >= 0.6x torch bf16 on compute-bound shapes,
 >= 1.5x on the memory-bound NVFP4 fprop shape (E=128 x 16 tokens, 2048 -> 1536).
@@ -67,32 +69,55 @@ def _reps(single_ms: float) -> int:
     return max(1, min(50, int(2.0 / max(single_ms, 1e-3))))
 
 
-def _burst_median_ms(event, sync, elapsed, fn, warmup, iters) -> tuple[float, float]:
-    """(median ms per call, host enqueue us per call): each sample records events around `reps`
-    back-to-back calls, so a call's host work overlaps the previous call's kernel (a single
+def _burst(event, elapsed, fn, reps) -> tuple[float, float]:
+    """One timed sample: (ms per call, host enqueue us per call) over `reps` back-to-back calls
+    between two events, so a call's host work overlaps the previous call's kernel (a single
     call between two events would also time the host's enqueue while the GPU idles). When the
-    host is slower than the kernel the GPU starves and the median shows the host time."""
+    host is slower than the kernel the GPU starves and the sample shows the host time."""
+    start, end = event(), event()
+    start.record()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    host = (time.perf_counter() - t0) / reps * 1e6
+    end.record()
+    end.synchronize()
+    return elapsed(start, end) / reps, host
+
+
+def _calibrate(event, sync, elapsed, fn, warmup) -> int:
+    """Warm `fn` up and return the calls per sample (_reps of one timed call)."""
     for _ in range(warmup):
         fn()
     sync()
-    start, end = event(), event()
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    reps = _reps(elapsed(start, end))
-    times, host = [], []
+    return _reps(_burst(event, elapsed, fn, 1)[0])
+
+
+def _burst_median_ms(event, sync, elapsed, fn, warmup, iters) -> tuple[float, float]:
+    """(median ms per call, median host enqueue us per call) over `iters` samples (_burst)."""
+    reps = _calibrate(event, sync, elapsed, fn, warmup)
+    samples = [_burst(event, elapsed, fn, reps) for _ in range(iters)]
+    return (statistics.median(s[0] for s in samples),
+            statistics.median(s[1] for s in samples))
+
+
+def _paired_median_ms(ours, peer, warmup, iters) -> tuple[float, float, float, float]:
+    """Ours and a peer timed in alternation: each of `iters` rounds takes one peer sample, then
+    one of ours, so both see the same clocks (back-to-back runs of the same code on the H200
+    differ by up to ~12 %, see benchmarks/RESULTS.md). `ours` / `peer`: (event, sync, elapsed,
+    fn). Returns (ours median ms, ours median host us, peer median ms, median of the per-round
+    ratios peer ms / ours ms)."""
+    reps_o = _calibrate(*ours, warmup)
+    reps_p = _calibrate(*peer, warmup)
+    mine, theirs, ratios = [], [], []
     for _ in range(iters):
-        start, end = event(), event()
-        start.record()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            fn()
-        host.append((time.perf_counter() - t0) / reps * 1e6)
-        end.record()
-        end.synchronize()
-        times.append(elapsed(start, end) / reps)
-    return statistics.median(times), statistics.median(host)
+        p_ms, _ = _burst(peer[0], peer[2], peer[3], reps_p)
+        o_ms, o_host = _burst(ours[0], ours[2], ours[3], reps_o)
+        mine.append((o_ms, o_host))
+        theirs.append(p_ms)
+        ratios.append(p_ms / o_ms)
+    return (statistics.median(m[0] for m in mine), statistics.median(m[1] for m in mine),
+            statistics.median(theirs), statistics.median(ratios))
 
 
 def _median_ms(cp, fn, warmup, iters) -> tuple[float, float]:
@@ -181,11 +206,17 @@ def torch_setup(mode, splits, n, k):
     return None, err
 
 
-def torch_time(fn, warmup, iters) -> float:
+def _torch_timer(fn):
+    """(event, sync, elapsed, fn) for torch's CUDA events."""
     import torch
 
-    return _burst_median_ms(lambda: torch.cuda.Event(enable_timing=True), torch.cuda.synchronize,
-                            lambda s, e: s.elapsed_time(e), fn, warmup, iters)[0]
+    return (lambda: torch.cuda.Event(enable_timing=True), torch.cuda.synchronize,
+            lambda s, e: s.elapsed_time(e), fn)
+
+
+def torch_time(fn, warmup, iters) -> float:
+    """Median ms per call of a torch function timed alone (_burst_median_ms)."""
+    return _burst_median_ms(*_torch_timer(fn), warmup, iters)[0]
 
 
 def main() -> None:
@@ -230,8 +261,6 @@ def main() -> None:
         del xh
         for mode in args.modes:
             tfn, terr = (None, "disabled") if args.no_torch else torch_setup(mode, splits, n, k)
-            t_ms = torch_time(tfn, warmup, iters) if tfn else None
-            t_tf = flops / (t_ms * 1e-3) / 1e12 if t_ms else None
             for fmt in formats:
                 if fmt == "nvfp4-rs" and mode == "dgrad":
                     continue
@@ -245,7 +274,14 @@ def main() -> None:
                                   out=out, accumulate=False)
                     info = C.kernel_info(p)
                     fn = lambda: grouped_gemm(a, b, splits, mode=mode, out=out)  # noqa: E731
-                    ms, host_us = _median_ms(cp, fn, warmup, iters)
+                    t_ms = ratio = None
+                    if tfn:
+                        ours = (cp.cuda.Event, cp.cuda.Device().synchronize,
+                                cp.cuda.get_elapsed_time, fn)
+                        ms, host_us, t_ms, ratio = _paired_median_ms(
+                            ours, _torch_timer(tfn), warmup, iters)
+                    else:
+                        ms, host_us = _median_ms(cp, fn, warmup, iters)
                 except Exception as exc:
                     print(f"{label} FAILED: {type(exc).__name__}: {exc}")
                     rows.append((shape, mode, fmt, None, None, None, None, None, "failed"))
@@ -256,7 +292,7 @@ def main() -> None:
                     [v for v in (obj.rowwise_data, obj.rowwise_scale, obj.columnwise_data,
                                  obj.columnwise_scale) if v is not None])) + out.nbytes
                 gbs = nbytes / (ms * 1e-3) / 1e9
-                ratio = tf / t_tf if t_tf else None
+                t_tf = flops / (t_ms * 1e-3) / 1e12 if t_ms else None
                 instr = f"{info['instruction']} {info['tile'][0]}x{info['tile'][1]}"
                 rows.append((shape, mode, fmt, ms, tf, gbs, t_tf, ratio, instr))
                 print(f"{label} {ms:9.3f} ms {tf:8.1f} TFLOP/s {gbs:8.1f} GB/s  torch "

@@ -1,0 +1,97 @@
+"""CPU tests of the timing helpers of benchmarks/bench_gemm.py, with a simulated clock."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gemm.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_gemm_under_test", _PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class _Clock:
+    """A device clock that every simulated call advances; events read it when recorded."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.log: list[str] = []
+
+    def event(self):
+        clock = self
+
+        class _Event:
+            t = None
+
+            def record(self):
+                self.t = clock.now
+
+            def synchronize(self):
+                pass
+
+        return _Event()
+
+    @staticmethod
+    def elapsed(start, end):
+        return end.t - start.t
+
+    def sync(self):
+        pass
+
+    def call(self, name, ms_seq):
+        """A function that costs the next duration of ms_seq (cycled) per call."""
+        it = iter(ms_seq)
+        seq = list(ms_seq)
+
+        def fn():
+            nonlocal it
+            try:
+                ms = next(it)
+            except StopIteration:
+                it = iter(seq)
+                ms = next(it)
+            self.now += ms
+            self.log.append(name)
+
+        return fn
+
+
+def test_reps_aim_at_two_ms(bench):
+    assert bench._reps(0.1) == 20
+    assert bench._reps(5.0) == 1
+    assert bench._reps(1e-6) == 50
+
+
+def test_burst_median_ms_per_call(bench):
+    c = _Clock()
+    ms, host = bench._burst_median_ms(c.event, c.sync, c.elapsed, c.call("a", [0.25]), 2, 5)
+    assert ms == pytest.approx(0.25)
+    assert host >= 0.0
+    # 2 warm-up calls, 1 calibration call, then 5 samples of 2 ms / 0.25 ms = 8 calls
+    assert len(c.log) == 2 + 1 + 5 * 8
+
+
+def test_paired_alternates_and_takes_median_ratio(bench):
+    c = _Clock()
+    # the device slows down by 20 % halfway: per-round ratios stay 0.5
+    ours = c.call("ours", [1.0] * 20 + [1.2] * 100)
+    peer = c.call("peer", [0.5] * 20 + [0.6] * 100)
+    timer = (c.event, c.sync, c.elapsed)
+    o_ms, _, p_ms, ratio = bench._paired_median_ms((*timer, ours), (*timer, peer), 1, 6)
+    assert ratio == pytest.approx(0.5)
+    assert p_ms / o_ms == pytest.approx(0.5, rel=0.25)
+    # after warm-up / calibration the rounds alternate: a burst of peer calls, then of ours
+    rounds = c.log[4:]
+    runs = [rounds[0]]
+    for name in rounds[1:]:
+        if name != runs[-1]:
+            runs.append(name)
+    assert runs == ["peer", "ours"] * 6
