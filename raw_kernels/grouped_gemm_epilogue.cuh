@@ -292,6 +292,24 @@ struct Epilogue {
     ::lpm_gg::Epilogue::of_expert((D), out, n_cols, out_type, accumulate, scale_mode, amax_a,  \
                                   a_vec, amax_b, b_vec, bias, probs, has_bias, has_probs)
 
+// The start of a tensor-core kernel body (parameter names of LPM_GG_PARAMS): locate this CTA's
+// BM_ x BN_ output tile and declare `tile`, `d` (the expert's descriptor words), `len`, `r0`,
+// `c0`, the valid extents ROWS / COLS (names given) and the epilogue `ep`. Returns when the tile
+// holds no output; for the wgrad of an expert without tokens (dW_g = 0) NT threads write the
+// zero tile first. A macro because it returns from the kernel.
+#define LPM_GG_TILE_SETUP(BM_, BN_, ROWS, COLS, NT)                                           \
+    const ::lpm_gg::CtaTile tile =                                                           \
+        ::lpm_gg::locate_tile<BM_, BN_>(tiles, n_col_tiles, desc, n_cols);                   \
+    if (tile.rv <= 0 || tile.cv <= 0) return;                                                \
+    const long long* d = tile.d;                                                             \
+    const long long len = tile.len, r0 = tile.r0, c0 = tile.c0;                              \
+    const int ROWS = tile.rows_valid<BM_>(), COLS = tile.cols_valid<BN_>();                  \
+    ::lpm_gg::Epilogue ep = LPM_GG_EPILOGUE_OF(d);                                           \
+    if (len <= 0 && zero_if_empty) {                                                         \
+        ep.zero_tile(r0, c0, ROWS, COLS, NT);                                                \
+        return;                                                                              \
+    }
+
 // Stage a warp's mma.sync-layout accumulators acc[MI][NI][4] (flattened: accf) into the fp32
 // tile cs ([rows][LD]):
 // fragment (mi, ni) holds rows wm0 + 16 mi + lane/4 (+8), columns wn0 + 8 ni + 2 (lane%4) (+1).

@@ -71,18 +71,7 @@ __device__ __forceinline__ void gemm_mma(LPM_GG_PARAMS) {
     unsigned s0;
     unsigned char* const smem = gemm_smem(smem_raw, SMEM, a_ch != ACH || b_ch != BCH, s0);
 
-    const CtaTile tile = locate_tile<BM, BN>(tiles, n_col_tiles, desc, n_cols);
-    if (tile.rv <= 0 || tile.cv <= 0) return;
-    const long long* d = tile.d;
-    const long long len = tile.len, r0 = tile.r0, c0 = tile.c0;
-    const int rows_valid = tile.rows_valid<BM>(), cols_valid = tile.cols_valid<BN>();
-
-    Epilogue ep = LPM_GG_EPILOGUE_OF(d);
-
-    if (len <= 0 && zero_if_empty) {  // wgrad of an expert without tokens: dW_g = 0
-        ep.zero_tile(r0, c0, rows_valid, cols_valid, kThreads);
-        return;
-    }
+    LPM_GG_TILE_SETUP(BM, BN, rows_valid, cols_valid, kThreads)
     ep.init_alpha();
 
     // Operand bases at (tile row 0, contraction 0).

@@ -149,17 +149,7 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
     unsigned char* const smem = gemm_smem(smem_raw, SMEM, a_ch != CH || b_ch != CH, s0);
 
     // Tile rows are tokens (BT per row tile), tile columns output columns (BW per column tile).
-    const CtaTile tile = locate_tile<BT, BW>(tiles, n_col_tiles, desc, n_cols);
-    if (tile.rv <= 0 || tile.cv <= 0) return;
-    const long long* d = tile.d;
-    const long long len = tile.len, r0 = tile.r0, c0 = tile.c0;
-    const int tok_valid = tile.rows_valid<BT>(), col_valid = tile.cols_valid<BW>();
-
-    Epilogue ep = LPM_GG_EPILOGUE_OF(d);
-    if (len <= 0 && zero_if_empty) {
-        ep.zero_tile(r0, c0, tok_valid, col_valid, kThreads);
-        return;
-    }
+    LPM_GG_TILE_SETUP(BT, BW, tok_valid, col_valid, kThreads)
     ep.init_alpha();
 
     const unsigned char* x_base = a_data + d[D_A_OFF] + r0 * d[D_A_LD];
