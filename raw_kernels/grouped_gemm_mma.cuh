@@ -78,6 +78,19 @@ __device__ __forceinline__ void warp_mma_ks(unsigned sa, unsigned sb, float (&ac
 #define LPM_GG_HAS_WGMMA 0
 #endif
 
+// The body of a wgmma wrapper templated on F16: INSTR (a macro taking the operand types) with
+// "f16.f16" or "bf16.bf16"; a trap where wgmma does not exist (the launcher never selects it).
+#if LPM_GG_HAS_WGMMA
+#define LPM_GG_WGMMA_TYPED(F16, INSTR) \
+    if constexpr (F16) {               \
+        INSTR("f16.f16");              \
+    } else {                           \
+        INSTR("bf16.bf16");            \
+    }
+#else
+#define LPM_GG_WGMMA_TYPED(F16, INSTR) __trap();
+#endif
+
 // Shared-memory matrix descriptor, 128-byte swizzle: start address, leading / stride byte offsets.
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
     return static_cast<unsigned long long>((addr & 0x3FFFFu) >> 4) |
@@ -136,15 +149,7 @@ __device__ __forceinline__ void wg_fence_acc(float* d) {
 template <bool F16, int TA, int TB>
 __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da,
                                                  unsigned long long db) {
-#if LPM_GG_HAS_WGMMA
-    if constexpr (F16) {
-        LPM_GG_WGMMA_M64N128K16_SS("f16.f16");
-    } else {
-        LPM_GG_WGMMA_M64N128K16_SS("bf16.bf16");
-    }
-#else
-    __trap();
-#endif
+    LPM_GG_WGMMA_TYPED(F16, LPM_GG_WGMMA_M64N128K16_SS)
 }
 #undef LPM_GG_WGMMA_M64N128K16_SS
 
@@ -164,15 +169,7 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da
 template <bool F16, int TA, int TB>
 __device__ __forceinline__ void wgmma_m64n256k16(float* d, unsigned long long da,
                                                  unsigned long long db) {
-#if LPM_GG_HAS_WGMMA
-    if constexpr (F16) {
-        LPM_GG_WGMMA_M64N256K16_SS("f16.f16");
-    } else {
-        LPM_GG_WGMMA_M64N256K16_SS("bf16.bf16");
-    }
-#else
-    __trap();
-#endif
+    LPM_GG_WGMMA_TYPED(F16, LPM_GG_WGMMA_M64N256K16_SS)
 }
 #undef LPM_GG_WGMMA_M64N256K16_SS
 

@@ -51,15 +51,7 @@ namespace lpm_gg {
 template <bool F16>
 __device__ __forceinline__ void wgmma_m64n32k16(float* d, unsigned long long da,
                                                 unsigned long long db) {
-#if LPM_GG_HAS_WGMMA
-    if constexpr (F16) {
-        LPM_GG_WGMMA_M64N32K16_SS("f16.f16");
-    } else {
-        LPM_GG_WGMMA_M64N32K16_SS("bf16.bf16");
-    }
-#else
-    __trap();
-#endif
+    LPM_GG_WGMMA_TYPED(F16, LPM_GG_WGMMA_M64N32K16_SS)
 }
 #undef LPM_GG_WGMMA_M64N32K16_SS
 

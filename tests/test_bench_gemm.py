@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 from pathlib import Path
 
 import pytest
@@ -48,17 +49,10 @@ class _Clock:
 
     def call(self, name, ms_seq):
         """A function that costs the next duration of ms_seq (cycled) per call."""
-        it = iter(ms_seq)
-        seq = list(ms_seq)
+        durations = itertools.cycle(ms_seq)
 
         def fn():
-            nonlocal it
-            try:
-                ms = next(it)
-            except StopIteration:
-                it = iter(seq)
-                ms = next(it)
-            self.now += ms
+            self.now += next(durations)
             self.log.append(name)
 
         return fn
