@@ -165,9 +165,11 @@ struct Epilogue {
     // epilogue (per-tensor or row-scaled factors, bias, probs) and cast to OT with one 16-byte
     // store per 16-bit group (two for fp32, accumulating into the output when asked). Fast path
     // of tile() for 16-byte aligned groups. The flags are uniform, so their branches are taken
-    // once per group; the arithmetic per element is value()'s and write()'s.
+    // once per group; the arithmetic per element is value()'s and write()'s. `ca` / `bv`: the
+    // column amaxes (row-scaled) and biases of the 8 columns, loaded once by tile8.
     template <int OT>
-    __device__ __forceinline__ void group8(const float* src, long long row, long long col) const {
+    __device__ __forceinline__ void group8(const float* src, long long row, long long col,
+                                           const float (&ca)[8], const float (&bv)[8]) const {
         const float4 lo = *reinterpret_cast<const float4*>(src);
         const float4 hi = *reinterpret_cast<const float4*>(src + 4);
         float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
@@ -179,15 +181,14 @@ struct Epilogue {
             const float inv = lpm_f32_from_bits(LPM_FP32_INV_NVFP4_GEMM_FACTOR_BITS);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                v[j] = lpm_mul_rn(lpm_mul_rn(v[j], inv), lpm_mul_rn(ra, col_amax(col + j)));
+                v[j] = lpm_mul_rn(lpm_mul_rn(v[j], inv), lpm_mul_rn(ra, ca[j]));
             }
         }
         if (has_bias) {
             const float pr = has_probs ? probs[probs_base + row] : 1.0f;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
-                float b = bias[bias_base + col + j];
-                if (has_probs) b = lpm_mul_rn(b, pr);
+                const float b = has_probs ? lpm_mul_rn(bv[j], pr) : bv[j];
                 v[j] = lpm_add_rn(v[j], b);
             }
         }
@@ -232,10 +233,20 @@ struct Epilogue {
     __device__ __forceinline__ void tile8(const float* cs, long long r0, long long c0,
                                           int rows_valid, int cols_valid) const {
         constexpr int C8 = BN / 8;
+        static_assert(NTHR % C8 == 0, "each thread keeps one column group");
+        // Thread t handles groups t, t + NTHR, ...: always columns c .. c+7, so their column
+        // amaxes and biases are read once here rather than once per row.
+        const int c = (static_cast<int>(threadIdx.x) % C8) * 8;
+        if (c >= cols_valid) return;
+        float ca[8], bv[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            ca[j] = scale_mode == 2 ? col_amax(c0 + c + j) : 0.0f;
+            bv[j] = has_bias ? bias[bias_base + c0 + c + j] : 0.0f;
+        }
 #pragma unroll 2
-        for (int i = threadIdx.x; i < rows_valid * C8; i += NTHR) {
-            const int r = i / C8, c = (i % C8) * 8;
-            if (c < cols_valid) group8<OT>(cs + r * LD + c, r0 + r, c0 + c);
+        for (int r = static_cast<int>(threadIdx.x) / C8; r < rows_valid; r += NTHR / C8) {
+            group8<OT>(cs + r * LD + c, r0 + r, c0 + c, ca, bv);
         }
     }
 
