@@ -32,10 +32,13 @@ constexpr int kWsConsumers = 256;  // two warpgroups: wgmma and the epilogue
 constexpr int kWsProducers = 256;  // two warpgroups: copies, block scales, expansion
 constexpr int kWsThreads = kWsConsumers + kWsProducers;
 // Registers per thread after the role split (setmaxnreg): the consumers hold 128 fp32
-// accumulators each; together the roles use the whole register file (65536).
+// accumulators each. setmaxnreg only moves registers within the CTA's launch allocation
+// (kWsLaunchRegs per thread, the __launch_bounds__ share; here the whole file): the consumers
+// would block forever in setmaxnreg.inc if the producers released less than they claim.
+constexpr int kWsLaunchRegs = 65536 / kWsThreads / 8 * 8;  // 128
 constexpr int kWsConsumerRegs = 168;
 constexpr int kWsProducerRegs =
-    (65536 - kWsConsumerRegs * kWsConsumers) / kWsProducers;  // 88
+    (kWsLaunchRegs * kWsThreads - kWsConsumerRegs * kWsConsumers) / kWsProducers / 8 * 8;  // 88
 static_assert(kWsProducerRegs % 8 == 0 && kWsProducerRegs >= 24, "setmaxnreg granularity");
 // Named barriers (0 is __syncthreads).
 constexpr int WS_BAR_PROD = 1;   // the producer warpgroups
