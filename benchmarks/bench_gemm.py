@@ -120,9 +120,14 @@ def _paired_median_ms(ours, peer, warmup, iters) -> tuple[float, float, float, f
             statistics.median(theirs), statistics.median(ratios))
 
 
-def _median_ms(cp, fn, warmup, iters) -> tuple[float, float]:
-    return _burst_median_ms(cp.cuda.Event, cp.cuda.Device().synchronize,
-                            cp.cuda.get_elapsed_time, fn, warmup, iters)
+def _cupy_timer(cp, fn):
+    """(event, sync, elapsed, fn) for CuPy's CUDA events."""
+    return cp.cuda.Event, cp.cuda.Device().synchronize, cp.cuda.get_elapsed_time, fn
+
+
+def _median_ms(cp, fn, warmup, iters) -> float:
+    """Median ms per call of a CuPy-launched function timed alone (_burst_median_ms)."""
+    return _burst_median_ms(*_cupy_timer(cp, fn), warmup, iters)[0]
 
 
 def _quantize(lpm, x, splits, fmt, **kw):
@@ -276,12 +281,10 @@ def main() -> None:
                     fn = lambda: grouped_gemm(a, b, splits, mode=mode, out=out)  # noqa: E731
                     t_ms = ratio = None
                     if tfn:
-                        ours = (cp.cuda.Event, cp.cuda.Device().synchronize,
-                                cp.cuda.get_elapsed_time, fn)
                         ms, host_us, t_ms, ratio = _paired_median_ms(
-                            ours, _torch_timer(tfn), warmup, iters)
+                            _cupy_timer(cp, fn), _torch_timer(tfn), warmup, iters)
                     else:
-                        ms, host_us = _median_ms(cp, fn, warmup, iters)
+                        ms, host_us = _burst_median_ms(*_cupy_timer(cp, fn), warmup, iters)
                 except Exception as exc:
                     print(f"{label} FAILED: {type(exc).__name__}: {exc}")
                     rows.append((shape, mode, fmt, None, None, None, None, None, "failed"))

@@ -89,3 +89,23 @@ def test_paired_alternates_and_takes_median_ratio(bench):
         if name != runs[-1]:
             runs.append(name)
     assert runs == ["peer", "ours"] * 6
+
+
+def test_median_ms_returns_ms_per_call(bench):
+    """The probes format _median_ms's result as a number (ms per call)."""
+    c = _Clock()
+
+    class _Cuda:
+        Event = staticmethod(c.event)
+        get_elapsed_time = staticmethod(c.elapsed)
+
+        class Device:
+            def synchronize(self):
+                c.sync()
+
+    class _Cp:
+        cuda = _Cuda
+
+    ms = bench._median_ms(_Cp, c.call("a", [0.5]), 1, 3)
+    assert isinstance(ms, float)
+    assert f"{ms:9.3f}" == "    0.500"
