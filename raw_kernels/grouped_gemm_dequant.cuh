@@ -28,6 +28,14 @@ __device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc0, unsigned s
     o[2] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 & 0xFFFFu)), sc1);
     o[3] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 >> 16)), sc1);
 }
+// Two E4M3 block scales (s0 in the low byte of s2) -> f16x2 words (s0 * 64, s0 * 64) and
+// (s1 * 64, s1 * 64), the `sc0` / `sc1` of fp4_decode8: exact (E4M3 <= 448, 448 * 64 = 28672
+// < 65504); the factor 64 undoes the 2^-6 of fp4_decode8's E4M3 intermediate.
+__device__ __forceinline__ void fp4_scales_x64(unsigned short s2, unsigned& sc0, unsigned& sc1) {
+    const unsigned sc = hmul2_rn(fp8x2_to_f16x2<false>(s2), 0x54005400u);  // * (64, 64)
+    sc0 = __byte_perm(sc, sc, 0x1010u);
+    sc1 = __byte_perm(sc, sc, 0x3232u);
+}
 // One block scale for all 8 elements.
 __device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc, unsigned* o) {
     fp4_decode8(w, sc, sc, o);
@@ -104,10 +112,8 @@ __device__ __forceinline__ void unit_store(const UnitRaw<KIND>& x, unsigned char
     const int r = u >> 1, h = u & 1;
     unsigned o[16];
     if constexpr (KIND == KIND_FP4_K) {
-        // (s0, s1) -> f16x2 * 64: exact (E4M3 <= 448, 448 * 64 = 28672 < 65504).
-        const unsigned sc = hmul2_rn(fp8x2_to_f16x2<false>(x.s2), 0x54005400u);
-        const unsigned sc0 = __byte_perm(sc, sc, 0x1010u);
-        const unsigned sc1 = __byte_perm(sc, sc, 0x3232u);
+        unsigned sc0, sc1;
+        fp4_scales_x64(x.s2, sc0, sc1);
         fp4_decode8(x.w.x, sc0, o + 0);
         fp4_decode8(x.w.y, sc0, o + 4);
         fp4_decode8(x.w.z, sc1, o + 8);
@@ -138,25 +144,11 @@ template <int KIND, int R, bool E5M2>
 __device__ __forceinline__ void convert_unit(const unsigned char* raw, const unsigned char* rsc,
                                              unsigned char* canon, int u) {
     if constexpr (KIND == KIND_FP4_K) {
-        const int r = u >> 1, h = u & 1;
-        const uint4 w = *reinterpret_cast<const uint4*>(raw + r * (kBK / 2) + h * 16);
-        const unsigned short s2 = *reinterpret_cast<const unsigned short*>(rsc + r * 4 + h * 2);
-        // (s0, s1) -> f16x2 * 64: exact (E4M3 <= 448, 448 * 64 = 28672 < 65504).
-        const unsigned sc = hmul2_rn(fp8x2_to_f16x2<false>(s2), 0x54005400u);
-        const unsigned sc0 = __byte_perm(sc, sc, 0x1010u);
-        const unsigned sc1 = __byte_perm(sc, sc, 0x3232u);
-        unsigned o[16];
-        fp4_decode8(w.x, sc0, o + 0);
-        fp4_decode8(w.y, sc0, o + 4);
-        fp4_decode8(w.z, sc1, o + 8);
-        fp4_decode8(w.w, sc1, o + 12);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int c = 4 * h + j;
-            *reinterpret_cast<uint4*>(canon + r * (kBK * 2) + ((c ^ (r & 7)) << 4)) =
-                make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
-        }
+        unit_store<KIND, R, E5M2>(unit_load<KIND, R>(raw, rsc, u), canon, u);
     } else if constexpr (KIND == KIND_FP8_K) {
+        // The same values as unit_load + unit_store; written out because folding it into them
+        // changes the code of the mma.sync kernels (which call this between their MMAs), and
+        // that change has not been timed.
         const int r = u >> 1, h = u & 1;
         const float f = reinterpret_cast<const float*>(rsc)[r * 2 + h];
         unsigned o[16];

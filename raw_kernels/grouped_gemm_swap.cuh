@@ -96,11 +96,10 @@ __device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsi
         const unsigned w = __byte_perm(__byte_perm(wa[2 * s], wa[2 * s + 1], sel),
                                        __byte_perm(wb[2 * s], wb[2 * s + 1], sel), 0x5410u);
         const unsigned s2 = __byte_perm(sa, sb, static_cast<unsigned>(s | ((s + 4) << 4)));
-        // (scale_r, scale_r+8) * 64, exact
-        const unsigned sc =
-            hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(s2 & 0xFFFFu)), 0x54005400u);
+        unsigned sc0, sc1;  // row r's scale, row r+8's
+        fp4_scales_x64(static_cast<unsigned short>(s2 & 0xFFFFu), sc0, sc1);
         unsigned o[4];
-        fp4_decode8(w, __byte_perm(sc, sc, 0x1010u), __byte_perm(sc, sc, 0x3232u), o);
+        fp4_decode8(w, sc0, sc1, o);
         af[s][0] = o[0];  // row r,   2q..2q+1
         af[s][1] = o[2];  // row r+8, 2q..2q+1
         af[s][2] = o[1];  // row r,   2q+8..2q+9
