@@ -120,7 +120,7 @@ __host__ __device__ constexpr int gemm_smem_bytes(int akind, int bkind, int bm, 
 // kSwapCols output columns per CTA; swap_stages raw stages, then 2 canonical buffers -- NVFP4:
 // the token tile only (the weights go from the raw stage to registers), MXFP8: both tiles --
 // plus the 1024-byte alignment (the transposed fp32 epilogue tile fits in the raw ring).
-// NVFP4: 6 stages, 44 KiB; MXFP8: 4 stages, 86 KiB.
+// NVFP4: 6 stages, 43 KiB; MXFP8: 4 stages, 86 KiB.
 constexpr int kSwapCols = 128;
 constexpr int kSwapTokens = 32;
 __host__ __device__ constexpr bool swap_rs(int xkind, int wkind) {

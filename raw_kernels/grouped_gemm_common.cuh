@@ -61,11 +61,13 @@
 //                             OperandCopy, ScaleRegs
 //   grouped_gemm_dequant.cuh  exact in-kernel dequantization: fp4 / fp8 decoders, convert_unit
 //   grouped_gemm_mma.cuh      warp-level mma.sync steps, sm_90a wgmma wrappers
-//   grouped_gemm_epilogue.cuh the epilogue (Epilogue)
+//   grouped_gemm_epilogue.cuh the epilogue (Epilogue) and the tile set-up of a kernel body
+//                             (LPM_GG_TILE_SETUP)
 //   grouped_gemm_kernel.cuh   the kernel body gemm_mma and the entry-point macros
 //                             (LPM_GG_DEFINE, LPM_GG_DEFINE_WG)
-//   grouped_gemm_ws.cuh       the warp-specialised wgmma kernel body gemm_ws for NVFP4 / MXFP8
-//                             (a producer warpgroup expands, two consumer warpgroups multiply)
+//   grouped_gemm_ws.cuh       the warp-specialised wgmma kernel body gemm_ws (instantiated
+//                             for NVFP4: two producer warpgroups copy and expand, two consumer
+//                             warpgroups multiply)
 //                             and LPM_GG_DEFINE_WS
 //   grouped_gemm_swap.cuh     the swapped-operand wgmma kernel body gemm_swap for few tokens
 //                             per expert (weights on the wgmma M side) and LPM_GG_DEFINE_SWAP

@@ -283,8 +283,9 @@ def test_choose_kernel_few_tokens_swap(mode, fmt, family, monkeypatch):
 
 
 def test_swap_smem_formula():
-    """The swapped-operand kernel's shared memory (mirrors swap_smem_bytes): NVFP4 fits four
-    CTAs per SM (1 KiB reserved per CTA), MXFP8 two."""
+    """The swapped-operand kernel's shared memory (mirrors swap_smem_bytes): NVFP4 leaves room
+    for four CTAs per SM (1 KiB reserved per CTA; its 80-register bound allows three), MXFP8
+    two."""
     from lowprec_moe.cuda import gemm as C
 
     nv = C._swap_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K)

@@ -57,8 +57,8 @@ Kernel choice
   (a GPU test compares them). NVFP4 needs each row's block scales of a k-tile 4-byte aligned
   (contraction a multiple of 64), else the 64x256 tile is used.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
-  family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel, without the
-  warp-specialised one.
+  family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
+  swapped-operand one for few tokens per expert), without the warp-specialised one.
 """
 
 from __future__ import annotations
