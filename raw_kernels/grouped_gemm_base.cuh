@@ -58,6 +58,22 @@ template <bool B>
 struct BoolC {
     static constexpr bool value = B;
 };
+// Call f(BoolC<EA>{}, BoolC<EB>{}) for the runtime flags ea / eb (E5M2 data on the A / B side,
+// MXFP8 only): the caller branches once per tile, each of the four calls is a specialisation.
+template <class F>
+__device__ __forceinline__ void with_e5m2(bool ea, bool eb, F&& f) {
+    if (ea) {
+        if (eb) {
+            f(BoolC<true>{}, BoolC<true>{});
+        } else {
+            f(BoolC<true>{}, BoolC<false>{});
+        }
+    } else if (eb) {
+        f(BoolC<false>{}, BoolC<true>{});
+    } else {
+        f(BoolC<false>{}, BoolC<false>{});
+    }
+}
 
 __host__ __device__ constexpr int round16(int x) { return (x + 15) / 16 * 16; }
 
@@ -96,8 +112,9 @@ __host__ __device__ constexpr int pipeline_stages(int akind, int bkind, int bm, 
                ? (canon_bytes(bm) + canon_bytes(bn) <= 40 * 1024 ? 4 : 3) + (wg ? 1 : 0)
                : 4;
 }
-__host__ __device__ constexpr int raw_ring_bytes(int akind, int bkind, int bm, int bn) {
-    return (4 * (raw_bytes(akind, bm) + raw_bytes(bkind, bn)) + 1023) / 1024 * 1024;
+__host__ __device__ constexpr int raw_ring_bytes(int akind, int bkind, int bm, int bn,
+                                                 int nst = 4) {
+    return (nst * (raw_bytes(akind, bm) + raw_bytes(bkind, bn)) + 1023) / 1024 * 1024;
 }
 __host__ __device__ constexpr int canon_buffers(int akind, int bkind, int bm, int bn, bool wg) {
     return wg && raw_ring_bytes(akind, bkind, bm, bn) + 3 * (canon_bytes(bm) + canon_bytes(bn)) +
@@ -130,9 +147,7 @@ __host__ __device__ constexpr int swap_stages(int xkind, int wkind) {
     return swap_rs(xkind, wkind) ? 6 : 4;
 }
 __host__ __device__ constexpr int swap_smem_bytes(int xkind, int wkind) {
-    return (swap_stages(xkind, wkind) *
-                (raw_bytes(wkind, kSwapCols) + raw_bytes(xkind, kSwapTokens)) +
-            1023) / 1024 * 1024 +
+    return raw_ring_bytes(wkind, xkind, kSwapCols, kSwapTokens, swap_stages(xkind, wkind)) +
            2 * ((swap_rs(xkind, wkind) ? 0 : canon_bytes(kSwapCols)) + canon_bytes(kSwapTokens)) +
            1024;
 }

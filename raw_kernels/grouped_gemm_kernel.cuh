@@ -215,21 +215,10 @@ __device__ __forceinline__ void gemm_mma(LPM_GG_PARAMS) {
                                                smem + CANON_OFF + cb * (CANON_A + CANON_B),
                                                threadIdx.x, rows_valid, cols_valid);
         };
-        using F_ = BoolC<false>;
-        using T_ = BoolC<true>;
         auto convert_all = [&](int stage, int cb) {
             constexpr bool QA = AKIND != KIND_FP4_K, QB = BKIND != KIND_FP4_K;  // fp8 operands
-            if (QA && a_e5m2) {
-                if (QB && b_e5m2) {
-                    convert_tile(stage, cb, T_{}, T_{});
-                } else {
-                    convert_tile(stage, cb, T_{}, F_{});
-                }
-            } else if (QB && b_e5m2) {
-                convert_tile(stage, cb, F_{}, T_{});
-            } else {
-                convert_tile(stage, cb, F_{}, F_{});
-            }
+            with_e5m2(QA && a_e5m2, QB && b_e5m2,
+                      [&](auto ea, auto eb) { convert_tile(stage, cb, ea, eb); });
         };
 
         // Prologue: tiles 0..NST-2 in flight, their scales stored; scales of NST-1 in registers.

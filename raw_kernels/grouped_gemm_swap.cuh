@@ -121,13 +121,13 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
     constexpr int BW = kSwapCols, BT = kSwapTokens;
     static_assert(XKIND == KIND_FP4_K || XKIND == KIND_FP8_K, "K-major quantized token side");
     static_assert(WKIND == KIND_FP4_K || WKIND == KIND_FP8_K, "K-major quantized weight side");
-    constexpr bool RS = XKIND == KIND_FP4_K && WKIND == KIND_FP4_K;
+    constexpr bool RS = swap_rs(XKIND, WKIND);
     static_assert(!RS || F16, "NVFP4 expands to fp16");
     constexpr int CANON_W = RS ? 0 : canon_bytes(BW), CANON_X = canon_bytes(BT);
     constexpr int RAW_W = raw_bytes(WKIND, BW), RAW_X = raw_bytes(XKIND, BT);
     constexpr int STAGE = RAW_W + RAW_X;
     constexpr int NST = swap_stages(XKIND, WKIND), NCB = 2;
-    constexpr int CANON_OFF = (NST * STAGE + 1023) / 1024 * 1024;
+    constexpr int CANON_OFF = raw_ring_bytes(WKIND, XKIND, BW, BT, NST);
     constexpr int EPI_LD = BW + 4;  // conflict-free transposed staging, 16-byte aligned rows
     constexpr int SMEM = swap_smem_bytes(XKIND, WKIND);
     static_assert(CANON_OFF + NCB * (CANON_W + CANON_X) + 1024 == SMEM, "shared memory");
@@ -197,8 +197,6 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
         srw.store(sb + W_SC, threadIdx.x);
         srx.store(sb + X_SC, threadIdx.x);
     };
-    using F_ = BoolC<false>;
-    using T_ = BoolC<true>;
     // Expand raw stage `stage` into canonical buffer `cb`: SS both operands, RS the tokens only.
     auto convert_tile = [&](int stage, int cb, auto ew, auto ex) {
         unsigned char* const rs = smem + stage * STAGE;
@@ -215,17 +213,7 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
     constexpr bool QW = WKIND != KIND_FP4_K, QX = XKIND != KIND_FP4_K;  // fp8 operands
     const bool e5w = QW && b_e5m2, e5x = QX && a_e5m2;
     auto convert_all = [&](int stage, int cb) {
-        if (e5w) {
-            if (e5x) {
-                convert_tile(stage, cb, T_{}, T_{});
-            } else {
-                convert_tile(stage, cb, T_{}, F_{});
-            }
-        } else if (e5x) {
-            convert_tile(stage, cb, F_{}, T_{});
-        } else {
-            convert_tile(stage, cb, F_{}, F_{});
-        }
+        with_e5m2(e5w, e5x, [&](auto ew, auto ex) { convert_tile(stage, cb, ew, ex); });
     };
     // Weight rows of this thread's fragments (RS): wr, wr + 8.
     const int wr = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);

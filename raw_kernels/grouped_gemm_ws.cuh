@@ -159,17 +159,7 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
             if (nt + 1 < KT) load_scales(nt + 1);
             const int cb = kt % NCB;
             if (kt >= NCB) named_sync(WS_BAR_EMPTY + cb, kWsThreads);  // tile kt-NCB retired
-            if (e5a) {
-                if (e5b) {
-                    convert(kt % NST, cb, BoolC<true>{}, BoolC<true>{});
-                } else {
-                    convert(kt % NST, cb, BoolC<true>{}, BoolC<false>{});
-                }
-            } else if (e5b) {
-                convert(kt % NST, cb, BoolC<false>{}, BoolC<true>{});
-            } else {
-                convert(kt % NST, cb, BoolC<false>{}, BoolC<false>{});
-            }
+            with_e5m2(e5a, e5b, [&](auto ea, auto eb) { convert(kt % NST, cb, ea, eb); });
             fence_proxy_async();
             named_arrive(WS_BAR_FULL + cb, kWsThreads);
         }
