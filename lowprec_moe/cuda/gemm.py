@@ -156,6 +156,12 @@ def _raw_bytes(kind: int, r: int) -> int:
     return r16(data) + r16(scale)
 
 
+def _raw_ring_bytes(a_kind: int, b_kind: int, bm: int, bn: int, nst: int = 4) -> int:
+    """``nst`` raw stages of an A and a B tile, rounded up to 1 KiB (raw_ring_bytes in
+    grouped_gemm_base.cuh)."""
+    return _cdiv(nst * (_raw_bytes(a_kind, bm) + _raw_bytes(b_kind, bn)), 1024) * 1024
+
+
 def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) -> int:
     """Dynamic shared memory of a tensor-core kernel (mirrors gemm_smem_bytes in
     raw_kernels/grouped_gemm_base.cuh)."""
@@ -166,8 +172,7 @@ def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) ->
         nst = (4 if ca + cb <= 40 * 1024 else 3) + (1 if wg else 0)
         main = nst * (ca + cb)
     else:
-        stage = _raw_bytes(a_kind, bm) + _raw_bytes(b_kind, bn)
-        ring = _cdiv(4 * stage, 1024) * 1024
+        ring = _raw_ring_bytes(a_kind, b_kind, bm, bn)
         ncb = 3 if wg and ring + 3 * (ca + cb) + 1024 <= MAX_SMEM else 2
         main = ring + ncb * (ca + cb)
     return max(main, bm * (bn + 8) * 4) + 1024  # + base alignment to 1024 bytes
@@ -180,8 +185,8 @@ def _swap_smem_bytes(x_kind: int, w_kind: int) -> int:
     tokens, cols = CONFIGS["t"]
     rs = x_kind == w_kind == KIND_FP4_K  # NVFP4: weights decoded into registers
     nst = SWAP_STAGES["nvfp4" if rs else "mxfp8"]
-    ring = _cdiv(nst * (_raw_bytes(w_kind, cols) + _raw_bytes(x_kind, tokens)), 1024)
-    return ring * 1024 + 2 * ((0 if rs else _canon(cols)) + _canon(tokens)) + 1024
+    ring = _raw_ring_bytes(w_kind, x_kind, cols, tokens, nst)
+    return ring + 2 * ((0 if rs else _canon(cols)) + _canon(tokens)) + 1024
 
 
 def _scales_word_aligned(op: Operand) -> bool:
