@@ -152,6 +152,21 @@ __host__ __device__ constexpr int swap_smem_bytes(int xkind, int wkind) {
            1024;
 }
 
+// The warp-specialised NVFP4 kernel (grouped_gemm_ws.cuh), 128 x 256 tile: the consumers decode
+// A from the raw stage straight into wgmma registers, so only B has canonical buffers
+// (kWsCanonBuffers); the producers request raw tiles kWsAhead ahead of the one they expand, and
+// a raw stage is refilled only once the consumers retired its tile: kWsAhead + kWsCanonBuffers
+// raw stages. NVFP4: 81 KiB of raw ring + 96 KiB of canonical B + alignment.
+constexpr int kWsAhead = 3;
+constexpr int kWsCanonBuffers = 3;
+constexpr int kWsStages = kWsAhead + kWsCanonBuffers;
+__host__ __device__ constexpr int ws_smem_bytes(int akind, int bkind) {
+    const int main =
+        raw_ring_bytes(akind, bkind, 128, 256, kWsStages) + kWsCanonBuffers * canon_bytes(256);
+    const int epi = 128 * (256 + 8) * 4;
+    return (main > epi ? main : epi) + 1024;
+}
+
 // ==========================================================================================
 // PTX wrappers
 

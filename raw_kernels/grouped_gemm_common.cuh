@@ -23,7 +23,8 @@
 //     block scales through registers one tile ahead; every k-tile the CTA expands the next raw tile
 //     into a 16-bit canonical tile (2-3 buffers, see canon_buffers) while the tensor cores work
 //     on the current one. The warp-specialised variant (grouped_gemm_ws.cuh, 512 threads, NVFP4)
-//     hands the copies and the expansion to two producer warpgroups instead.
+//     hands the copies and B's expansion to two producer warpgroups; its two consumer
+//     warpgroups decode A straight into wgmma registers.
 //     No dequantized copy of an operand ever exists in global memory.
 // Canonical tiles (16-bit): K-major [R][64] (128-byte rows, 16-byte chunk c of row r stored at
 // chunk c ^ (r & 7)), or MN-major [64 lines][R] stored as R/64 panels of [64][128 bytes] with the
@@ -66,8 +67,8 @@
 //   grouped_gemm_kernel.cuh   the kernel body gemm_mma and the entry-point macros
 //                             (LPM_GG_DEFINE, LPM_GG_DEFINE_WG)
 //   grouped_gemm_ws.cuh       the warp-specialised wgmma kernel body gemm_ws (instantiated
-//                             for NVFP4: two producer warpgroups copy and expand, two consumer
-//                             warpgroups multiply)
+//                             for NVFP4: two producer warpgroups copy and expand B, two
+//                             consumer warpgroups decode A into registers and multiply)
 //                             and LPM_GG_DEFINE_WS
 //   grouped_gemm_swap.cuh     the swapped-operand wgmma kernel body gemm_swap for few tokens
 //                             per expert (weights on the wgmma M side) and LPM_GG_DEFINE_SWAP

@@ -61,6 +61,53 @@ __device__ __forceinline__ void fp8_decode4(unsigned w, float f0, float f1, floa
     o1 = __byte_perm(__float_as_uint(r2), __float_as_uint(r3), 0x7632u);
 }
 
+// wgmma A fragments (m64k16, f16) of NVFP4 rows r and r + 8 for the 16-deep steps S0 ..
+// S0 + NS - 1 of a k-tile, decoded straight from a raw stage (rows of 32 data bytes; the 4 E4M3
+// scale bytes of row r at rsc + 4r): step s needs byte q of data words 2s and 2s+1 of each row
+// (contraction 16s+2q, +1 and 16s+2q+8, +9) and scale byte s; af[i] is step S0 + i. The values
+// are those convert_unit writes to the canonical tile (same decoder, same scale product).
+template <int S0, int NS>
+__device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsigned char* rsc,
+                                            int r, int q, unsigned (&af)[NS][4]) {
+    static_assert(NS >= 1 && S0 + NS <= kBK / 16 && (NS == 1 || (S0 % 2 == 0 && NS % 2 == 0)),
+                  "one step (8-byte loads) or whole 16-byte chunks");
+    unsigned wa[2 * NS], wb[2 * NS];
+    if constexpr (NS == 1) {
+        const uint2 a = *reinterpret_cast<const uint2*>(raw + r * (kBK / 2) + S0 * 8);
+        const uint2 b = *reinterpret_cast<const uint2*>(raw + (r + 8) * (kBK / 2) + S0 * 8);
+        wa[0] = a.x, wa[1] = a.y;
+        wb[0] = b.x, wb[1] = b.y;
+    } else {
+#pragma unroll
+        for (int i = 0; i < NS / 2; ++i) {
+            const unsigned char* pa = raw + r * (kBK / 2) + (S0 / 2 + i) * 16;
+            const uint4 a = *reinterpret_cast<const uint4*>(pa);
+            const uint4 b = *reinterpret_cast<const uint4*>(pa + 8 * (kBK / 2));
+            wa[4 * i] = a.x, wa[4 * i + 1] = a.y, wa[4 * i + 2] = a.z, wa[4 * i + 3] = a.w;
+            wb[4 * i] = b.x, wb[4 * i + 1] = b.y, wb[4 * i + 2] = b.z, wb[4 * i + 3] = b.w;
+        }
+    }
+    const unsigned sa = *reinterpret_cast<const unsigned*>(rsc + r * 4);
+    const unsigned sb = *reinterpret_cast<const unsigned*>(rsc + (r + 8) * 4);
+    const unsigned sel = static_cast<unsigned>(q) | (static_cast<unsigned>(q + 4) << 4);
+#pragma unroll
+    for (int i = 0; i < NS; ++i) {
+        const int s = S0 + i;
+        // nibbles: row r (16s+2q, +1, 16s+2q+8, +9), then row r+8 (the same)
+        const unsigned w = __byte_perm(__byte_perm(wa[2 * i], wa[2 * i + 1], sel),
+                                       __byte_perm(wb[2 * i], wb[2 * i + 1], sel), 0x5410u);
+        const unsigned s2 = __byte_perm(sa, sb, static_cast<unsigned>(s | ((s + 4) << 4)));
+        unsigned sc0, sc1;  // row r's scale, row r+8's
+        fp4_scales_x64(static_cast<unsigned short>(s2 & 0xFFFFu), sc0, sc1);
+        unsigned o[4];
+        fp4_decode8(w, sc0, sc1, o);
+        af[i][0] = o[0];  // row r,   2q..2q+1
+        af[i][1] = o[2];  // row r+8, 2q..2q+1
+        af[i][2] = o[1];  // row r,   2q+8..2q+9
+        af[i][3] = o[3];  // row r+8, 2q+8..2q+9
+    }
+}
+
 // Whether conversion unit u (see convert_unit) covers a row below `valid`. Rows at or beyond
 // the valid extent are not expanded: the accumulators they feed belong to output rows / columns
 // that are never stored, so whatever their canonical rows hold cannot reach the output.

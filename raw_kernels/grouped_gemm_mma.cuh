@@ -153,6 +153,25 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da
 }
 #undef LPM_GG_WGMMA_M64N128K16_SS
 
+// D(64x128, fp32) += A(64x16 f16, registers) * B(16x128 f16, K-major shared memory): a[0..3]
+// is the m16n8k16 A fragment of this warp's 16 rows (rows g, g+8 x contraction 2q, 2q+1 and
+// 2q+8, 2q+9; g = lane/4, q = lane%4). The same products in the same order as the shared-memory
+// form, so the results are bitwise those of wgmma_m64n128k16 on the same values.
+__device__ __forceinline__ void wgmma_m64n128k16_rs(float* d, const unsigned (&a)[4],
+                                                    unsigned long long db) {
+#if LPM_GG_HAS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+#else
+    __trap();
+#endif
+}
+
 // The instruction of wgmma_m64n256k16 with operand types TYPES ("f16.f16" or "bf16.bf16").
 #define LPM_GG_WGMMA_M64N256K16_SS(TYPES) asm volatile( \
             "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
@@ -175,15 +194,14 @@ __device__ __forceinline__ void wgmma_m64n256k16(float* d, unsigned long long da
 
 // One 64-deep k-tile of wgmma for warpgroup `wg` of a BM x 256 CTA tile held in canonical tiles
 // sa (A, BM rows) / sb (B, 256 rows). BM = 128: the warpgroup owns rows 64wg..64wg+63 x all 256
-// columns (one m64n256k16 per 16-deep step, or with WIDE = false its two m64n128k16 halves: the
-// warp-specialised kernel's 128-register compile limit does not fit m64n256k16); BM = 64:
-// rows 0..63 x columns 128wg..128wg+127 (one m64n128k16).
+// columns (one m64n256k16 per 16-deep step); BM = 64: rows 0..63 x columns 128wg..128wg+127
+// (one m64n128k16).
 // K-major: 8-row atoms 1024 B apart (SBO), LBO unused; a 16-deep step = +32 B. MN-major: 8-line
 // atoms 1024 B apart (SBO), 64-row panels 8 KiB apart (LBO); a 16-deep step = +16 lines = +2 KiB.
 // 64 rows of A / 128 rows of B start 8 KiB / 16 KiB further on in both layouts (so m64n256k16
 // spans B's 256 rows with the same descriptor strides). Commits one
 // wgmma group; NACC: accumulator floats per thread.
-template <int BM, bool F16, bool AMN, bool BMN, int NACC, bool WIDE = true>
+template <int BM, bool F16, bool AMN, bool BMN, int NACC>
 __device__ __forceinline__ void wg_ktile(float* accf, unsigned sa, unsigned sb, int wg) {
     constexpr unsigned A_LBO = AMN ? kBK * 128 : 16, B_LBO = BMN ? kBK * 128 : 16;
     constexpr unsigned A_STEP = AMN ? 16 * 128 : 32, B_STEP = BMN ? 16 * 128 : 32;
@@ -199,16 +217,12 @@ __device__ __forceinline__ void wg_ktile(float* accf, unsigned sa, unsigned sb, 
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < kBK / 16; ++ks) {
-        if constexpr (HALVES == 2 && WIDE) {
+        if constexpr (HALVES == 2) {
             wgmma_m64n256k16<F16, AMN ? 1 : 0, BMN ? 1 : 0>(accf, da + ((ks * A_STEP) >> 4),
                                                            db + ((ks * B_STEP) >> 4));
         } else {
-#pragma unroll
-            for (int h = 0; h < HALVES; ++h) {
-                wgmma_m64n128k16<F16, AMN ? 1 : 0, BMN ? 1 : 0>(
-                    accf + h * 64, da + ((ks * A_STEP) >> 4),
-                    db + ((h * (128 * 128) + ks * B_STEP) >> 4));
-            }
+            wgmma_m64n128k16<F16, AMN ? 1 : 0, BMN ? 1 : 0>(accf, da + ((ks * A_STEP) >> 4),
+                                                           db + ((ks * B_STEP) >> 4));
         }
     }
     wg_commit();

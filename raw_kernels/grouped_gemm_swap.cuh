@@ -74,39 +74,6 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float* d, const unsigned (&a)
 #endif
 }
 
-// The A fragments of one NVFP4 k-tile (4 16-deep steps) of weight rows r and r + 8, decoded
-// straight from the raw stage (rows of 32 bytes, then 4 E4M3 scale bytes per row at `rsc`):
-// step s needs byte q of data words 2s and 2s+1 of each row (contraction 16s+2q, +1 and
-// 16s+2q+8, +9) and scale byte s. The values are those convert_unit writes to the canonical
-// tile (same decoder, same scale product).
-__device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsigned char* rsc,
-                                            int r, int q, unsigned (&af)[4][4]) {
-    const uint4 a0 = *reinterpret_cast<const uint4*>(raw + r * (kBK / 2));
-    const uint4 a1 = *reinterpret_cast<const uint4*>(raw + r * (kBK / 2) + 16);
-    const uint4 b0 = *reinterpret_cast<const uint4*>(raw + (r + 8) * (kBK / 2));
-    const uint4 b1 = *reinterpret_cast<const uint4*>(raw + (r + 8) * (kBK / 2) + 16);
-    const unsigned sa = *reinterpret_cast<const unsigned*>(rsc + r * 4);
-    const unsigned sb = *reinterpret_cast<const unsigned*>(rsc + (r + 8) * 4);
-    const unsigned wa[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
-    const unsigned wb[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-    const unsigned sel = static_cast<unsigned>(q) | (static_cast<unsigned>(q + 4) << 4);
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-        // nibbles: row r (16s+2q, +1, 16s+2q+8, +9), then row r+8 (the same)
-        const unsigned w = __byte_perm(__byte_perm(wa[2 * s], wa[2 * s + 1], sel),
-                                       __byte_perm(wb[2 * s], wb[2 * s + 1], sel), 0x5410u);
-        const unsigned s2 = __byte_perm(sa, sb, static_cast<unsigned>(s | ((s + 4) << 4)));
-        unsigned sc0, sc1;  // row r's scale, row r+8's
-        fp4_scales_x64(static_cast<unsigned short>(s2 & 0xFFFFu), sc0, sc1);
-        unsigned o[4];
-        fp4_decode8(w, sc0, sc1, o);
-        af[s][0] = o[0];  // row r,   2q..2q+1
-        af[s][1] = o[2];  // row r+8, 2q..2q+1
-        af[s][2] = o[1];  // row r,   2q+8..2q+9
-        af[s][3] = o[3];  // row r+8, 2q+8..2q+9
-    }
-}
-
 // XKIND: the token-side operand (the launch's A: x in fprop, dy in dgrad); WKIND: the
 // weight-side operand (the launch's B). Both K-major and quantized.
 //   NVFP4 (RS): the weight fragments are decoded from the raw stage straight into registers
@@ -225,7 +192,7 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
         if constexpr (RS) {
             unsigned af[4][4];
             const unsigned char* rs = smem + stage * STAGE;
-            fp4_a_frags(rs, rs + W_SC, wr, lane & 3, af);
+            fp4_a_frags<0, kBK / 16>(rs, rs + W_SC, wr, lane & 3, af);
             wg_fence_acc<NACC>(acc);
             wg_fence();
 #pragma unroll

@@ -1,23 +1,28 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
 // warp-specialised wgmma kernel body gemm_ws for quantized operands and its entry-point macro
-// LPM_GG_DEFINE_WS. The library instantiates it for NVFP4 only: with MXFP8 the producers' 88
-// registers spill and it is slower than the plain wgmma kernel (benchmarks/RESULTS.md).
-//
-// 512 threads per CTA, one 128 x 256 output tile, the shared-memory layout of the wgmma
-// CONVERT path of gemm_mma (4 raw stages, NCB canonical buffers; gemm_smem_bytes):
-//   * warpgroups 0-1 (threads 0-255, "consumers") only issue the wgmma of each k-tile and run
-//     the epilogue, with the accumulators of gemm_mma's wgmma path;
-//   * warpgroups 2-3 (threads 256-511, "producers") issue the cp.async copies of the raw tiles,
-//     stage the block scales and expand each raw tile into a canonical buffer.
-// setmaxnreg gives the consumers 168 registers and the producers the rest (88).
-// So the expansion of tile k+1 (and k+2 with three buffers) runs while the tensor cores work on
-// tile k, instead of sharing the warps that issue and wait for the MMAs. The handshake uses
-// named barriers: FULL[b] (the producers arrive after expanding into buffer b, the consumers
-// wait) and EMPTY[b] (the consumers arrive once the wgmma that read buffer b retired, the
-// producers wait before expanding into it again); a further barrier orders the producers' own
-// cp.async copies, another the consumers' epilogue. Every k-tile issues the same wgmma, on the
-// same canonical values, in the same order as gemm_mma, so the results are bitwise those of the
-// other wgmma kernels (and grouped == per-expert holds across the family).
+// LPM_GG_DEFINE_WS. Instantiated for NVFP4 (both operands K-major), 128 x 256 output tile,
+// 512 threads:
+//   * warpgroups 0-1 (threads 0-255, "consumers"): warpgroup w owns rows 64w..64w+63. Each
+//     16-deep step it decodes its A fragments straight from the raw stage into registers
+//     (fp4_a_frags: the same values the canonical tile would hold) and issues two
+//     m64n128k16 with A from registers and B from a canonical buffer; then the epilogue;
+//   * warpgroups 2-3 (threads 256-511, "producers"): the cp.async copies of both raw tiles,
+//     the block scales, and the expansion of the B tile into a canonical buffer.
+// setmaxnreg gives the consumers 176 registers (128 accumulators, the fragments of two steps,
+// the decoder) and the producers the rest (80).
+// Only B is expanded into shared memory, so a k-tile costs the producers a third less work and
+// the shared memory a third fewer stores and half the wgmma operand reads (A comes from
+// registers); the A decode runs on the consumers, overlapped with their own wgmma (one commit
+// group per step: step s is decoded while step s-1 runs).
+// The handshake uses named barriers: FULL[b] (the producers arrive after expanding B into buffer
+// b; the raw stage's A half and scales landed before), EMPTY[b] (the consumers arrive once the
+// wgmma of the tile in buffer b retired; the producers wait before expanding into b again and
+// before refilling that tile's raw stage, whose A half the consumers read until then), a
+// barrier for the producers' own cp.async copies and one for the consumers' epilogue. Raw
+// tiles are requested kWsAhead tiles ahead of the one being expanded (kWsStages raw stages,
+// ws_smem_bytes). Every output element gets the same products in the same 16-deep steps and
+// order as in gemm_mma, so the results are bitwise those of the other wgmma kernels (and
+// grouped == per-expert holds across the family).
 
 #ifndef LPM_GROUPED_GEMM_WS_CUH
 #define LPM_GROUPED_GEMM_WS_CUH
@@ -29,16 +34,18 @@
 namespace lpm_gg {
 
 constexpr int kWsConsumers = 256;  // two warpgroups: wgmma and the epilogue
-constexpr int kWsProducers = 256;  // two warpgroups: copies, block scales, expansion
+constexpr int kWsProducers = 256;  // two warpgroups: copies, block scales, B expansion
 constexpr int kWsThreads = kWsConsumers + kWsProducers;
 // Registers per thread after the role split (setmaxnreg): the consumers hold 128 fp32
-// accumulators each. setmaxnreg only moves registers within the CTA's launch allocation
-// (kWsLaunchRegs per thread, the __launch_bounds__ share; here the whole file): the consumers
-// would block forever in setmaxnreg.inc if the producers released less than they claim.
+// accumulators each, the A fragments of two steps and the decoder's temporaries (with fewer,
+// ptxas serializes the wgmma). setmaxnreg only moves registers within the CTA's launch
+// allocation (kWsLaunchRegs per thread, the __launch_bounds__ share; here the whole file): the
+// consumers would block forever in setmaxnreg.inc if the producers released less than they
+// claim.
 constexpr int kWsLaunchRegs = 65536 / kWsThreads / 8 * 8;  // 128
-constexpr int kWsConsumerRegs = 168;
+constexpr int kWsConsumerRegs = 176;
 constexpr int kWsProducerRegs =
-    (kWsLaunchRegs * kWsThreads - kWsConsumerRegs * kWsConsumers) / kWsProducers / 8 * 8;  // 88
+    (kWsLaunchRegs * kWsThreads - kWsConsumerRegs * kWsConsumers) / kWsProducers / 8 * 8;  // 80
 static_assert(kWsProducerRegs % 8 == 0 && kWsProducerRegs >= 24, "setmaxnreg granularity");
 // Named barriers (0 is __syncthreads).
 constexpr int WS_BAR_PROD = 1;   // the producer warpgroups
@@ -69,21 +76,22 @@ __device__ __forceinline__ void regs_claim() {
 template <int AKIND, int BKIND, bool F16, int CH>
 __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
     constexpr int BM = 128, BN = 256;
-    constexpr bool AMN = kind_is_mn(AKIND), BMN = kind_is_mn(BKIND);
-    static_assert(!kind_is_hp(AKIND) && !kind_is_hp(BKIND), "quantized operands only");
-    using GA = TileGeo<AKIND, BM>;
+    static_assert(AKIND == KIND_FP4_K && BKIND == KIND_FP4_K && F16, "NVFP4 operands only");
     using GB = TileGeo<BKIND, BN>;
-    constexpr int CANON_A = canon_bytes(BM), CANON_B = canon_bytes(BN);
-    constexpr int NST = pipeline_stages(AKIND, BKIND, BM, BN, true);
-    constexpr int NCB = canon_buffers(AKIND, BKIND, BM, BN, true);
+    constexpr int CANON_B = canon_bytes(BN);
+    constexpr int NST = kWsStages, NCB = kWsCanonBuffers, AHEAD = kWsAhead;
     constexpr int RAW_A = raw_bytes(AKIND, BM), RAW_B = raw_bytes(BKIND, BN);
     constexpr int STAGE = RAW_A + RAW_B;
-    constexpr int CANON_OFF = (NST * STAGE + 1023) / 1024 * 1024;
+    constexpr int A_SC = round16(raw_data_bytes(AKIND, BM));          // in a stage
+    constexpr int B_SC = RAW_A + round16(raw_data_bytes(BKIND, BN));  // in a stage
+    constexpr int CANON_OFF = raw_ring_bytes(AKIND, BKIND, BM, BN, NST);
     constexpr int EPI_LD = BN + 8;
-    constexpr int SMEM = gemm_smem_bytes(AKIND, BKIND, BM, BN, true);
-    static_assert(CANON_OFF == raw_ring_bytes(AKIND, BKIND, BM, BN), "raw ring");
-    static_assert(CANON_OFF + NCB * (CANON_A + CANON_B) + 1024 <= SMEM, "shared memory");
-    static_assert(NST >= 3 && NCB >= 2 && NCB <= 3, "pipeline depth");
+    constexpr int SMEM = ws_smem_bytes(AKIND, BKIND);
+    static_assert(CANON_OFF + NCB * CANON_B + 1024 <= SMEM, "shared memory");
+    static_assert(BM * EPI_LD * 4 + 1024 <= SMEM, "epilogue staging");
+    static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && kBK == 64, "pipeline depth");
+    static_assert(GB::UNITS % kWsProducers == 0, "whole B units per producer");
+    constexpr int NB = GB::UNITS / kWsProducers;  // B units per producer thread and k-tile
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -98,13 +106,11 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
         regs_release<kWsProducerRegs>();
         const unsigned t = threadIdx.x - kWsConsumers;
         const long long a_ld = d[D_A_LD], b_ld = d[D_B_LD];
-        const unsigned char* a_base =
-            a_data + d[D_A_OFF] + (AMN ? r0 * GA::ES_NUM / GA::ES_DEN : r0 * a_ld);
-        const unsigned char* b_base =
-            b_data + d[D_B_OFF] + (BMN ? c0 * GB::ES_NUM / GB::ES_DEN : c0 * b_ld);
+        const unsigned char* a_base = a_data + d[D_A_OFF] + r0 * a_ld;
+        const unsigned char* b_base = b_data + d[D_B_OFF] + c0 * b_ld;
         const long long a_sld = d[D_A_SLD], b_sld = d[D_B_SLD];
-        const unsigned char* a_sbase = a_scale + d[D_A_SOFF] + (AMN ? r0 : r0 * a_sld);
-        const unsigned char* b_sbase = b_scale + d[D_B_SOFF] + (BMN ? c0 : c0 * b_sld);
+        const unsigned char* a_sbase = a_scale + d[D_A_SOFF] + r0 * a_sld;
+        const unsigned char* b_sbase = b_scale + d[D_B_SOFF] + c0 * b_sld;
         const OperandCopy<AKIND, BM, CH, kWsProducers> copy_a(a_base, a_ld, t);
         const OperandCopy<BKIND, BN, CH, kWsProducers> copy_b(b_base, b_ld, t);
         const ScaleCopy<AKIND, BM, kWsProducers> scopy_a(a_sbase, a_sld, t);
@@ -124,42 +130,47 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
         };
         auto store_scales = [&](int stage) {
             unsigned char* sb = smem + stage * STAGE;
-            sra.store(sb + round16(raw_data_bytes(AKIND, BM)), t);
-            srb.store(sb + RAW_A + round16(raw_data_bytes(BKIND, BN)), t);
+            sra.store(sb + A_SC, t);
+            srb.store(sb + B_SC, t);
         };
-        auto convert = [&](int stage, int cb, auto ea, auto eb) {
-            convert_stage<AKIND, BKIND, BM, BN, kWsProducers, decltype(ea)::value,
-                          decltype(eb)::value>(smem + stage * STAGE,
-                                               smem + CANON_OFF + cb * (CANON_A + CANON_B), t,
-                                               rows_valid, cols_valid);
-        };
-        // Prologue: tiles 0..NST-2 requested, their scales stored; scales of NST-1 in registers.
+        // Prologue: tiles 0..AHEAD-1 requested, their scales stored; scales of AHEAD in registers.
 #pragma unroll
-        for (int s = 0; s < NST - 1; ++s) {
+        for (int s = 0; s < AHEAD; ++s) {
             if (s < KT) issue(s, s);
             cp_async_commit();
         }
-        prologue_scales<NST - 1>(scopy_a, rows_valid, scopy_b, cols_valid, len, KT, smem, STAGE,
-                                 round16(raw_data_bytes(AKIND, BM)),
-                                 RAW_A + round16(raw_data_bytes(BKIND, BN)), t);
-        if (NST - 1 < KT) load_scales(NST - 1);
-        constexpr bool QA = AKIND != KIND_FP4_K, QB = BKIND != KIND_FP4_K;  // fp8 operands
-        const bool e5a = QA && a_e5m2, e5b = QB && b_e5m2;
+        prologue_scales<AHEAD>(scopy_a, rows_valid, scopy_b, cols_valid, len, KT, smem, STAGE,
+                               A_SC, B_SC, t);
+        if (AHEAD < KT) load_scales(AHEAD);
         for (int kt = 0; kt < KT; ++kt) {
-            // Invariants: raw tiles kt..kt+NST-2 requested (one commit group each), scales of
-            // tiles kt..kt+NST-2 stored, those of kt+NST-1 in registers.
-            cp_async_wait<NST - 2>();  // this thread's copies of tile kt landed
-            named_sync(WS_BAR_PROD, kWsProducers);  // everyone's; stage (kt-1)%NST is free
-            const int nt = kt + NST - 1;
+            // Invariants: raw tiles kt..kt+AHEAD-1 requested (one commit group each), their
+            // scales stored, those of kt+AHEAD in registers.
+            const int cb = kt % NCB;
+            cp_async_wait<AHEAD - 1>();  // this thread's copies of tile kt landed
+            named_sync(WS_BAR_PROD, kWsProducers);  // everyone's; tile kt-1 expanded
+            // Tile kt-NCB retired: its canonical buffer is free, and so is its raw stage (the
+            // consumers read its A half until then), which tile kt+AHEAD takes.
+            if (kt >= NCB) named_sync(WS_BAR_EMPTY + cb, kWsThreads);
+            const int nt = kt + AHEAD;
             if (nt < KT) {
                 issue(nt % NST, nt);
                 store_scales(nt % NST);
             }
             cp_async_commit();
             if (nt + 1 < KT) load_scales(nt + 1);
-            const int cb = kt % NCB;
-            if (kt >= NCB) named_sync(WS_BAR_EMPTY + cb, kWsThreads);  // tile kt-NCB retired
-            with_e5m2(e5a, e5b, [&](auto ea, auto eb) { convert(kt % NST, cb, ea, eb); });
+            // Expand tile kt's B half into canonical buffer cb (all loads, then the stores).
+            const unsigned char* rb = smem + (kt % NST) * STAGE + RAW_A;
+            unsigned char* const cbuf = smem + CANON_OFF + cb * CANON_B;
+            UnitRaw<BKIND> xb[NB];
+#pragma unroll
+            for (int i = 0; i < NB; ++i)
+                xb[i] = unit_load<BKIND, BN>(rb, rb + (B_SC - RAW_A),
+                                             static_cast<int>(t) + i * kWsProducers);
+#pragma unroll
+            for (int i = 0; i < NB; ++i) {
+                const int u = static_cast<int>(t) + i * kWsProducers;
+                if (unit_live<BKIND>(u, cols_valid)) unit_store<BKIND, BN, false>(xb[i], cbuf, u);
+            }
             fence_proxy_async();
             named_arrive(WS_BAR_FULL + cb, kWsThreads);
         }
@@ -168,10 +179,15 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
     }
 
     // ---------------- consumer warpgroups ----------------
+    // Warpgroup w owns rows 64w..64w+63 x all 256 columns: per 16-deep step two
+    // m64n128k16 with A from registers (this thread's fragment rows ar, ar + 8, decoded from the
+    // raw stage) and B from the canonical buffer. Each step is one commit group, so a step's
+    // fragments are decoded while the previous step's wgmma run.
     regs_claim<kWsConsumerRegs>();
     ep.init_alpha();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
+    const int ar = wm0 + (lane >> 2), aq = lane & 3;
     float acc[1][NI][4];
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni)
@@ -180,17 +196,36 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
     float* const accf = &acc[0][0][0];
     for (int kt = 0; kt < KT; ++kt) {
         const int cb = kt % NCB;
-        named_sync(WS_BAR_FULL + cb, kWsThreads);  // tile kt expanded into buffer cb
-        const unsigned sa = s0 + CANON_OFF + cb * (CANON_A + CANON_B);
-        wg_ktile<BM, F16, AMN, BMN, NI * 4, false>(accf, sa, sa + CANON_A, warp >> 2);
-        wg_wait<1>();  // tile kt-1 retired by this warpgroup
-        wg_fence_acc<NI * 4>(accf);
-        if (kt >= 1 && kt - 1 + NCB < KT) named_arrive(WS_BAR_EMPTY + (kt - 1) % NCB, kWsThreads);
+        named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt expanded into buffer cb
+        const unsigned char* const rs = smem + (kt % NST) * STAGE;
+        const unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, 16, 1024);
+        unsigned af[2][1][4];  // fragments of the step in flight and of the next one
+#pragma unroll
+        for (int s = 0; s < kBK / 16; ++s) {
+            // At most one group (step) pending: step s-2's fragments are free, and at s = 1
+            // the whole of tile kt-1 retired.
+            wg_wait<1>();
+            wg_fence_acc<NI * 4>(accf);
+            if (s == 1 && kt >= 1 && kt - 1 + NCB < KT)
+                named_arrive(WS_BAR_EMPTY + (kt - 1) % NCB, kWsThreads);
+            if (s == 0) fp4_a_frags<0, 1>(rs, rs + A_SC, ar, aq, af[0]);
+            if (s == 1) fp4_a_frags<1, 1>(rs, rs + A_SC, ar, aq, af[1]);
+            if (s == 2) fp4_a_frags<2, 1>(rs, rs + A_SC, ar, aq, af[0]);
+            if (s == 3) fp4_a_frags<3, 1>(rs, rs + A_SC, ar, aq, af[1]);
+            wg_fence();
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+                wgmma_m64n128k16_rs(accf + 64 * n, af[s & 1][0],
+                                    db + ((n * (128 * 128) + s * 32) >> 4));
+            wg_commit();
+            wg_fence_acc<NI * 4>(accf);
+        }
     }
     wg_wait0();
     wg_fence_acc<NI * 4>(accf);
-    // Every consumer retired its MMAs, and the producer finished its last expansion before the
-    // last FULL: the whole shared memory is free for the staged accumulators.
+    // Every consumer retired its MMAs, and the producers finished their last expansion before
+    // the last FULL (and have no copy in flight): the whole shared memory is free for the
+    // staged accumulators.
     named_sync(WS_BAR_EPI, kWsConsumers);
     float* cs = reinterpret_cast<float*>(smem);
     stage_acc<1, NI, EPI_LD>(cs, accf, wm0, 0, lane);

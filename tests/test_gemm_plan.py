@@ -176,6 +176,9 @@ def test_kernel_constants_match_sources():
         assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == \
             getattr(C, name), name
     assert int(re.search(r"constexpr int kDescWords = (\d+);", src).group(1)) == C.DESC_WORDS
+    assert int(re.search(r"constexpr int kWsAhead = (\d+);", src).group(1)) == C.WS_AHEAD
+    assert int(re.search(r"constexpr int kWsCanonBuffers = (\d+);", src).group(1)) == \
+        C.WS_CANON_BUFFERS
     assert int(re.search(r"constexpr int kBK = (\d+);", src).group(1)) == C.BK
     simt = (kernels.kernel_dir() / "grouped_gemm_simt.cu").read_text()
     for name in ("EK_F32", "EK_BF16", "EK_F16", "EK_FP4", "EK_E4M3", "EK_E5M2"):
@@ -247,7 +250,10 @@ def test_choose_kernel_policy(mode, fmt, family, monkeypatch):
     assert ln.kernel.endswith(f"_{cfg}"), ln
     assert ln.wgmma == (family != "mma"), ln
     assert ln.threads == (C.WS_THREADS if ws else C.THREADS), ln
-    assert ln.smem == C._smem_bytes(pl.a.kind, pl.b.kind, 128, 256, family != "mma"), ln
+    if ws:
+        assert ln.smem == C._ws_smem_bytes(pl.a.kind, pl.b.kind), ln
+    else:
+        assert ln.smem == C._smem_bytes(pl.a.kind, pl.b.kind, 128, 256, family != "mma"), ln
 
 
 @pytest.mark.parametrize("family", ["auto", "wgmma", "mma"])
@@ -280,6 +286,19 @@ def test_choose_kernel_few_tokens_swap(mode, fmt, family, monkeypatch):
         p3 = _policy_problem(mode, fmt, [16, 0, 32, 3, 16], n=160, k=160)
         ln3 = C.choose_kernel(p3, C.plan(p3), caps=H200_CAPS)
         assert ln3.kernel.endswith("_t") == (not fmt.startswith("nvfp4")), ln3
+
+
+def test_ws_smem_formula():
+    """The warp-specialised NVFP4 kernel's shared memory (mirrors ws_smem_bytes): 6 raw stages
+    of a 128-row A and a 256-row B tile, 3 canonical B buffers (no canonical A: it is decoded
+    into registers), 1 KiB alignment; the fp32 epilogue tile fits in it, and so does the whole
+    under the 227 KiB opt-in limit."""
+    from lowprec_moe.cuda import gemm as C
+
+    nv = C._ws_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K)
+    stage = (128 * 32 + 128 * 4) + (256 * 32 + 256 * 4)  # nibbles + E4M3 scale bytes
+    assert nv == 6 * stage // 1024 * 1024 + 3 * 256 * 128 + 1024 == 81 * 1024 + 96 * 1024 + 1024
+    assert 128 * (256 + 8) * 4 + 1024 <= nv <= 227 * 1024
 
 
 def test_swap_smem_formula():

@@ -268,8 +268,9 @@ def test_gpu_kernel_families(mode, fmt, family, monkeypatch):
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_warp_specialised_equals_wgmma_bitwise(mode, fmt, monkeypatch):
-    """The default sm_90 kernel for NVFP4 (two producer warpgroups expand, two consumer
-    warpgroups multiply; named-barrier handshake over 3 buffers) against the plain wgmma kernel,
+    """The default sm_90 kernel for NVFP4 (two producer warpgroups copy and expand B, two
+    consumer warpgroups decode A into wgmma registers and multiply; named-barrier handshake
+    over 3 canonical buffers and 6 raw stages) against the plain wgmma kernel,
     bit for bit, with enough k-tiles to cycle every buffer several times."""
     from lowprec_moe.cuda import gemm as C
 

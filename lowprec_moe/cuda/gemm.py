@@ -47,8 +47,9 @@ Kernel choice
   whose opt-in shared memory per block is too small for a tensor-core kernel take the SIMT
   kernel.
 * On sm_90, NVFP4 operands with the 128x256 tile run the warp-specialised wgmma kernel (512
-  threads: two warpgroups copy and expand the quantized tiles while two warpgroups issue the
-  wgmma), which computes bitwise what the plain wgmma kernel computes.
+  threads: two warpgroups copy both quantized tiles and expand B while two warpgroups decode A
+  straight into wgmma registers and issue the wgmma), which computes bitwise what the plain
+  wgmma kernel computes.
 * On sm_90, M-grouped GEMMs on quantized contraction-contiguous operands (NVFP4 fprop / dgrad,
   MXFP8 fprop) with at most 32 tokens per expert run the swapped-operand kernel
   (``grouped_gemm_swap.cuh``): it computes the transposed tile, 128 output columns x 32
@@ -78,7 +79,7 @@ from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     D_B_SOFF, D_B_SLD, D_ROWS, D_LEN, D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS, EK_F32,
     EK_BF16, EK_F16, EK_FP4, EK_E4M3, EK_E5M2, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K,
     KIND_HP_MN, MMA_PARAMS, OUT_TYPES, Operand, Plan, SIMT_PARAMS, SIMT_TILE, THREADS,
-    WS_THREADS, _cdiv,
+    WS_AHEAD, WS_CANON_BUFFERS, WS_THREADS, _cdiv,
     _flat_amax, descriptors, plan, tile_table)
 
 __all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV"]
@@ -176,6 +177,16 @@ def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) ->
         ncb = 3 if wg and ring + 3 * (ca + cb) + 1024 <= MAX_SMEM else 2
         main = ring + ncb * (ca + cb)
     return max(main, bm * (bn + 8) * 4) + 1024  # + base alignment to 1024 bytes
+
+
+def _ws_smem_bytes(a_kind: int, b_kind: int) -> int:
+    """Dynamic shared memory of the warp-specialised NVFP4 kernel (ws_smem_bytes in
+    raw_kernels/grouped_gemm_base.cuh): WS_AHEAD + WS_CANON_BUFFERS raw stages, canonical
+    buffers of the B tile only (A goes from the raw stage to wgmma registers), alignment; the
+    fp32 epilogue tile reuses it."""
+    bm, bn = CONFIGS["x"]
+    ring = _raw_ring_bytes(a_kind, b_kind, bm, bn, WS_AHEAD + WS_CANON_BUFFERS)
+    return max(ring + WS_CANON_BUFFERS * _canon(bn), bm * (bn + 8) * 4) + 1024
 
 
 def _swap_smem_bytes(x_kind: int, w_kind: int) -> int:
@@ -279,6 +290,8 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     name = f"lpm_gg_{prefix}_{layout}_{cfg}" + ("8" if ch == 8 else "")
     if cfg == "t":
         smem = _swap_smem_bytes(pl.a.kind, pl.b.kind)
+    elif ws:
+        smem = _ws_smem_bytes(pl.a.kind, pl.b.kind)
     else:
         smem = _smem_bytes(pl.a.kind, pl.b.kind, bm, bn, use_wg)
     if smem > optin:  # e.g. consumer GPUs with ~100 KiB per block
@@ -295,7 +308,7 @@ def kernel_info(p) -> dict:
         instr = "fma.rn.f32 (SIMT)"
     else:
         mma_type = "f16" if p.fmt == "nvfp4" or p.hp_dtype == "float16" else "bf16"
-        # the warp-specialised kernel keeps m64n128k16 (its 128-register compile limit); the
+        # the warp-specialised kernel issues m64n128k16 with A from registers; the
         # swapped-operand kernel multiplies 64 weight rows by 32 tokens
         shape = ("m64n32k16" if ln.kernel.endswith(("_t", "_t8")) else
                  "m64n256k16" if ln.bm == 128 and ln.threads != WS_THREADS else "m64n128k16")

@@ -32,8 +32,12 @@ BK = 64
 THREADS = 256
 #: threads of the warp-specialised wgmma kernels (kWsThreads in grouped_gemm_ws.cuh)
 WS_THREADS = 512
+#: raw tiles requested ahead of the one being expanded, and canonical B buffers, of the
+#: warp-specialised kernel (kWsAhead / kWsCanonBuffers in grouped_gemm_base.cuh)
+WS_AHEAD = 3
+WS_CANON_BUFFERS = 3
 #: CTA tiles of the tensor-core kernels: name suffix -> (BM, BN). mma.sync: l, s; wgmma (sm_90):
-#: w, v, x (the warp-specialised NVFP4 kernel, same tile and shared memory as w) and t (the
+#: w, v, x (the warp-specialised NVFP4 kernel, the tile of w) and t (the
 #: swapped-operand kernel for few tokens per expert: 32 token rows x 128 output columns;
 #: kSwapTokens / kSwapCols in grouped_gemm_base.cuh).
 #: Within a family every tile uses the same MMA instruction on the same canonical values, so the
