@@ -15,16 +15,19 @@
 //
 // Tensor-core kernels, fp32 accumulation, 256 threads, BK = 64: mma.sync.m16n8k16 per warp
 // (ldmatrix fragments; sm_89 and newer), or on sm_90a wgmma per warpgroup (m64n256k16 for the
-// 128-row tile, m64n128k16 for the 64-row tile and the warp-specialised kernel) reading both
-// operands straight from the shared-memory tiles. Operand staging is common to both:
+// 128-row tile, m64n128k16 for the 64-row tile and the warp-specialised kernel) reading the
+// operands straight from the shared-memory tiles (A from registers where noted below). Operand
+// staging is common to both:
 //   * high-precision bf16 / fp16 operands ("DIRECT"): cp.async straight into the canonical
 //     shared-memory tile (3-5 stage ring, see pipeline_stages);
 //   * NVFP4 / MXFP8 operands ("CONVERT"): cp.async of the packed bytes into a 4-stage raw ring,
 //     block scales through registers one tile ahead; every k-tile the CTA expands the next raw tile
 //     into a 16-bit canonical tile (2-3 buffers, see canon_buffers) while the tensor cores work
-//     on the current one. The warp-specialised variant (grouped_gemm_ws.cuh, 512 threads, NVFP4)
-//     hands the copies and B's expansion to two producer warpgroups; its two consumer
-//     warpgroups decode A straight into wgmma registers.
+//     on the current one. The warp-specialised variant (grouped_gemm_ws.cuh, 512 threads, NVFP4;
+//     6 raw stages, 3 canonical B buffers: ws_smem_bytes) hands the copies and B's expansion to
+//     two producer warpgroups; its two consumer warpgroups decode A straight into wgmma
+//     registers. The swapped-operand kernel (grouped_gemm_swap.cuh) does the same with its
+//     NVFP4 weights.
 //     No dequantized copy of an operand ever exists in global memory.
 // Canonical tiles (16-bit): K-major [R][64] (128-byte rows, 16-byte chunk c of row r stored at
 // chunk c ^ (r & 7)), or MN-major [64 lines][R] stored as R/64 panels of [64][128 bytes] with the
@@ -56,11 +59,13 @@
 // header includes them in dependency order:
 //   grouped_gemm_base.cuh     CTA size, k-tile depth, descriptor words (DescWord), operand kinds,
 //                             output types, shared-memory formulas (pipeline_stages,
-//                             canon_buffers, gemm_smem_bytes), PTX wrappers, the kernel
+//                             canon_buffers, gemm_smem_bytes, ws_smem_bytes,
+//                             swap_smem_bytes), PTX wrappers, the kernel
 //                             parameter / argument lists (LPM_GG_PARAMS, LPM_GG_ARGS)
 //   grouped_gemm_staging.cuh  swizzled tile offsets, cp.async tile loads, TileGeo,
 //                             OperandCopy, ScaleRegs
-//   grouped_gemm_dequant.cuh  exact in-kernel dequantization: fp4 / fp8 decoders, convert_unit
+//   grouped_gemm_dequant.cuh  exact in-kernel dequantization: fp4 / fp8 decoders, convert_unit,
+//                             fp4_a_frags (NVFP4 straight into wgmma A registers)
 //   grouped_gemm_mma.cuh      warp-level mma.sync steps, sm_90a wgmma wrappers
 //   grouped_gemm_epilogue.cuh the epilogue (Epilogue) and the tile set-up of a kernel body
 //                             (LPM_GG_TILE_SETUP)

@@ -1,6 +1,7 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): exact
-// in-kernel dequantization -- the NVFP4 / MXFP8 decoders and convert_unit, which expands one
-// 32-element unit of a raw tile into the canonical 16-bit tile.
+// in-kernel dequantization -- the NVFP4 / MXFP8 decoders, convert_unit, which expands one
+// 32-element unit of a raw tile into the canonical 16-bit tile, and fp4_a_frags, which decodes
+// NVFP4 rows straight into wgmma A-fragment registers.
 
 #ifndef LPM_GROUPED_GEMM_DEQUANT_CUH
 #define LPM_GROUPED_GEMM_DEQUANT_CUH

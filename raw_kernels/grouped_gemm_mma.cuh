@@ -70,7 +70,8 @@ __device__ __forceinline__ void warp_mma_ks(unsigned sa, unsigned sb, float (&ac
 }
 
 // ==========================================================================================
-// wgmma (sm_90a): m64n128k16 per warpgroup, both operands from shared memory
+// wgmma (sm_90a): m64n128k16 / m64n256k16 per warpgroup, both operands from shared memory, or
+// A from registers (wgmma_m64n128k16_rs)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define LPM_GG_HAS_WGMMA 1

@@ -1,8 +1,9 @@
 // Grouped GEMM on NVFP4 operands (fprop, dgrad and wgrad): every NVFP4 copy the GEMMs use is
 // contraction-contiguous (rowwise data, or the columnwise copy stored transposed), so one
 // kernel shape serves all three. Packed nibbles and E4M3 block scales are expanded exactly to
-// fp16 in shared memory (e2m1 * e4m3), then mma.sync.m16n8k16 fp16 with fp32 accumulation; the
-// per-tensor / row-scaled global factors are applied in the epilogue.
+// fp16 (e2m1 * e4m3) in shared memory or, for one wgmma operand of the _x and _t kernels,
+// straight into registers; tensor-core MMA on fp16 with fp32 accumulation (mma.sync.m16n8k16,
+// or wgmma on sm_90a); the per-tensor / row-scaled global factors are applied in the epilogue.
 // See grouped_gemm_common.cuh.
 #include "grouped_gemm_common.cuh"
 
@@ -12,7 +13,8 @@ LPM_GG_DEFINE(lpm_gg_nvfp4_kk_s, 32, 256, 1, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP
 // padded token count is an odd multiple of 16).
 LPM_GG_DEFINE(lpm_gg_nvfp4_kk_l8, 128, 256, 2, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 8)
 LPM_GG_DEFINE(lpm_gg_nvfp4_kk_s8, 32, 256, 1, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 8)
-// wgmma.m64n128k16 (sm_90a only): 128x256 (_w) and 64x256 (_v, few tokens per expert) tiles.
+// wgmma (sm_90a only): 128x256 (_w, m64n256k16) and 64x256 (_v, m64n128k16; few tokens per
+// expert) tiles.
 LPM_GG_DEFINE_WG(lpm_gg_nvfp4_kk_w, 128, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 16)
 LPM_GG_DEFINE_WG(lpm_gg_nvfp4_kk_v, 64, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 16)
 LPM_GG_DEFINE_WG(lpm_gg_nvfp4_kk_w8, 128, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 8)

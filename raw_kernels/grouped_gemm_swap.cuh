@@ -24,8 +24,9 @@
 // Measured (benchmarks/RESULTS.md): the NVFP4 kernel is bound by the weight decode (~3
 // instructions per element) and by the four dependent wgmma per k-tile that each warp waits
 // for, not by memory. Decoding tile k+1 into a second register set while tile k's wgmma run
-// would hide the latter, but ptxas serializes wgmma whose register inputs are written inside a
-// wgmma pipeline stage (C7513).
+// would hide the latter; in the form tried, ptxas serialized the wgmma (C7513). The
+// warp-specialised kernel decodes with one commit group per 16-deep step, which ptxas does not
+// serialize (grouped_gemm_ws.cuh); not tried here.
 
 #ifndef LPM_GROUPED_GEMM_SWAP_CUH
 #define LPM_GROUPED_GEMM_SWAP_CUH

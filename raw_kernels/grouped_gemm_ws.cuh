@@ -11,7 +11,7 @@
 // setmaxnreg gives the consumers 176 registers (128 accumulators, the fragments of two steps,
 // the decoder) and the producers the rest (80).
 // Only B is expanded into shared memory, so a k-tile costs the producers a third less work and
-// the shared memory a third fewer stores and half the wgmma operand reads (A comes from
+// the shared memory a third fewer stores and a third fewer wgmma operand reads (A comes from
 // registers); the A decode runs on the consumers, overlapped with their own wgmma (one commit
 // group per step: step s is decoded while step s-1 runs).
 // The handshake uses named barriers: FULL[b] (the producers arrive after expanding B into buffer
@@ -87,6 +87,7 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
     constexpr int CANON_OFF = raw_ring_bytes(AKIND, BKIND, BM, BN, NST);
     constexpr int EPI_LD = BN + 8;
     constexpr int SMEM = ws_smem_bytes(AKIND, BKIND);
+    static_assert(CANON_OFF % 1024 == 0 && CANON_B % 1024 == 0, "128-byte swizzle atoms");
     static_assert(CANON_OFF + NCB * CANON_B + 1024 <= SMEM, "shared memory");
     static_assert(BM * EPI_LD * 4 + 1024 <= SMEM, "epilogue staging");
     static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && kBK == 64, "pipeline depth");

@@ -281,8 +281,8 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
         cfg = "t"  # few tokens per expert: weights on the wgmma M side
     else:
         cfg = small if _pick_bm(pl.rows, CONFIGS[small][0]) != 128 else big
-    # warp-specialised wgmma kernel: NVFP4, 128-row tile, the default family (for MXFP8 its
-    # producer warpgroups run out of registers and it is slower than the plain kernel)
+    # warp-specialised wgmma kernel: NVFP4 (its consumers decode NVFP4 A fragments straight into
+    # registers; there is no MXFP8 build), 128-row tile, the default family
     ws = cfg == "w" and p.fmt == "nvfp4" and family == "auto"
     if ws:
         cfg = "x"
