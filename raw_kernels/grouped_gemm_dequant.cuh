@@ -245,8 +245,9 @@ __device__ __forceinline__ void convert_unit(const unsigned char* raw, const uns
 // are loaded first, all of them, then expanded and stored (see unit_load); MN-major units one
 // by one (their 32 per-row factors per unit would not fit in registers many times over). Units
 // of rows at or beyond rows_valid / cols_valid are not expanded (see unit_live). EA / EB: E5M2
-// data (MXFP8 only).
-template <int AKIND, int BKIND, int BM, int BN, int NT, bool EA, bool EB>
+// data (MXFP8 only). WITH_A = false: B only, its canonical tile at cs (the warp-specialised
+// kernel, whose consumers decode A into registers).
+template <int AKIND, int BKIND, int BM, int BN, int NT, bool EA, bool EB, bool WITH_A = true>
 __device__ __forceinline__ void convert_stage(const unsigned char* rs, unsigned char* cs,
                                               unsigned t, int rows_valid, int cols_valid) {
     using GA = TileGeo<AKIND, BM>;
@@ -254,10 +255,10 @@ __device__ __forceinline__ void convert_stage(const unsigned char* rs, unsigned 
     const unsigned char* rsa = rs + round16(raw_data_bytes(AKIND, BM));
     const unsigned char* rb = rs + raw_bytes(AKIND, BM);
     const unsigned char* rsb = rb + round16(raw_data_bytes(BKIND, BN));
-    unsigned char* cb = cs + canon_bytes(BM);
-    constexpr int NA = (GA::UNITS + NT - 1) / NT, NB = (GB::UNITS + NT - 1) / NT;
+    unsigned char* cb = WITH_A ? cs + canon_bytes(BM) : cs;
+    constexpr int NA = WITH_A ? (GA::UNITS + NT - 1) / NT : 0, NB = (GB::UNITS + NT - 1) / NT;
     constexpr bool KA = !GA::MN, KB = !GB::MN;
-    UnitRaw<KA ? AKIND : KIND_FP4_K> xa[KA ? NA : 1];
+    UnitRaw<KA ? AKIND : KIND_FP4_K> xa[KA && NA > 0 ? NA : 1];
     UnitRaw<KB ? BKIND : KIND_FP4_K> xb[KB ? NB : 1];
     (void)xa;  // unused by MN-major operands
     (void)xb;

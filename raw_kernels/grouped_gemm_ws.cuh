@@ -77,7 +77,6 @@ template <int AKIND, int BKIND, bool F16, int CH>
 __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
     constexpr int BM = 128, BN = 256;
     static_assert(AKIND == KIND_FP4_K && BKIND == KIND_FP4_K && F16, "NVFP4 operands only");
-    using GB = TileGeo<BKIND, BN>;
     constexpr int CANON_B = canon_bytes(BN);
     constexpr int NST = kWsStages, NCB = kWsCanonBuffers, AHEAD = kWsAhead;
     constexpr int RAW_A = raw_bytes(AKIND, BM), RAW_B = raw_bytes(BKIND, BN);
@@ -91,8 +90,6 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
     static_assert(CANON_OFF + NCB * CANON_B + 1024 <= SMEM, "shared memory");
     static_assert(BM * EPI_LD * 4 + 1024 <= SMEM, "epilogue staging");
     static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && kBK == 64, "pipeline depth");
-    static_assert(GB::UNITS % kWsProducers == 0, "whole B units per producer");
-    constexpr int NB = GB::UNITS / kWsProducers;  // B units per producer thread and k-tile
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -159,19 +156,10 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
             }
             cp_async_commit();
             if (nt + 1 < KT) load_scales(nt + 1);
-            // Expand tile kt's B half into canonical buffer cb (all loads, then the stores).
-            const unsigned char* rb = smem + (kt % NST) * STAGE + RAW_A;
-            unsigned char* const cbuf = smem + CANON_OFF + cb * CANON_B;
-            UnitRaw<BKIND> xb[NB];
-#pragma unroll
-            for (int i = 0; i < NB; ++i)
-                xb[i] = unit_load<BKIND, BN>(rb, rb + (B_SC - RAW_A),
-                                             static_cast<int>(t) + i * kWsProducers);
-#pragma unroll
-            for (int i = 0; i < NB; ++i) {
-                const int u = static_cast<int>(t) + i * kWsProducers;
-                if (unit_live<BKIND>(u, cols_valid)) unit_store<BKIND, BN, false>(xb[i], cbuf, u);
-            }
+            // Expand tile kt's B half into canonical buffer cb.
+            convert_stage<AKIND, BKIND, BM, BN, kWsProducers, false, false, false>(
+                smem + (kt % NST) * STAGE, smem + CANON_OFF + cb * CANON_B, t, rows_valid,
+                cols_valid);
             fence_proxy_async();
             named_arrive(WS_BAR_FULL + cb, kWsThreads);
         }
