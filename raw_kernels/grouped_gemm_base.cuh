@@ -122,6 +122,9 @@ __host__ __device__ constexpr int canon_buffers(int akind, int bkind, int bm, in
                ? 3
                : 2;
 }
+// The fp32 accumulator staging tile of a BM x BN epilogue (rows padded by 8 floats), which
+// reuses the operand buffers.
+__host__ __device__ constexpr int epi_bytes(int bm, int bn) { return bm * (bn + 8) * 4; }
 __host__ __device__ constexpr int gemm_smem_bytes(int akind, int bkind, int bm, int bn, bool wg) {
     const bool direct = kind_is_hp(akind) && kind_is_hp(bkind);
     const int nst = pipeline_stages(akind, bkind, bm, bn, wg);
@@ -129,7 +132,7 @@ __host__ __device__ constexpr int gemm_smem_bytes(int akind, int bkind, int bm, 
     const int main = direct ? nst * canon
                             : raw_ring_bytes(akind, bkind, bm, bn) +
                                   canon_buffers(akind, bkind, bm, bn, wg) * canon;
-    const int epi = bm * (bn + 8) * 4;
+    const int epi = epi_bytes(bm, bn);
     return (main > epi ? main : epi) + 1024;
 }
 
@@ -163,7 +166,7 @@ constexpr int kWsStages = kWsAhead + kWsCanonBuffers;
 __host__ __device__ constexpr int ws_smem_bytes(int akind, int bkind) {
     const int main =
         raw_ring_bytes(akind, bkind, 128, 256, kWsStages) + kWsCanonBuffers * canon_bytes(256);
-    const int epi = 128 * (256 + 8) * 4;
+    const int epi = epi_bytes(128, 256);
     return (main > epi ? main : epi) + 1024;
 }
 

@@ -163,6 +163,12 @@ def _raw_ring_bytes(a_kind: int, b_kind: int, bm: int, bn: int, nst: int = 4) ->
     return _cdiv(nst * (_raw_bytes(a_kind, bm) + _raw_bytes(b_kind, bn)), 1024) * 1024
 
 
+def _epi_bytes(bm: int, bn: int) -> int:
+    """fp32 accumulator staging tile of the epilogue, rows padded by 8 floats (epi_bytes in
+    grouped_gemm_base.cuh); it reuses the operand buffers."""
+    return bm * (bn + 8) * 4
+
+
 def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) -> int:
     """Dynamic shared memory of a tensor-core kernel (mirrors gemm_smem_bytes in
     raw_kernels/grouped_gemm_base.cuh)."""
@@ -176,7 +182,7 @@ def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) ->
         ring = _raw_ring_bytes(a_kind, b_kind, bm, bn)
         ncb = 3 if wg and ring + 3 * (ca + cb) + 1024 <= MAX_SMEM else 2
         main = ring + ncb * (ca + cb)
-    return max(main, bm * (bn + 8) * 4) + 1024  # + base alignment to 1024 bytes
+    return max(main, _epi_bytes(bm, bn)) + 1024  # + base alignment to 1024 bytes
 
 
 def _ws_smem_bytes(a_kind: int, b_kind: int) -> int:
@@ -186,7 +192,7 @@ def _ws_smem_bytes(a_kind: int, b_kind: int) -> int:
     fp32 epilogue tile reuses it."""
     bm, bn = CONFIGS["x"]
     ring = _raw_ring_bytes(a_kind, b_kind, bm, bn, WS_AHEAD + WS_CANON_BUFFERS)
-    return max(ring + WS_CANON_BUFFERS * _canon(bn), bm * (bn + 8) * 4) + 1024
+    return max(ring + WS_CANON_BUFFERS * _canon(bn), _epi_bytes(bm, bn)) + 1024
 
 
 def _swap_smem_bytes(x_kind: int, w_kind: int) -> int:
