@@ -109,6 +109,27 @@ __device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsi
     }
 }
 
+// Expand 8-element word v of a K-major NVFP4 raw tile (row v / 8, contraction 8(v%8)..+7: one
+// 16-byte chunk of the canonical row) into the canonical tile: the values and places
+// unit_store gives them, at an eighth of a unit's work per thread (the swapped-operand kernel's
+// small token tile, whose 32-element units would leave most of the CTA idle). The row's four
+// scale bytes are read as one aligned word.
+__device__ __forceinline__ void fp4_convert_word(const unsigned char* raw,
+                                                 const unsigned char* rsc, unsigned char* canon,
+                                                 int v) {
+    const int r = v >> 3, c = v & 7;
+    const unsigned w = *reinterpret_cast<const unsigned*>(raw + r * (kBK / 2) + c * 4);
+    const unsigned sw = *reinterpret_cast<const unsigned*>(rsc + r * 4);
+    const unsigned b = static_cast<unsigned>(c >> 1);  // block of this word's 8 elements
+    unsigned sc0, sc1;
+    fp4_scales_x64(static_cast<unsigned short>(__byte_perm(sw, 0u, b | (b << 4)) & 0xFFFFu), sc0,
+                   sc1);
+    unsigned o[4];
+    fp4_decode8(w, sc0, o);
+    *reinterpret_cast<uint4*>(canon + r * (kBK * 2) + ((c ^ (r & 7)) << 4)) =
+        make_uint4(o[0], o[1], o[2], o[3]);
+}
+
 // Whether conversion unit u (see convert_unit) covers a row below `valid`. Rows at or beyond
 // the valid extent are not expanded: the accumulators they feed belong to output rows / columns
 // that are never stored, so whatever their canonical rows hold cannot reach the output.

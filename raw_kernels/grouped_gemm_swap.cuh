@@ -169,10 +169,12 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
     auto convert_tile = [&](int stage, int cb, auto ew, auto ex) {
         unsigned char* const rs = smem + stage * STAGE;
         unsigned char* const cs = smem + CANON_OFF + cb * (CANON_W + CANON_X);
-        if constexpr (RS) {
-            const int u = static_cast<int>(threadIdx.x);
-            if (u < TileGeo<XKIND, BT>::UNITS && unit_live<XKIND>(u, tok_valid))
-                convert_unit<XKIND, BT, false>(rs + RAW_W, rs + X_SC, cs, u);
+        if constexpr (RS) {  // one 8-element word per thread
+            constexpr int WORDS = BT * (kBK / 8);
+            static_assert(WORDS <= kThreads, "one word per thread");
+            const int v = static_cast<int>(threadIdx.x);
+            if ((WORDS == kThreads || v < WORDS) && (v >> 3) < tok_valid)
+                fp4_convert_word(rs + RAW_W, rs + X_SC, cs, v);
         } else {
             convert_stage<WKIND, XKIND, BW, BT, kThreads, decltype(ew)::value,
                           decltype(ex)::value>(rs, cs, threadIdx.x, col_valid, tok_valid);
