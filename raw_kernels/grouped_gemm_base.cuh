@@ -252,6 +252,24 @@ __device__ __forceinline__ unsigned hmul2_rn(unsigned a, unsigned b) {
     asm("mul.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(a), "r"(b));
     return r;
 }
+// f16x2 a * (h, h), h = the low (HI = false) or high (HI = true) half of b. ptxas folds the
+// broadcast into the multiply's operand selector (HMUL2 ..., b.H0_H0): no byte permute.
+template <bool HI>
+__device__ __forceinline__ unsigned hmul2_bcast_rn(unsigned a, unsigned b) {
+    unsigned r;
+    if constexpr (HI) {
+        asm("{\n.reg .b16 l, h;\n.reg .b32 t;\nmov.b32 {l, h}, %2;\nmov.b32 t, {h, h};\n"
+            "mul.rn.f16x2 %0, %1, t;\n}\n"
+            : "=r"(r)
+            : "r"(a), "r"(b));
+    } else {
+        asm("{\n.reg .b16 l, h;\n.reg .b32 t;\nmov.b32 {l, h}, %2;\nmov.b32 t, {l, l};\n"
+            "mul.rn.f16x2 %0, %1, t;\n}\n"
+            : "=r"(r)
+            : "r"(a), "r"(b));
+    }
+    return r;
+}
 
 __device__ __forceinline__ float f16_bits_to_f32(unsigned h) {
     return lpm_f16_bits_to_f32(static_cast<unsigned short>(h & 0xFFFFu));

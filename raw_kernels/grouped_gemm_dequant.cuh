@@ -14,9 +14,10 @@ namespace lpm_gg {
 // Conversion of one 32-element unit of a raw tile into the canonical 16-bit tile
 
 // 8 E2M1 nibbles (element 0 in the low nibble of byte 0) -> 4 f16x2 words of e2m1 * scale:
-// elements 0-3 (o[0], o[1]) scaled by `sc0`, elements 4-7 (o[2], o[3]) by `sc1`, each an f16x2
-// (scale * 64, scale * 64).
-__device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc0, unsigned sc1, unsigned* o) {
+// elements 0-3 (o[0], o[1]) scaled by half H0 of the f16x2 `sc`, elements 4-7 (o[2], o[3]) by
+// half H1 (false: low, true: high); each half is a block scale * 64 (fp4_scales_x64).
+template <bool H0, bool H1>
+__device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc, unsigned* o) {
     unsigned lo = w & 0x0F0F0F0Fu;         // nibbles of elements 0, 2, 4, 6 (one per byte)
     unsigned hi = (w >> 4) & 0x0F0F0F0Fu;  // elements 1, 3, 5, 7
     // E2M1 s.e1e0.m -> E4M3 byte s.000e1e0.m00 = e2m1 * 2^-6 (exact, subnormal for e = 0).
@@ -24,22 +25,16 @@ __device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc0, unsigned s
     hi = ((hi << 2) & 0x1C1C1C1Cu) | ((hi << 4) & 0x80808080u);
     const unsigned p0 = __byte_perm(lo, hi, 0x5140u);  // elements 0, 1, 2, 3
     const unsigned p1 = __byte_perm(lo, hi, 0x7362u);  // elements 4, 5, 6, 7
-    o[0] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 & 0xFFFFu)), sc0);
-    o[1] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 >> 16)), sc0);
-    o[2] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 & 0xFFFFu)), sc1);
-    o[3] = hmul2_rn(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 >> 16)), sc1);
+    o[0] = hmul2_bcast_rn<H0>(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 & 0xFFFFu)), sc);
+    o[1] = hmul2_bcast_rn<H0>(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 >> 16)), sc);
+    o[2] = hmul2_bcast_rn<H1>(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 & 0xFFFFu)), sc);
+    o[3] = hmul2_bcast_rn<H1>(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 >> 16)), sc);
 }
-// Two E4M3 block scales (s0 in the low byte of s2) -> f16x2 words (s0 * 64, s0 * 64) and
-// (s1 * 64, s1 * 64), the `sc0` / `sc1` of fp4_decode8: exact (E4M3 <= 448, 448 * 64 = 28672
-// < 65504); the factor 64 undoes the 2^-6 of fp4_decode8's E4M3 intermediate.
-__device__ __forceinline__ void fp4_scales_x64(unsigned short s2, unsigned& sc0, unsigned& sc1) {
-    const unsigned sc = hmul2_rn(fp8x2_to_f16x2<false>(s2), 0x54005400u);  // * (64, 64)
-    sc0 = __byte_perm(sc, sc, 0x1010u);
-    sc1 = __byte_perm(sc, sc, 0x3232u);
-}
-// One block scale for all 8 elements.
-__device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc, unsigned* o) {
-    fp4_decode8(w, sc, sc, o);
+// Two E4M3 block scales (s0 in the low byte of s2) -> the f16x2 word (s0 * 64, s1 * 64), the
+// `sc` of fp4_decode8: exact (E4M3 <= 448, 448 * 64 = 28672 < 65504); the factor 64 undoes the
+// 2^-6 of fp4_decode8's E4M3 intermediate.
+__device__ __forceinline__ unsigned fp4_scales_x64(unsigned short s2) {
+    return hmul2_rn(fp8x2_to_f16x2<false>(s2), 0x54005400u);  // * (64, 64)
 }
 
 // 4 fp8 bytes -> 2 bf16x2 words of fp8 * f (f = 2^(e-127) as fp32, one factor per element).
@@ -98,10 +93,10 @@ __device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsi
         const unsigned w = __byte_perm(__byte_perm(wa[2 * i], wa[2 * i + 1], sel),
                                        __byte_perm(wb[2 * i], wb[2 * i + 1], sel), 0x5410u);
         const unsigned s2 = __byte_perm(sa, sb, static_cast<unsigned>(s | ((s + 4) << 4)));
-        unsigned sc0, sc1;  // row r's scale, row r+8's
-        fp4_scales_x64(static_cast<unsigned short>(s2 & 0xFFFFu), sc0, sc1);
+        // row r's scale (low half) for elements 0-3, row r+8's (high half) for 4-7
+        const unsigned sc = fp4_scales_x64(static_cast<unsigned short>(s2 & 0xFFFFu));
         unsigned o[4];
-        fp4_decode8(w, sc0, sc1, o);
+        fp4_decode8<false, true>(w, sc, o);
         af[i][0] = o[0];  // row r,   2q..2q+1
         af[i][1] = o[2];  // row r+8, 2q..2q+1
         af[i][2] = o[1];  // row r,   2q+8..2q+9
@@ -121,11 +116,9 @@ __device__ __forceinline__ void fp4_convert_word(const unsigned char* raw,
     const unsigned w = *reinterpret_cast<const unsigned*>(raw + r * (kBK / 2) + c * 4);
     const unsigned sw = *reinterpret_cast<const unsigned*>(rsc + r * 4);
     const unsigned b = static_cast<unsigned>(c >> 1);  // block of this word's 8 elements
-    unsigned sc0, sc1;
-    fp4_scales_x64(static_cast<unsigned short>(__byte_perm(sw, 0u, b | (b << 4)) & 0xFFFFu), sc0,
-                   sc1);
+    const unsigned sc = fp4_scales_x64(static_cast<unsigned short>(__byte_perm(sw, 0u, b) & 0xFFu));
     unsigned o[4];
-    fp4_decode8(w, sc0, o);
+    fp4_decode8<false, false>(w, sc, o);
     *reinterpret_cast<uint4*>(canon + r * (kBK * 2) + ((c ^ (r & 7)) << 4)) =
         make_uint4(o[0], o[1], o[2], o[3]);
 }
@@ -181,12 +174,11 @@ __device__ __forceinline__ void unit_store(const UnitRaw<KIND>& x, unsigned char
     const int r = u >> 1, h = u & 1;
     unsigned o[16];
     if constexpr (KIND == KIND_FP4_K) {
-        unsigned sc0, sc1;
-        fp4_scales_x64(x.s2, sc0, sc1);
-        fp4_decode8(x.w.x, sc0, o + 0);
-        fp4_decode8(x.w.y, sc0, o + 4);
-        fp4_decode8(x.w.z, sc1, o + 8);
-        fp4_decode8(x.w.w, sc1, o + 12);
+        const unsigned sc = fp4_scales_x64(x.s2);  // the unit's two 16-blocks: low, high half
+        fp4_decode8<false, false>(x.w.x, sc, o + 0);
+        fp4_decode8<false, false>(x.w.y, sc, o + 4);
+        fp4_decode8<true, true>(x.w.z, sc, o + 8);
+        fp4_decode8<true, true>(x.w.w, sc, o + 12);
     } else {
         const float f = x.f;
         fp8_decode4<E5M2>(x.w0.x, f, f, f, f, o[0], o[1]);
