@@ -16,7 +16,9 @@
 // gemm_mma (OperandCopy, ScaleRegs, convert_unit / convert_stage) with the roles exchanged --
 // the weight side takes the "A" slots (128 rows), the token side the "B" slots (32 rows); with
 // NVFP4 the weights skip the canonical tile and go from the raw stage to wgmma registers
-// (fp4_a_frags, the same decoder and scale product). Every output element is the sum of the
+// (fp4_a_frags, the same decoder and scale product), and the token tile is expanded one
+// 8-element word per thread (fp4_convert_word: unit_store's values, spread over all 256
+// threads instead of 64). Every output element is the sum of the
 // same 16-deep slices of exact products as in the other wgmma kernels, in the same k order; the
 // GPU tests check that the results are bitwise those of gemm_mma. The accumulators are staged
 // transposed ([token][column]) so the shared epilogue runs as is.
