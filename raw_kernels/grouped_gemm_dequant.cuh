@@ -119,7 +119,7 @@ __device__ __forceinline__ void fp4_convert_word(const unsigned char* raw,
     const unsigned sc = fp4_scales_x64(static_cast<unsigned short>(__byte_perm(sw, 0u, b) & 0xFFu));
     unsigned o[4];
     fp4_decode8<false, false>(w, sc, o);
-    *reinterpret_cast<uint4*>(canon + r * (kBK * 2) + ((c ^ (r & 7)) << 4)) =
+    *reinterpret_cast<uint4*>(canon + k_canon_off(r, c)) =
         make_uint4(o[0], o[1], o[2], o[3]);
 }
 
@@ -193,7 +193,7 @@ __device__ __forceinline__ void unit_store(const UnitRaw<KIND>& x, unsigned char
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         const int c = 4 * h + j;
-        *reinterpret_cast<uint4*>(canon + r * (kBK * 2) + ((c ^ (r & 7)) << 4)) =
+        *reinterpret_cast<uint4*>(canon + k_canon_off(r, c)) =
             make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
     }
 }
@@ -225,7 +225,7 @@ __device__ __forceinline__ void convert_unit(const unsigned char* raw, const uns
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int c = 4 * h + j;
-            *reinterpret_cast<uint4*>(canon + r * (kBK * 2) + ((c ^ (r & 7)) << 4)) =
+            *reinterpret_cast<uint4*>(canon + k_canon_off(r, c)) =
                 make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
         }
     } else if constexpr (KIND == KIND_FP8_MN) {

@@ -32,6 +32,13 @@ __device__ __forceinline__ int mn_canon_off(int l, int c) {
     return (c >> 3) * (kBK * 128) + l * 128 + (((c & 7) ^ (l & 7)) << 4);
 }
 
+// Canonical K-major tile [R rows][64 contraction] of 16-bit elements, 128-byte rows with the
+// 16-byte chunks swizzled by (row & 7) (the wgmma K-major 128-byte-swizzle layout): byte offset
+// of chunk `c` (contraction 8c..8c+7) of row `r`.
+__device__ __forceinline__ int k_canon_off(int r, int c) {
+    return r * (kBK * 2) + ((c ^ (r & 7)) << 4);
+}
+
 // Byte offset inside a tile of OUTER lines x INNER bytes, for layout SWZ (0-2 above, or 3: the
 // panelled MN-major canonical layout).
 template <int SWZ, int INNER>
