@@ -79,6 +79,10 @@ FP32_MANT_BITS = 23
 FP32_EXP_MASK = 0xFF
 FP32_MANT_MASK = (1 << FP32_MANT_BITS) - 1
 
+# fp16 layout (the MXFP8 GEMM's fp16 operand window)
+FP16_EXP_BIAS = 15
+FP16_MANT_BITS = 10
+
 # --------------------------------------------------------------------------------------------
 # Random Hadamard transform (NVFP4 columnwise, SPEC 2.3)
 RHT_SIZE = 16

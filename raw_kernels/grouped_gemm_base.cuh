@@ -52,6 +52,9 @@ __host__ __device__ constexpr bool kind_is_mn(int kind) {
 __host__ __device__ constexpr bool kind_is_hp(int kind) {
     return kind == KIND_HP_K || kind == KIND_HP_MN;
 }
+__host__ __device__ constexpr bool kind_is_fp8(int kind) {
+    return kind == KIND_FP8_K || kind == KIND_FP8_MN;
+}
 // A compile-time flag passed as a value (template-dispatch of generic lambdas; NVRTC has no
 // <type_traits>).
 template <bool B>
@@ -105,7 +108,8 @@ __host__ __device__ constexpr int raw_bytes(int kind, int rows) {
 //     the barrier, so it prefetches NST - 2 tiles ahead (5 stages when a stage is <= 40 KiB, else 4);
 //     mma.sync prefetches NST - 1 ahead (4 / 3 stages).
 //   CONVERT (NVFP4 / MXFP8): 4 raw stages + NCB canonical buffers: 3 with wgmma when they fit
-//     (the MMAs of tile k stay in flight while tile k+1 is expanded), else 2.
+//     (the MMAs of tile k stay in flight while tile k+1 is expanded), else 2; MXFP8 with wgmma
+//     adds mx_exp_bytes.
 constexpr int kMaxSmem = 227 * 1024;  // opt-in shared memory per block on sm_90
 __host__ __device__ constexpr int pipeline_stages(int akind, int bkind, int bm, int bn, bool wg) {
     return kind_is_hp(akind) && kind_is_hp(bkind)
@@ -122,6 +126,11 @@ __host__ __device__ constexpr int canon_buffers(int akind, int bkind, int bm, in
                ? 3
                : 2;
 }
+// MXFP8 with wgmma: the per-row / per-column largest block codes of the tile (one byte each,
+// grouped_gemm_mxf16.cuh), kept after the canonical buffers until the epilogue.
+__host__ __device__ constexpr int mx_exp_bytes(int akind, int bkind, int bm, int bn, bool wg) {
+    return wg && kind_is_fp8(akind) && kind_is_fp8(bkind) ? bm + bn : 0;
+}
 // The fp32 accumulator staging tile of a BM x BN epilogue (rows padded by 8 floats), which
 // reuses the operand buffers.
 __host__ __device__ constexpr int epi_bytes(int bm, int bn) { return bm * (bn + 8) * 4; }
@@ -131,7 +140,8 @@ __host__ __device__ constexpr int gemm_smem_bytes(int akind, int bkind, int bm, 
     const int canon = canon_bytes(bm) + canon_bytes(bn);
     const int main = direct ? nst * canon
                             : raw_ring_bytes(akind, bkind, bm, bn) +
-                                  canon_buffers(akind, bkind, bm, bn, wg) * canon;
+                                  canon_buffers(akind, bkind, bm, bn, wg) * canon +
+                                  mx_exp_bytes(akind, bkind, bm, bn, wg);
     const int epi = epi_bytes(bm, bn);
     return (main > epi ? main : epi) + 1024;
 }
@@ -305,7 +315,8 @@ __device__ __forceinline__ float e4m3_to_f32(unsigned b) {
 }  // namespace lpm_gg
 
 // Parameter list of every tensor-core kernel entry point and kernel body (gemm_mma, gemm_ws,
-// gemm_swap), and the matching argument list.
+// gemm_swap), and the matching argument list. mx_bf16 = 1: MXFP8 tiles stay on bf16 (no fp16
+// window, grouped_gemm_mxf16.cuh); only gemm_mma reads it.
 #define LPM_GG_PARAMS                                                                          \
     const int *__restrict__ tiles, int n_col_tiles, const long long *__restrict__ desc,       \
         long long n_cols, const unsigned char *__restrict__ a_data,                           \
@@ -314,11 +325,12 @@ __device__ __forceinline__ float e4m3_to_f32(unsigned b) {
         int b_ch, int b_e5m2, const float *__restrict__ amax_a,                               \
         const float *__restrict__ amax_b, int a_vec, int b_vec, int scale_mode,               \
         const float *__restrict__ bias, const float *__restrict__ probs, int has_bias,        \
-        int has_probs, void *__restrict__ out, int out_type, int accumulate, int zero_if_empty
+        int has_probs, void *__restrict__ out, int out_type, int accumulate, int zero_if_empty, \
+        int mx_bf16
 
 #define LPM_GG_ARGS                                                                            \
     tiles, n_col_tiles, desc, n_cols, a_data, a_scale, a_ch, a_e5m2, b_data, b_scale, b_ch,   \
         b_e5m2, amax_a, amax_b, a_vec, b_vec, scale_mode, bias, probs, has_bias, has_probs,   \
-        out, out_type, accumulate, zero_if_empty
+        out, out_type, accumulate, zero_if_empty, mx_bf16
 
 #endif  // LPM_GROUPED_GEMM_BASE_CUH

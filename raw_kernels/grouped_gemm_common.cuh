@@ -47,7 +47,10 @@
 //     finite-input scale. Blocks of even smaller magnitude are truncated toward zero onto bf16's
 //     subnormal grid -- the one documented deviation from exact dequantization. NaN / inf
 //     elements and the NaN scale (255) propagate. The E8M0 scales are expanded to fp32 factors
-//     when they are staged in shared memory. The MMA runs on bf16.
+//     when they are staged in shared memory. The MMA runs on bf16 -- or, in the plain wgmma
+//     kernel, on fp16 for tiles whose block codes fit the fp16 window: q * 2^(e - e_max(row) +
+//     S_MAX), exact, with the powers of two restored before the epilogue
+//     (grouped_gemm_mxf16.cuh).
 // The epilogue (NVFP4 scaling, bias, probs, cast / accumulate) uses non-flushing PTX (mul.rn.f32,
 // add.rn.f32), so it reproduces the NumPy reference bit for bit given the same accumulator.
 // Determinism: every output element is owned by one thread of one CTA and accumulated in a fixed
@@ -69,6 +72,8 @@
 //   grouped_gemm_mma.cuh      warp-level mma.sync steps, sm_90a wgmma wrappers
 //   grouped_gemm_epilogue.cuh the epilogue (Epilogue) and the tile set-up of a kernel body
 //                             (LPM_GG_TILE_SETUP)
+//   grouped_gemm_mxf16.cuh    MXFP8 on fp16: the tile's window check (scale scan) and the
+//                             accumulators' powers of two (mx_rescale)
 //   grouped_gemm_kernel.cuh   the kernel body gemm_mma and the entry-point macros
 //                             (LPM_GG_DEFINE, LPM_GG_DEFINE_WG)
 //   grouped_gemm_ws.cuh       the warp-specialised wgmma kernel body gemm_ws (instantiated
@@ -86,6 +91,7 @@
 #include "grouped_gemm_dequant.cuh"
 #include "grouped_gemm_mma.cuh"
 #include "grouped_gemm_epilogue.cuh"
+#include "grouped_gemm_mxf16.cuh"
 #include "grouped_gemm_kernel.cuh"
 #include "grouped_gemm_ws.cuh"
 #include "grouped_gemm_swap.cuh"

@@ -57,6 +57,16 @@ __device__ __forceinline__ void fp8_decode4(unsigned w, float f0, float f1, floa
     o1 = __byte_perm(__float_as_uint(r2), __float_as_uint(r3), 0x7632u);
 }
 
+// 4 fp8 bytes -> 2 f16x2 words of fp8 * (m0, m1), m = mul.rn.f16x2 operand of two power-of-two
+// fp16 factors (the MXFP8 fp16 window, grouped_gemm_mxf16.cuh): exact inside the window. One
+// conversion and one multiply per pair.
+template <bool E5M2>
+__device__ __forceinline__ void fp8_decode4_f16(unsigned w, unsigned m01, unsigned m23,
+                                                unsigned& o0, unsigned& o1) {
+    o0 = hmul2_rn(fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w & 0xFFFFu)), m01);
+    o1 = hmul2_rn(fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w >> 16)), m23);
+}
+
 // wgmma A fragments (m64k16, f16) of NVFP4 rows r and r + 8 for the 16-deep steps S0 ..
 // S0 + NS - 1 of a k-tile, decoded straight from a raw stage (rows of 32 data bytes; the 4 E4M3
 // scale bytes of row r at rsc + 4r): step s needs byte q of data words 2s and 2s+1 of each row
@@ -169,7 +179,9 @@ __device__ __forceinline__ UnitRaw<KIND> unit_load(const unsigned char* raw,
     return x;
 }
 
-template <int KIND, int R, bool E5M2>
+// H (MXFP8 only): the fp16 window -- the staged scale word is the f16x2 factor (m, m) of
+// ScaleRegs::store_f16 instead of the fp32 factor, and the unit is written as fp16.
+template <int KIND, int R, bool E5M2, bool H = false>
 __device__ __forceinline__ void unit_store(const UnitRaw<KIND>& x, unsigned char* canon, int u) {
     const int r = u >> 1, h = u & 1;
     unsigned o[16];
@@ -179,6 +191,16 @@ __device__ __forceinline__ void unit_store(const UnitRaw<KIND>& x, unsigned char
         fp4_decode8<false, false>(x.w.y, sc, o + 4);
         fp4_decode8<true, true>(x.w.z, sc, o + 8);
         fp4_decode8<true, true>(x.w.w, sc, o + 12);
+    } else if constexpr (H) {
+        const unsigned m = __float_as_uint(x.f);
+        fp8_decode4_f16<E5M2>(x.w0.x, m, m, o[0], o[1]);
+        fp8_decode4_f16<E5M2>(x.w0.y, m, m, o[2], o[3]);
+        fp8_decode4_f16<E5M2>(x.w0.z, m, m, o[4], o[5]);
+        fp8_decode4_f16<E5M2>(x.w0.w, m, m, o[6], o[7]);
+        fp8_decode4_f16<E5M2>(x.w1.x, m, m, o[8], o[9]);
+        fp8_decode4_f16<E5M2>(x.w1.y, m, m, o[10], o[11]);
+        fp8_decode4_f16<E5M2>(x.w1.z, m, m, o[12], o[13]);
+        fp8_decode4_f16<E5M2>(x.w1.w, m, m, o[14], o[15]);
     } else {
         const float f = x.f;
         fp8_decode4<E5M2>(x.w0.x, f, f, f, f, o[0], o[1]);
@@ -201,10 +223,34 @@ __device__ __forceinline__ void unit_store(const UnitRaw<KIND>& x, unsigned char
 // Convert unit u of a raw tile (R rows) into the canonical tile.
 //   K kinds: unit u = (row u >> 1, contraction half u & 1) -> 32 elements of one row.
 //   MN kind: unit u = (line u & 63, row group u >> 6)      -> 32 rows of one contraction line.
-template <int KIND, int R, bool E5M2>
+//   H (MXFP8 only): the fp16 window (see unit_store); MN kind: the staged factors are fp16 [2][R].
+template <int KIND, int R, bool E5M2, bool H = false>
 __device__ __forceinline__ void convert_unit(const unsigned char* raw, const unsigned char* rsc,
                                              unsigned char* canon, int u) {
-    if constexpr (KIND == KIND_FP4_K) {
+    if constexpr (KIND == KIND_FP8_MN && H) {
+        const int l = u & (kBK - 1), q = u >> 6;
+        const uint4* mp = reinterpret_cast<const uint4*>(
+            reinterpret_cast<const unsigned short*>(rsc) + (l / LPM_MXFP8_BLOCK) * R + 32 * q);
+        unsigned o[16];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int c = 2 * q + i;
+            const uint4 w = *reinterpret_cast<const uint4*>(raw + l * R + swz<1>(l, c * 16));
+            const uint4 m0 = mp[2 * i], m1 = mp[2 * i + 1];  // rows 16i..16i+7, 16i+8..+15
+            fp8_decode4_f16<E5M2>(w.x, m0.x, m0.y, o[8 * i + 0], o[8 * i + 1]);
+            fp8_decode4_f16<E5M2>(w.y, m0.z, m0.w, o[8 * i + 2], o[8 * i + 3]);
+            fp8_decode4_f16<E5M2>(w.z, m1.x, m1.y, o[8 * i + 4], o[8 * i + 5]);
+            fp8_decode4_f16<E5M2>(w.w, m1.z, m1.w, o[8 * i + 6], o[8 * i + 7]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int c = 4 * q + j;
+            *reinterpret_cast<uint4*>(canon + mn_canon_off(l, c)) =
+                make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+        }
+    } else if constexpr (KIND == KIND_FP8_K && H) {
+        unit_store<KIND, R, E5M2, true>(unit_load<KIND, R>(raw, rsc, u), canon, u);
+    } else if constexpr (KIND == KIND_FP4_K) {
         unit_store<KIND, R, E5M2>(unit_load<KIND, R>(raw, rsc, u), canon, u);
     } else if constexpr (KIND == KIND_FP8_K) {
         // The same values as unit_load + unit_store; written out because folding it into them
@@ -259,8 +305,9 @@ __device__ __forceinline__ void convert_unit(const unsigned char* raw, const uns
 // by one (their 32 per-row factors per unit would not fit in registers many times over). Units
 // of rows at or beyond rows_valid / cols_valid are not expanded (see unit_live). EA / EB: E5M2
 // data (MXFP8 only). WITH_A = false: B only, its canonical tile at cs (the warp-specialised
-// kernel, whose consumers decode A into registers).
-template <int AKIND, int BKIND, int BM, int BN, int NT, bool EA, bool EB, bool WITH_A = true>
+// kernel, whose consumers decode A into registers). H: MXFP8 in the fp16 window (unit_store).
+template <int AKIND, int BKIND, int BM, int BN, int NT, bool EA, bool EB, bool WITH_A = true,
+          bool H = false>
 __device__ __forceinline__ void convert_stage(const unsigned char* rs, unsigned char* cs,
                                               unsigned t, int rows_valid, int cols_valid) {
     using GA = TileGeo<AKIND, BM>;
@@ -295,9 +342,9 @@ __device__ __forceinline__ void convert_stage(const unsigned char* rs, unsigned 
         const int u = t0 + i * NT;
         if ((GA::UNITS % NT == 0 || u < GA::UNITS) && unit_live<AKIND>(u, rows_valid)) {
             if constexpr (KA) {
-                unit_store<AKIND, BM, EA>(xa[i], cs, u);
+                unit_store<AKIND, BM, EA, H>(xa[i], cs, u);
             } else {
-                convert_unit<AKIND, BM, EA>(rs, rsa, cs, u);
+                convert_unit<AKIND, BM, EA, H>(rs, rsa, cs, u);
             }
         }
     }
@@ -306,9 +353,9 @@ __device__ __forceinline__ void convert_stage(const unsigned char* rs, unsigned 
         const int u = t0 + i * NT;
         if ((GB::UNITS % NT == 0 || u < GB::UNITS) && unit_live<BKIND>(u, cols_valid)) {
             if constexpr (KB) {
-                unit_store<BKIND, BN, EB>(xb[i], cb, u);
+                unit_store<BKIND, BN, EB, H>(xb[i], cb, u);
             } else {
-                convert_unit<BKIND, BN, EB>(rb, rsb, cb, u);
+                convert_unit<BKIND, BN, EB, H>(rb, rsb, cb, u);
             }
         }
     }

@@ -8,6 +8,7 @@
 #include "grouped_gemm_dequant.cuh"
 #include "grouped_gemm_mma.cuh"
 #include "grouped_gemm_epilogue.cuh"
+#include "grouped_gemm_mxf16.cuh"
 
 namespace lpm_gg {
 
@@ -58,7 +59,12 @@ __device__ __forceinline__ void gemm_mma(LPM_GG_PARAMS) {
     constexpr int STAGE = DIRECT ? CANON_A + CANON_B : RAW_A + RAW_B;
     constexpr int CANON_OFF = (NST * STAGE + 1023) / 1024 * 1024;  // 1024-byte swizzle atoms
     constexpr int EPI_LD = BN + 8;  // padded row of the accumulator staging tile (floats)
-    constexpr int MAIN_SMEM = DIRECT ? NST * STAGE : CANON_OFF + NCB * (CANON_A + CANON_B);
+    // MXFP8 with wgmma: the fp16 window (grouped_gemm_mxf16.cuh); the rows' and columns' largest
+    // block codes live after the canonical buffers.
+    constexpr bool MXW = WG && kind_is_fp8(AKIND) && kind_is_fp8(BKIND);
+    constexpr int EXPS_OFF = CANON_OFF + NCB * (CANON_A + CANON_B);
+    constexpr int MAIN_SMEM =
+        DIRECT ? NST * STAGE : EXPS_OFF + mx_exp_bytes(AKIND, BKIND, BM, BN, WG);
     constexpr int EPI_SMEM = BM * EPI_LD * 4;
     // + 1024: the kernel aligns its shared-memory base to 1024 bytes (wgmma swizzle atoms).
     constexpr int SMEM = (MAIN_SMEM > EPI_SMEM ? MAIN_SMEM : EPI_SMEM) + 1024;
@@ -108,8 +114,11 @@ __device__ __forceinline__ void gemm_mma(LPM_GG_PARAMS) {
     };
 
     float* const accf = &acc[0][0][0];
-    auto wg_tile = [&](unsigned sa, unsigned sb) {
-        if constexpr (WG) wg_ktile<BM, F16, AMN, BMN, MI * NI * 4>(accf, sa, sb, warp >> 2);
+    auto wg_tile = [&](unsigned sa, unsigned sb, auto h) {
+        (void)h;  // true: MXFP8 staged in the fp16 window
+        if constexpr (WG) {
+            wg_ktile<BM, F16 || decltype(h)::value, AMN, BMN, MI * NI * 4>(accf, sa, sb, warp >> 2);
+        }
     };
 
     if constexpr (DIRECT && WG) {
@@ -127,7 +136,7 @@ __device__ __forceinline__ void gemm_mma(LPM_GG_PARAMS) {
             fence_proxy_async();
             __syncthreads();
             const unsigned sa = s0 + (kt % NST) * STAGE;
-            wg_tile(sa, sa + CANON_A);
+            wg_tile(sa, sa + CANON_A, BoolC<false>{});
             const int nt = kt + NST - 2;
             if (nt < KT) issue(nt % NST, nt);
             cp_async_commit();
@@ -161,15 +170,27 @@ __device__ __forceinline__ void gemm_mma(LPM_GG_PARAMS) {
         const ScaleCopy<BKIND, BN> scopy_b(b_sbase, b_sld, threadIdx.x);
         ScaleRegs<AKIND, BM> sra;
         ScaleRegs<BKIND, BN> srb;
+        unsigned char* const exps_a = smem + EXPS_OFF;  // MXW only
+        unsigned char* const exps_b = exps_a + BM;
+        const bool ea5 = a_e5m2 != 0, eb5 = b_e5m2 != 0;
+        const int bias_a = mx_s_max(ea5) + LPM_FP16_EXP_BIAS;
+        const int bias_b = mx_s_max(eb5) + LPM_FP16_EXP_BIAS;
         auto load_scales = [&](int kt) {
             const long long k0 = static_cast<long long>(kt) * kBK;
             sra.load(scopy_a, k0, rows_valid, len, threadIdx.x);
             srb.load(scopy_b, k0, cols_valid, len, threadIdx.x);
         };
-        auto store_scales = [&](int stage) {
+        auto store_scales = [&](int stage, auto h) {
             unsigned char* sb = smem + stage * STAGE;
-            sra.store(sb + round16(raw_data_bytes(AKIND, BM)), threadIdx.x);
-            srb.store(sb + RAW_A + round16(raw_data_bytes(BKIND, BN)), threadIdx.x);
+            unsigned char* sda = sb + round16(raw_data_bytes(AKIND, BM));
+            unsigned char* sdb = sb + RAW_A + round16(raw_data_bytes(BKIND, BN));
+            if constexpr (decltype(h)::value) {
+                sra.store_f16(sda, threadIdx.x, exps_a, bias_a);
+                srb.store_f16(sdb, threadIdx.x, exps_b, bias_b);
+            } else {
+                sra.store(sda, threadIdx.x);
+                srb.store(sdb, threadIdx.x);
+            }
         };
         // Convert part p (of 4) of raw stage `stage` into canonical buffer `cb`.
         auto convert_part = [&](int p, int stage, int cb) {
@@ -208,93 +229,146 @@ __device__ __forceinline__ void gemm_mma(LPM_GG_PARAMS) {
         // The whole raw stage `stage` into canonical buffer `cb` (wgmma path): K-major units are
         // loaded first, all of them, then expanded and stored (see unit_load); MN-major units one
         // by one (their 32 per-row factors per unit would not fit in registers many times over).
-        // EA / EB: E5M2 data (MXFP8 only); the caller branches once per tile.
-        auto convert_tile = [&](int stage, int cb, auto ea, auto eb) {
+        // EA / EB: E5M2 data (MXFP8 only); the caller branches once per tile. H: the fp16 window.
+        auto convert_tile = [&](int stage, int cb, auto ea, auto eb, auto h) {
             convert_stage<AKIND, BKIND, BM, BN, kThreads, decltype(ea)::value,
-                          decltype(eb)::value>(smem + stage * STAGE,
-                                               smem + CANON_OFF + cb * (CANON_A + CANON_B),
-                                               threadIdx.x, rows_valid, cols_valid);
+                          decltype(eb)::value, true, decltype(h)::value>(
+                smem + stage * STAGE, smem + CANON_OFF + cb * (CANON_A + CANON_B), threadIdx.x,
+                rows_valid, cols_valid);
         };
-        auto convert_all = [&](int stage, int cb) {
+        auto convert_all = [&](int stage, int cb, auto h) {
             constexpr bool QA = AKIND != KIND_FP4_K, QB = BKIND != KIND_FP4_K;  // fp8 operands
             with_e5m2(QA && a_e5m2, QB && b_e5m2,
-                      [&](auto ea, auto eb) { convert_tile(stage, cb, ea, eb); });
+                      [&](auto ea, auto eb) { convert_tile(stage, cb, ea, eb, h); });
         };
 
-        // Prologue: tiles 0..NST-2 in flight, their scales stored; scales of NST-1 in registers.
+        // Prologue: tiles 0..NST-2 in flight (their copies do not depend on the staging mode).
 #pragma unroll
         for (int s = 0; s < NST - 1; ++s) {
             if (s < KT) issue(s, s);
             cp_async_commit();
         }
-        prologue_scales<NST - 1>(scopy_a, rows_valid, scopy_b, cols_valid, len, KT, smem, STAGE,
-                                 round16(raw_data_bytes(AKIND, BM)),
-                                 RAW_A + round16(raw_data_bytes(BKIND, BN)), threadIdx.x);
-        if (NST - 1 < KT) load_scales(NST - 1);
-        cp_async_wait<NST - 3>();  // tiles 0 and 1 landed (this thread's copies)
-        __syncthreads();
-        if (KT > 0) {
-            if constexpr (WG) {
-                convert_all(0, 0);
-                fence_proxy_async();
-            } else {
+        // Their block scales into registers (stored once the staging mode is known).
+        ScaleRegs<AKIND, BM> pra[NST - 1];
+        ScaleRegs<BKIND, BN> prb[NST - 1];
 #pragma unroll
-                for (int p = 0; p < 4; ++p) convert_part(p, 0, 0);
+        for (int s = 0; s < NST - 1; ++s) {
+            if (s < KT) {
+                const long long k0 = static_cast<long long>(s) * kBK;
+                pra[s].load(scopy_a, k0, rows_valid, len, threadIdx.x);
+                prb[s].load(scopy_b, k0, cols_valid, len, threadIdx.x);
             }
         }
-        if constexpr (WG) {
-            for (int kt = 0; kt < KT; ++kt) {
-                // Invariants: canonical buffer kt%NCB holds tile kt (this thread's part); raw
-                // tile kt+1 landed (this thread's copies); raw stage (kt-1)%NST is free; scale
-                // registers hold tile kt+NST-1. NCB = 3: tile kt-1 may still be in flight.
-                __syncthreads();
-                const unsigned sa = s0 + CANON_OFF + (kt % NCB) * (CANON_A + CANON_B);
-                wg_tile(sa, sa + CANON_A);  // asynchronous: expand the next tile meanwhile
-                const int nt = kt + NST - 1;
-                if (nt < KT) issue(nt % NST, nt);
-                cp_async_commit();
-                if (kt + 1 < KT) {
-                    // Buffer (kt+1)%NCB last held tile kt+1-NCB, retired by every warpgroup
-                    // before this iteration's barrier.
-                    convert_all((kt + 1) % NST, (kt + 1) % NCB);
-                    fence_proxy_async();
-                }
-                // Scales of tile nt go to shared memory only now, a whole iteration after
-                // their loads were issued (tile nt is expanded in iteration nt-1 >= kt+2).
-                if (nt < KT) store_scales(nt % NST);
-                if (nt + 1 < KT) load_scales(nt + 1);
-                if constexpr (NCB >= 3) {
-                    wg_wait<1>();  // tile kt-1 retired by this warpgroup
-                } else {
-                    wg_wait0();  // canonical buffer kt%2 is rewritten next iteration
-                }
-                wg_fence_acc<MI * NI * 4>(accf);
-                cp_async_wait<NST - 3>();  // raw tile kt+2 landed (this thread's copies)
-            }
-            wg_wait0();
-            wg_fence_acc<MI * NI * 4>(accf);
-        } else {
-            for (int kt = 0; kt < KT; ++kt) {
-                // Invariants: canonical buffer kt&1 holds tile kt; raw tile kt+1 landed (all threads);
-                // raw stage (kt-1)%NST is free; scale registers hold tile kt+NST-1.
-                __syncthreads();
-                const int nt = kt + NST - 1;
-                if (nt < KT) {
-                    issue(nt % NST, nt);
-                    store_scales(nt % NST);
-                }
-                cp_async_commit();
-                if (nt + 1 < KT) load_scales(nt + 1);
-                const unsigned sa = s0 + CANON_OFF + (kt & 1) * (CANON_A + CANON_B);
-                const bool next = kt + 1 < KT;
+        // MXFP8: the window check of the tile (reads the scales while the copies fly; its
+        // scratch is canonical buffer 0, untouched until the first expansion). Its fixed cost
+        // (~2 us: a scale pass and three barriers) is only paid by tiles of at least
+        // kMxMinKTiles k-tiles (measured: 8 k-tiles lose 20 %, 128 gain 10 %).
+        bool f16m = false;
+        if constexpr (MXW) {
+            f16m = mx_window_check<AKIND, BKIND, BM, BN, kThreads>(
+                a_sbase, a_sld, rows_valid, b_sbase, b_sld, cols_valid, len, ea5, eb5,
+                mx_bf16 == 0 && KT >= kMxMinKTiles,
+                reinterpret_cast<unsigned*>(smem + CANON_OFF), exps_a, exps_b, threadIdx.x);
+        }
+        // The rest of the k-loop, for one staging mode H (false: bf16 / NVFP4's fp16 as ever;
+        // true: MXFP8 in the fp16 window, rescaled before the epilogue).
+        auto body = [&](auto h) {
+            constexpr bool H = decltype(h)::value;
 #pragma unroll
-                for (int ks = 0; ks < kBK / 16; ++ks) {
-                    warp_mma_ks<MI, NI, AMN, BMN, BM, BN, F16>(sa, sa + CANON_A, acc, wm0, wn0,
-                                                               ks, lane);
-                    if (next) convert_part(ks, (kt + 1) % NST, (kt + 1) & 1);
+            for (int s = 0; s < NST - 1; ++s) {
+                if (s < KT) {
+                    unsigned char* sb = smem + s * STAGE;
+                    unsigned char* sda = sb + round16(raw_data_bytes(AKIND, BM));
+                    unsigned char* sdb = sb + RAW_A + round16(raw_data_bytes(BKIND, BN));
+                    if constexpr (H) {
+                        pra[s].store_f16(sda, threadIdx.x, exps_a, bias_a);
+                        prb[s].store_f16(sdb, threadIdx.x, exps_b, bias_b);
+                    } else {
+                        pra[s].store(sda, threadIdx.x);
+                        prb[s].store(sdb, threadIdx.x);
+                    }
                 }
-                cp_async_wait<NST - 3>();  // raw tile kt+2 landed (this thread's copies)
             }
+            if (NST - 1 < KT) load_scales(NST - 1);
+            cp_async_wait<NST - 3>();  // tiles 0 and 1 landed (this thread's copies)
+            __syncthreads();
+            if (KT > 0) {
+                if constexpr (WG) {
+                    convert_all(0, 0, h);
+                    fence_proxy_async();
+                } else {
+#pragma unroll
+                    for (int p = 0; p < 4; ++p) convert_part(p, 0, 0);
+                }
+            }
+            if constexpr (WG) {
+                for (int kt = 0; kt < KT; ++kt) {
+                    // Invariants: canonical buffer kt%NCB holds tile kt (this thread's part); raw
+                    // tile kt+1 landed (this thread's copies); raw stage (kt-1)%NST is free; scale
+                    // registers hold tile kt+NST-1. NCB = 3: tile kt-1 may still be in flight.
+                    __syncthreads();
+                    const unsigned sa = s0 + CANON_OFF + (kt % NCB) * (CANON_A + CANON_B);
+                    wg_tile(sa, sa + CANON_A, h);  // asynchronous: expand the next tile meanwhile
+                    const int nt = kt + NST - 1;
+                    if (nt < KT) issue(nt % NST, nt);
+                    cp_async_commit();
+                    if (kt + 1 < KT) {
+                        // Buffer (kt+1)%NCB last held tile kt+1-NCB, retired by every warpgroup
+                        // before this iteration's barrier.
+                        convert_all((kt + 1) % NST, (kt + 1) % NCB, h);
+                        fence_proxy_async();
+                    }
+                    // Scales of tile nt go to shared memory only now, a whole iteration after
+                    // their loads were issued (tile nt is expanded in iteration nt-1 >= kt+2).
+                    if (nt < KT) store_scales(nt % NST, h);
+                    if (nt + 1 < KT) load_scales(nt + 1);
+                    if constexpr (NCB >= 3) {
+                        wg_wait<1>();  // tile kt-1 retired by this warpgroup
+                    } else {
+                        wg_wait0();  // canonical buffer kt%2 is rewritten next iteration
+                    }
+                    wg_fence_acc<MI * NI * 4>(accf);
+                    cp_async_wait<NST - 3>();  // raw tile kt+2 landed (this thread's copies)
+                }
+                wg_wait0();
+                wg_fence_acc<MI * NI * 4>(accf);
+                if constexpr (H) {
+                    mx_rescale<MI, NI>(accf, exps_a, exps_b,
+                                       2 * LPM_E8M0_BIAS + mx_s_max(ea5) + mx_s_max(eb5), wm0,
+                                       wn0, lane);
+                }
+            } else {
+                for (int kt = 0; kt < KT; ++kt) {
+                    // Invariants: canonical buffer kt&1 holds tile kt; raw tile kt+1 landed (all
+                    // threads); raw stage (kt-1)%NST is free; scale registers hold tile kt+NST-1.
+                    __syncthreads();
+                    const int nt = kt + NST - 1;
+                    if (nt < KT) {
+                        issue(nt % NST, nt);
+                        store_scales(nt % NST, h);
+                    }
+                    cp_async_commit();
+                    if (nt + 1 < KT) load_scales(nt + 1);
+                    const unsigned sa = s0 + CANON_OFF + (kt & 1) * (CANON_A + CANON_B);
+                    const bool next = kt + 1 < KT;
+#pragma unroll
+                    for (int ks = 0; ks < kBK / 16; ++ks) {
+                        warp_mma_ks<MI, NI, AMN, BMN, BM, BN, F16>(sa, sa + CANON_A, acc, wm0,
+                                                                   wn0, ks, lane);
+                        if (next) convert_part(ks, (kt + 1) % NST, (kt + 1) & 1);
+                    }
+                    cp_async_wait<NST - 3>();  // raw tile kt+2 landed (this thread's copies)
+                }
+            }
+        };
+        if constexpr (MXW) {
+            if (f16m) {
+                body(BoolC<true>{});
+            } else {
+                body(BoolC<false>{});
+            }
+        } else {
+            body(BoolC<false>{});
         }
     }
     cp_async_wait<0>();

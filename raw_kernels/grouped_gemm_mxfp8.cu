@@ -1,7 +1,8 @@
 // Grouped GEMM on MXFP8 operands (E4M3 / E5M2 per operand, chosen at run time): fp8 bytes and
 // E8M0 block scales are expanded to bf16 in shared memory (fp8 * 2^(e-127), exact for every
 // block whose values are bf16 normals; see grouped_gemm_common.cuh), then mma.sync.m16n8k16 bf16
-// with fp32 accumulation.
+// with fp32 accumulation. The wgmma tiles (_w, _v) stage tiles inside the fp16 window on fp16
+// instead (grouped_gemm_mxf16.cuh).
 //   kk: rowwise A and B (fprop)
 //   kn: rowwise A, columnwise B ([N, K] row-major, contraction along rows: dgrad's W)
 //   nn: columnwise A and B (wgrad's dy and x, [Mp, X] row-major)

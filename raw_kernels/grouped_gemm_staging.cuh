@@ -222,6 +222,38 @@ struct ScaleCopy {
     }
 };
 
+// ---- MXFP8 fp16 window (grouped_gemm_mxf16.cuh has the reasoning) ----
+// fp8 element v = q * 2^(e - 127) is multiplied on fp16 as q * 2^s, s = e - e_max + S_MAX (e_max:
+// the largest block code of its row over the whole contraction). fp16 holds q * 2^s exactly for
+// S_MIN <= s <= S_MAX: the largest fp8 magnitude stays below fp16's (same leading significand,
+// exponent 15), the smallest fp8 subnormal stays on fp16's subnormal grid, and 2^s is an fp16
+// normal. E4M3: [-14, 7] (window 21 codes), E5M2: [-8, 0] (window 8).
+__host__ __device__ constexpr int fp8_max_exp(bool e5m2) {  // exponent of the largest finite value
+    return e5m2 ? (1 << (7 - LPM_E5M2_MANT_BITS)) - 2 - LPM_E5M2_EXP_BIAS
+                : (1 << (7 - LPM_E4M3_MANT_BITS)) - 1 - LPM_E4M3_EXP_BIAS;
+}
+__host__ __device__ constexpr int fp8_min_exp(bool e5m2) {  // exponent of the smallest subnormal
+    return e5m2 ? 1 - LPM_E5M2_EXP_BIAS - LPM_E5M2_MANT_BITS
+                : 1 - LPM_E4M3_EXP_BIAS - LPM_E4M3_MANT_BITS;
+}
+__host__ __device__ constexpr int mx_s_max(bool e5m2) {
+    return LPM_FP16_EXP_BIAS - fp8_max_exp(e5m2);
+}
+__host__ __device__ constexpr int mx_s_min(bool e5m2) {
+    return 1 - LPM_FP16_EXP_BIAS > 1 - LPM_FP16_EXP_BIAS - LPM_FP16_MANT_BITS - fp8_min_exp(e5m2)
+               ? 1 - LPM_FP16_EXP_BIAS
+               : 1 - LPM_FP16_EXP_BIAS - LPM_FP16_MANT_BITS - fp8_min_exp(e5m2);
+}
+__host__ __device__ constexpr int mx_window(bool e5m2) { return mx_s_max(e5m2) - mx_s_min(e5m2); }
+static_assert(mx_window(false) == 21 && mx_window(true) == 8, "MXFP8 fp16 windows");
+// fp16 bits of the factor 2^(e - e_max + S_MAX); code_bias = S_MAX + fp16 exponent bias. Codes
+// outside the window (only rows / k-tiles whose data are zero-filled) clamp to a finite factor.
+__device__ __forceinline__ unsigned mx_factor_bits(unsigned e, unsigned e_max, int code_bias) {
+    int f = static_cast<int>(e) - static_cast<int>(e_max) + code_bias;
+    f = f < 0 ? 0 : (f > 2 * LPM_FP16_EXP_BIAS ? 2 * LPM_FP16_EXP_BIAS : f);
+    return static_cast<unsigned>(f) << LPM_FP16_MANT_BITS;
+}
+
 template <int KIND, int R, int NT = kThreads>
 struct ScaleRegs {
     using SC = ScaleCopy<KIND, R, NT>;
@@ -256,6 +288,27 @@ struct ScaleRegs {
                     sdst[i] = static_cast<unsigned char>(v[j]);
                 } else {
                     reinterpret_cast<float*>(sdst)[i] = lpm_e8m0_to_f32(v[j]);
+                }
+            }
+        }
+    }
+
+    // MXFP8 in the fp16 window: the factors 2^(e - e_max(row) + S_MAX) (mx_factor_bits; e_max
+    // of row r: exps[r]) -- K-major as the f16x2 word (f, f) in the fp32 factor's slot, MN-major
+    // as fp16 [2][R] (one halfword per entry, row pairs in one word).
+    __device__ __forceinline__ void store_f16(unsigned char* sdst, unsigned t,
+                                              const unsigned char* exps, int code_bias) const {
+        static_assert(KIND == KIND_FP8_K || KIND == KIND_FP8_MN, "MXFP8 only");
+#pragma unroll
+        for (int j = 0; j < SC::PER_THREAD; ++j) {
+            const int i = static_cast<int>(t) + j * NT;
+            if (SC::SCALE_COUNT % NT == 0 || i < SC::SCALE_COUNT) {
+                if constexpr (KIND == KIND_FP8_K) {
+                    const unsigned f = mx_factor_bits(v[j], exps[i / SC::NB], code_bias);
+                    reinterpret_cast<unsigned*>(sdst)[i] = f | (f << 16);
+                } else {
+                    reinterpret_cast<unsigned short*>(sdst)[i] =
+                        static_cast<unsigned short>(mx_factor_bits(v[j], exps[i % R], code_bias));
                 }
             }
         }

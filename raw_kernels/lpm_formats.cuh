@@ -72,6 +72,10 @@ constexpr int LPM_FP32_MANT_BITS = 23;
 constexpr unsigned int LPM_FP32_EXP_MASK = 0xFFu;
 constexpr unsigned int LPM_FP32_MANT_MASK = 0x7FFFFFu;
 
+// fp16 layout
+constexpr int LPM_FP16_EXP_BIAS = 15;
+constexpr int LPM_FP16_MANT_BITS = 10;
+
 // ------------------------------------------------------------------------------------------
 // Random Hadamard transform (NVFP4 columnwise)
 constexpr int LPM_RHT_SIZE = 16;

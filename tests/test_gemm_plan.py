@@ -315,3 +315,36 @@ def test_swap_smem_formula():
     assert nv == 34 * 1024 + 2 * 32 * 128 + 1024
     assert mx == 45 * 1024 + 2 * 160 * 128 + 1024
     assert 4 * (nv + 1024) <= 228 * 1024 and 2 * (mx + 1024) <= 228 * 1024
+
+
+def test_mxfp8_mma_env(monkeypatch):
+    """LOWPREC_MOE_MXFP8_MMA: "auto" (default) lets MXFP8 tiles use the fp16 window, "bf16"
+    forbids it (the kernel's mx_bf16 argument); anything else is an error naming the value."""
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.delenv(C.MXFP8_MMA_ENV, raising=False)
+    assert C._mx_bf16() == 0
+    monkeypatch.setenv(C.MXFP8_MMA_ENV, " BF16 ")
+    assert C._mx_bf16() == 1
+    monkeypatch.setenv(C.MXFP8_MMA_ENV, "fp16")
+    with pytest.raises(ValueError, match="LOWPREC_MOE_MXFP8_MMA='fp16'"):
+        C._mx_bf16()
+
+
+def test_mxfp8_wgmma_smem_has_exponent_bytes():
+    """The MXFP8 wgmma kernels keep one byte per tile row and column (the fp16 window's largest
+    block codes) after their canonical buffers; NVFP4 and mma.sync kernels do not."""
+    from lowprec_moe.cuda import gemm as C
+
+    def formula(ak, bk, bm, wg, extra):
+        ring = C._raw_ring_bytes(ak, bk, bm, 256)
+        canon = C._canon(bm) + C._canon(256)
+        ncb = 3 if wg and ring + 3 * canon + 1024 <= C.MAX_SMEM else 2
+        return max(ring + ncb * canon + extra, C._epi_bytes(bm, 256)) + 1024
+
+    fp8k, fp8mn, fp4 = C.KIND_FP8_K, C.KIND_FP8_MN, C.KIND_FP4_K
+    for bm in (64, 128):
+        for bk in (fp8k, fp8mn):
+            assert C._smem_bytes(fp8k, bk, bm, 256, True) == formula(fp8k, bk, bm, True, bm + 256)
+            assert C._smem_bytes(fp8k, bk, bm, 256, False) == formula(fp8k, bk, bm, False, 0)
+        assert C._smem_bytes(fp4, fp4, bm, 256, True) == formula(fp4, fp4, bm, True, 0)

@@ -57,9 +57,18 @@ Kernel choice
   into registers) and several CTAs per SM -- bitwise the results of the other wgmma kernels
   (a GPU test compares them). NVFP4 needs each row's block scales of a k-tile 4-byte aligned
   (contraction a multiple of 64), else the 64x256 tile is used.
+* On sm_90, the plain wgmma kernel multiplies an MXFP8 tile on fp16 instead of bf16 when every
+  row and column of the tile keeps its block codes within the fp16 window (E4M3: 21 codes,
+  E5M2: 8, no NaN scale), its scale rows are 16-byte aligned and it contracts at least 32
+  k-tiles (``raw_kernels/grouped_gemm_mxf16.cuh``): the elements are staged as
+  ``q * 2^(e - e_max(row) + S_MAX)`` (one conversion and one multiply per pair instead of three
+  instructions per element) and the epilogue applies the rows' and columns' powers of two. The
+  bits are the bf16 path's whenever that path's products are fp32 normals (GPU tests compare
+  them), and exact where the bf16 path truncates tiny blocks.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
   swapped-operand one for few tokens per expert), without the warp-specialised one.
+  ``LOWPREC_MOE_MXFP8_MMA`` = ``auto`` (default) | ``bf16`` keeps every MXFP8 tile on bf16.
 """
 
 from __future__ import annotations
@@ -82,10 +91,23 @@ from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     WS_AHEAD, WS_CANON_BUFFERS, WS_THREADS, _cdiv,
     _flat_amax, descriptors, plan, tile_table)
 
-__all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV"]
+__all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV"]
 
 #: Environment variable selecting the kernel family: "auto" (default) or "simt".
 KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
+#: Environment variable for the MXFP8 wgmma kernels' tensor-core type: "auto" (default: fp16
+#: for every tile whose block scales fit the fp16 window, bf16 otherwise; same results, see
+#: raw_kernels/grouped_gemm_mxf16.cuh) or "bf16" (every tile on bf16).
+MXFP8_MMA_ENV = "LOWPREC_MOE_MXFP8_MMA"
+_MXFP8_MMA = ("auto", "bf16")
+
+
+def _mx_bf16() -> int:
+    """1 when MXFP8_MMA_ENV asks for bf16 MXFP8 tensor cores, else 0."""
+    v = os.environ.get(MXFP8_MMA_ENV, "auto").strip().lower() or "auto"
+    if v not in _MXFP8_MMA:
+        raise ValueError(f"{MXFP8_MMA_ENV}={v!r} must be one of {_MXFP8_MMA}")
+    return int(v == "bf16")
 
 _MAX_CACHED = 64
 _lock = threading.Lock()
@@ -182,6 +204,8 @@ def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) ->
         ring = _raw_ring_bytes(a_kind, b_kind, bm, bn)
         ncb = 3 if wg and ring + 3 * (ca + cb) + 1024 <= MAX_SMEM else 2
         main = ring + ncb * (ca + cb)
+        if wg and a_kind in (KIND_FP8_K, KIND_FP8_MN) and b_kind in (KIND_FP8_K, KIND_FP8_MN):
+            main += bm + bn  # MXFP8: the rows' / columns' largest block codes (fp16 window)
     return max(main, _epi_bytes(bm, bn)) + 1024  # + base alignment to 1024 bytes
 
 
@@ -320,6 +344,9 @@ def kernel_info(p) -> dict:
                  "m64n256k16" if ln.bm == 128 and ln.threads != WS_THREADS else "m64n128k16")
         instr = (f"wgmma.{shape}.{mma_type}" if ln.wgmma
                  else f"mma.sync.m16n8k16.{mma_type}")
+        if p.fmt == "mxfp8" and ln.wgmma and not shape.endswith("n32k16") and not _mx_bf16():
+            # the plain wgmma kernel: fp16 for tiles inside the fp16 window (grouped_gemm_mxf16)
+            instr = f"wgmma.{shape}.f16|bf16"
         if ln.threads == WS_THREADS:
             instr += " ws"
     return dict(module=ln.module, kernel=ln.kernel, instruction=instr, tile=(ln.bm, ln.bn),
@@ -464,7 +491,7 @@ def grouped_gemm(p):
         probs=p.probs if p.probs is not None else dummy,
         has_bias=np.int32(p.bias is not None), has_probs=np.int32(p.probs is not None),
         out=out, out_type=np.int32(OUT_TYPES[p.out_dtype]), accumulate=np.int32(p.accumulate),
-        zero_if_empty=np.int32(prep["zero_if_empty"]))
+        zero_if_empty=np.int32(prep["zero_if_empty"]), mx_bf16=np.int32(_mx_bf16()))
     if launch.simt:
         arg.update(a_kind=np.int32(am0), a_mn=np.int32(am1), b_kind=np.int32(bm0),
                    b_mn=np.int32(bm1))

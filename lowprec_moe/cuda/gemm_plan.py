@@ -53,9 +53,9 @@ SWAP_STAGES = {"nvfp4": 6, "mxfp8": 4}
 MMA_PARAMS = ("tiles", "n_col_tiles", "desc", "n_cols", "a_data", "a_scale", "a_ch", "a_e5m2",
               "b_data", "b_scale", "b_ch", "b_e5m2", "amax_a", "amax_b", "a_vec", "b_vec",
               "scale_mode", "bias", "probs", "has_bias", "has_probs", "out", "out_type",
-              "accumulate", "zero_if_empty")
+              "accumulate", "zero_if_empty", "mx_bf16")
 SIMT_PARAMS = tuple({"a_ch": "a_kind", "a_e5m2": "a_mn", "b_ch": "b_kind",
-                     "b_e5m2": "b_mn"}.get(n, n) for n in MMA_PARAMS)
+                     "b_e5m2": "b_mn"}.get(n, n) for n in MMA_PARAMS if n != "mx_bf16")
 # ---- mirrored from raw_kernels/grouped_gemm_simt.cu ----------------------------------------
 EK_F32, EK_BF16, EK_F16, EK_FP4, EK_E4M3, EK_E5M2 = range(6)
 SIMT_TILE = 64

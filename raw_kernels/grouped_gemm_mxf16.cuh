@@ -1,0 +1,224 @@
+// lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): MXFP8 on
+// fp16 tensor cores -- the per-tile window check and the epilogue's power-of-two factors.
+//
+// Widening an MXFP8 element q * 2^(e-127) to bf16 (fp8_decode4) costs a conversion, a widening
+// and a multiply per element: as much pipe time as NVFP4's decode. fp16 cannot hold the element
+// itself (E8M0 spans 2^-127..2^127), but it holds q * 2^s exactly for s in the window
+// [S_MIN, S_MAX] of grouped_gemm_staging.cuh, and widening is then one cvt.rn.f16x2.e4m3x2 /
+// e5m2x2 and one mul.rn.f16x2 per pair. So the wgmma kernel (gemm_mma, sm_90a) first scans the
+// block codes of its tile: for every valid A row and B column, over the whole contraction, the
+// largest code e_max and the smallest e_min. When every row and column has e_max - e_min within
+// the window (E4M3 21 codes, E5M2 8) and no NaN scale (255), the tile is staged as
+// q * 2^(e - e_max + S_MAX) in fp16 and multiplied with wgmma ...f16; the epilogue first takes
+// the fp32 accumulator times 2^(e_max(row) + e_max(col) - 254 - S_MAX(A) - S_MAX(B)), rounded
+// once (mx_ldexp). Otherwise the tile takes the bf16 path, as before.
+//
+// Same results: every fp16-domain product is exact in fp32 and at least 2^-48 (no fp32
+// subnormal anywhere in the accumulation), and the fp16 tile is the bf16 tile times a power of
+// two per row and per column, so the accumulator is the bf16 path's accumulator times that power
+// of two, bit for bit (measured: benchmarks/probe_f16_bf16_mma.py), whenever the bf16 path's
+// own products and sums are fp32 normals. Where they are not (blocks of magnitude below ~1e-35,
+// which the bf16 path truncates onto bf16's subnormal grid), the fp16 path is exact and the bf16
+// path is not; the result then agrees with the float64 reference better, never worse.
+//
+// The scan reads the scales with 16-byte loads: it needs 16-byte aligned scale rows (K-major:
+// base, row stride and the number of blocks; MN-major: base and line stride), which compact
+// scales have whenever K (or the columns) is a multiple of 512 (16). Tiles whose scales are not
+// aligned, tiles of fewer than kMxMinKTiles k-tiles (the check costs ~2 us per tile: a pass over
+// the scales and three barriers), and every tile of a launch with mx_bf16 set take the bf16 path.
+
+#ifndef LPM_GROUPED_GEMM_MXF16_CUH
+#define LPM_GROUPED_GEMM_MXF16_CUH
+
+#include "grouped_gemm_staging.cuh"
+
+namespace lpm_gg {
+
+// Tiles with fewer k-tiles than this stay on the bf16 path (the check's fixed cost).
+constexpr int kMxMinKTiles = 32;
+
+// Whether the scan can read an operand's tile scales with 16-byte loads.
+template <int KIND>
+__device__ __forceinline__ bool mx_scan_aligned(const unsigned char* sbase, long long sld,
+                                                long long len) {
+    const long long nb = (len + LPM_MXFP8_BLOCK - 1) / LPM_MXFP8_BLOCK;
+    const bool base_ok = (reinterpret_cast<unsigned long long>(sbase) & 15ull) == 0 &&
+                         (sld & 15ll) == 0;
+    return KIND == KIND_FP8_K ? base_ok && (nb & 15ll) == 0 : base_ok;
+}
+
+// Largest / smallest byte of a 16-byte chunk (K-major scan).
+__device__ __forceinline__ void mx_chunk_range(const uint4& w, unsigned& mx, unsigned& mn) {
+    unsigned a = __vmaxu4(__vmaxu4(w.x, w.y), __vmaxu4(w.z, w.w));
+    unsigned b = __vminu4(__vminu4(w.x, w.y), __vminu4(w.z, w.w));
+    a = __vmaxu4(a, a >> 16);
+    b = __vminu4(b, b >> 16);
+    mx = max(a & 0xFFu, (a >> 8) & 0xFFu);
+    mn = min(b & 0xFFu, (b >> 8) & 0xFFu);
+}
+
+// Fold the block codes of the valid rows of one operand tile (R rows; scales at sbase, row /
+// line stride sld, mx_scan_aligned) into smax[r] / smin[r] (shared, initialised to 0 / 255) with
+// shared-memory atomics, NT threads (t: this thread's index).
+//   K-major : row r's nb codes at sbase + r * sld (16-byte chunks, flat over rows x chunks);
+//   MN-major: block j of row r at sbase + j * sld + r (thread t keeps chunk t % (R/16) of
+//             every (NT / (R/16))-th line in registers, then folds its 16 rows).
+template <int KIND, int R, int NT>
+__device__ __forceinline__ void mx_scan(const unsigned char* sbase, long long sld, int valid,
+                                        long long len, unsigned* smax, unsigned* smin,
+                                        unsigned t) {
+    const int nb = static_cast<int>((len + LPM_MXFP8_BLOCK - 1) / LPM_MXFP8_BLOCK);
+    if constexpr (KIND == KIND_FP8_K) {
+        constexpr int U = 4;  // chunks in flight per thread
+        const int cpr = nb >> 4;
+        const int total = valid * cpr;
+        for (int i0 = static_cast<int>(t); i0 < total; i0 += U * NT) {
+            uint4 w[U];
+            int rr[U];
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int i = i0 + u * NT;
+                rr[u] = -1;
+                if (i < total) {
+                    const int r = i / cpr, c = i - r * cpr;
+                    rr[u] = r;
+                    w[u] = __ldg(reinterpret_cast<const uint4*>(sbase + r * sld + c * 16));
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (rr[u] >= 0) {
+                    unsigned mx, mn;
+                    mx_chunk_range(w[u], mx, mn);
+                    atomicMax(smax + rr[u], mx);
+                    atomicMin(smin + rr[u], mn);
+                }
+            }
+        }
+    } else {
+        static_assert(R % 16 == 0 && NT % (R / 16) == 0, "MN-major scan chunks");
+        constexpr int CPL = R / 16, STEP = NT / CPL;
+        const int c = static_cast<int>(t) % CPL;
+        if (c * 16 >= valid) return;
+        uint4 mx = make_uint4(0u, 0u, 0u, 0u), mn = make_uint4(~0u, ~0u, ~0u, ~0u);
+        const unsigned char* p = sbase + c * 16;
+#pragma unroll 4
+        for (int j = static_cast<int>(t) / CPL; j < nb; j += STEP) {
+            const uint4 w = __ldg(reinterpret_cast<const uint4*>(p + j * sld));
+            mx = make_uint4(__vmaxu4(mx.x, w.x), __vmaxu4(mx.y, w.y), __vmaxu4(mx.z, w.z),
+                            __vmaxu4(mx.w, w.w));
+            mn = make_uint4(__vminu4(mn.x, w.x), __vminu4(mn.y, w.y), __vminu4(mn.z, w.z),
+                            __vminu4(mn.w, w.w));
+        }
+        const unsigned xs[4] = {mx.x, mx.y, mx.z, mx.w}, ns[4] = {mn.x, mn.y, mn.z, mn.w};
+#pragma unroll
+        for (int k = 0; k < 16; ++k) {
+            const int r = c * 16 + k;
+            if (r < valid) {
+                atomicMax(smax + r, (xs[k >> 2] >> (8 * (k & 3))) & 0xFFu);
+                atomicMin(smin + r, (ns[k >> 2] >> (8 * (k & 3))) & 0xFFu);
+            }
+        }
+    }
+}
+
+// After mx_scan (and a barrier): exps[r] = e_max of row r (0 for rows >= valid); returns
+// whether this thread's rows fit the window and carry no NaN scale.
+template <int R, int NT>
+__device__ __forceinline__ bool mx_finish(const unsigned* smax, const unsigned* smin, int valid,
+                                          int window, unsigned char* exps, unsigned t) {
+    bool ok = true;
+    for (int r = static_cast<int>(t); r < R; r += NT) {
+        unsigned e = 0u;
+        if (r < valid) {
+            e = smax[r];
+            ok = ok && e != LPM_E8M0_NAN &&
+                 static_cast<int>(e) - static_cast<int>(smin[r]) <= window;
+        }
+        exps[r] = static_cast<unsigned char>(e);
+    }
+    return ok;
+}
+
+// The whole window check of a BM x BN tile, by all NT threads of the CTA (contains barriers):
+// exps_a / exps_b (shared, BM + BN bytes) receive the rows' / columns' e_max; `scratch` (shared,
+// (BM + BN) * 8 bytes, free until the caller's next barrier) holds the running ranges. Returns
+// the CTA-uniform verdict: true = stage this tile in the fp16 window.
+template <int AKIND, int BKIND, int BM, int BN, int NT>
+__device__ __forceinline__ bool mx_window_check(const unsigned char* a_sbase, long long a_sld,
+                                                int rows_valid, const unsigned char* b_sbase,
+                                                long long b_sld, int cols_valid, long long len,
+                                                bool a_e5m2, bool b_e5m2, bool allowed,
+                                                unsigned* scratch, unsigned char* exps_a,
+                                                unsigned char* exps_b, unsigned t) {
+    allowed = allowed && mx_scan_aligned<AKIND>(a_sbase, a_sld, len) &&
+              mx_scan_aligned<BKIND>(b_sbase, b_sld, len);
+    if (!allowed) return false;  // uniform: launch arguments and the tile's descriptor
+    unsigned* const amax_ = scratch;
+    unsigned* const amin_ = scratch + BM;
+    unsigned* const bmax_ = scratch + 2 * BM;
+    unsigned* const bmin_ = scratch + 2 * BM + BN;
+    for (int i = static_cast<int>(t); i < BM + BN; i += NT) {
+        const bool isa = i < BM;
+        (isa ? amax_ : bmax_)[isa ? i : i - BM] = 0u;
+        (isa ? amin_ : bmin_)[isa ? i : i - BM] = LPM_E8M0_NAN;
+    }
+    __syncthreads();
+    mx_scan<AKIND, BM, NT>(a_sbase, a_sld, rows_valid, len, amax_, amin_, t);
+    mx_scan<BKIND, BN, NT>(b_sbase, b_sld, cols_valid, len, bmax_, bmin_, t);
+    __syncthreads();
+    bool ok = mx_finish<BM, NT>(amax_, amin_, rows_valid, mx_window(a_e5m2), exps_a, t);
+    ok = mx_finish<BN, NT>(bmax_, bmin_, cols_valid, mx_window(b_e5m2), exps_b, t) && ok;
+    return __syncthreads_and(ok) != 0;
+}
+
+__device__ __forceinline__ double f64_from_f32(float x) {
+    double r;
+    asm("cvt.f64.f32 %0, %1;\n" : "=d"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ float f32_from_f64_rn(double x) {  // no flush to zero
+    float r;
+    asm("cvt.rn.f32.f64 %0, %1;\n" : "=f"(r) : "d"(x));
+    return r;
+}
+
+// v * 2^x rounded once to fp32 (no flush): one fp32 multiply when 2^x is an fp32 normal (the
+// product of a power of two is then correctly rounded, subnormal results included); otherwise
+// (blocks of extreme magnitude) through fp64, where the factor and the product are exact.
+__device__ __forceinline__ float mx_ldexp(float v, int x) {
+    if (x >= 1 - LPM_FP32_EXP_BIAS && x <= LPM_FP32_EXP_BIAS) {
+        return lpm_mul_rn(v, __uint_as_float(static_cast<unsigned>(x + LPM_FP32_EXP_BIAS)
+                                             << LPM_FP32_MANT_BITS));
+    }
+    const double f = __longlong_as_double(static_cast<long long>(x + 1023) << 52);
+    return f32_from_f64_rn(f64_from_f32(v) * f);
+}
+
+// The accumulators of a tile staged in the fp16 window, back to true scale: acc * 2^(exps_a[row]
+// + exps_b[col] - shift), shift = 2 * 127 + S_MAX(A) + S_MAX(B), rounded once (mx_ldexp).
+// Fragment layout of stage_acc.
+template <int MI, int NI>
+__device__ __forceinline__ void mx_rescale(float* accf, const unsigned char* exps_a,
+                                           const unsigned char* exps_b, int shift, int wm0,
+                                           int wn0, int lane) {
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int eb = exps_b[wn0 + ni * 8 + (lane & 3) * 2 + e] - shift;
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+                for (int hf = 0; hf < 2; ++hf) {
+                    float& v = accf[(mi * NI + ni) * 4 + 2 * hf + e];
+                    v = mx_ldexp(v, exps_a[wm0 + mi * 16 + (lane >> 2) + hf * 8] + eb);
+                }
+            }
+        }
+    }
+}
+
+}  // namespace lpm_gg
+
+#endif  // LPM_GROUPED_GEMM_MXF16_CUH

@@ -1,0 +1,171 @@
+"""MXFP8 on fp16 tensor cores (raw_kernels/grouped_gemm_mxf16.cuh), on the GPU.
+
+The wgmma kernels stage an MXFP8 tile as ``q * 2^(e - e_max(row) + S_MAX)`` in fp16 when every
+row and column of the tile keeps its block codes within the fp16 window (E4M3: 21 codes, E5M2: 8),
+its scale rows are 16-byte aligned and its contraction has at least 32 k-tiles (2048); otherwise
+the tile takes the bf16 path. The problems below mix both kinds of tile. Checks:
+
+* in-window data: the fp16 path gives the bf16 path's bits (``LOWPREC_MOE_MXFP8_MMA=bf16``), in
+  every mode and fp8 mix, and both agree with the float64 product;
+* tiny blocks (codes near 0, which the bf16 path truncates onto bf16's subnormal grid): the fp16
+  path is exact -- within the float64 tolerance where the bf16 path is not (so the fp16 path ran);
+* rows spanning more than the window, and NaN scales: the tile falls back to bf16, same bits;
+* grouped == per-expert calls, bitwise, with in-window and out-of-window experts mixed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lowprec_moe.gemm import grouped_gemm
+
+from conftest import assert_bytes_equal, requires_gpu, to_host
+from test_gemm import _data, _expected, _member_operands, _quantize, assert_gemm_close
+from test_gpu_gemm import gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+# M-grouped: every tile contracts 2048 (fp16 window possible); K-grouped (wgrad): experts 1, 3
+# and 5 contract >= 2048 tokens, the others are short (bf16 path)
+SPLITS = {"fprop": [0, 300, 37, 260, 5, 129], "dgrad": [0, 300, 37, 260, 5, 129],
+          "wgrad": [0, 2100, 37, 2050, 5, 2080]}
+# aligned scale rows: the contraction a multiple of 512 for rowwise operands, the columns of
+# columnwise operands a multiple of 16
+SHAPES = {"fprop": (320, 2048), "dgrad": (2048, 320), "wgrad": (320, 320)}
+FP8 = ["mxfp8-e4m3", "mxfp8-e5m2", "mxfp8-hybrid"]
+
+
+def _operands(mode, fmt, seed, *, x_scale=None, w_scale=None, dy_scale=None):
+    n, k = SHAPES[mode]
+    splits = SPLITS[mode]
+    x, w, dy = _data(seed, sum(splits), n, k)
+    if len(splits) != w.shape[0]:
+        w = np.random.default_rng(seed + 1).standard_normal((len(splits), n, k)).astype(x.dtype)
+    for arr, f in ((x, x_scale), (w, w_scale), (dy, dy_scale)):
+        if f is not None:
+            arr *= f
+    xq, wq, dq = _quantize(fmt, x, w, dy, splits)
+    ops = {"fprop": (xq, wq), "dgrad": (dq, wq), "wgrad": (dq, xq)}[mode]
+    return ops, (x, w, dy)
+
+
+def _both(mode, a, b, monkeypatch):
+    """(auto, bf16-forced) float32 results of one problem."""
+    from lowprec_moe.cuda import gemm as C
+
+    splits = SPLITS[mode]
+    ga, gb = gpu(a), gpu(b)
+    monkeypatch.setenv(C.MXFP8_MMA_ENV, "auto")
+    auto = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
+    monkeypatch.setenv(C.MXFP8_MMA_ENV, "bf16")
+    bf = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
+    monkeypatch.delenv(C.MXFP8_MMA_ENV)
+    return auto, bf
+
+
+def _require_wgmma():
+    from lowprec_moe.cuda import gemm as C
+
+    if C._device_caps()[0] != (9, 0):
+        pytest.skip("the MXFP8 fp16 window is a wgmma (sm_90a) kernel path")
+
+
+@pytest.mark.parametrize("fmt", FP8)
+@pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
+def test_gpu_fp16_window_equals_bf16_bitwise(mode, fmt, monkeypatch):
+    _require_wgmma()
+    (a, b), _ = _operands(mode, fmt, 31)
+    auto, bf = _both(mode, a, b, monkeypatch)
+    exp, mag = _expected(mode, a, b, SPLITS[mode])
+    assert_gemm_close(auto, exp, mag, f"fp16 window {mode} {fmt}")
+    assert_bytes_equal(auto, bf, f"fp16 window vs bf16 {mode} {fmt}")
+
+
+@pytest.mark.parametrize("mode", ["fprop", "wgrad"])
+def test_gpu_fp16_window_exact_for_tiny_blocks(mode, monkeypatch):
+    """x scaled by 2^-128 (block code 0: most elements below bf16's normal range) and the
+    other operand by 2^100, so every product is an fp32 normal: the fp16 path matches float64,
+    the bf16 path (truncated subnormals) does not."""
+    _require_wgmma()
+    (a, b), _ = _operands(mode, "mxfp8-e4m3", 32, x_scale=np.float32(2.0 ** -128),
+                          w_scale=np.float32(2.0 ** 100), dy_scale=np.float32(2.0 ** 100))
+    auto, bf = _both(mode, a, b, monkeypatch)
+    exp, mag = _expected(mode, a, b, SPLITS[mode])
+    if mode == "wgrad":  # the experts long enough for the fp16 window
+        long = [g for g, t in enumerate(SPLITS[mode]) if t >= 2048]
+        auto, bf, exp, mag = auto[long], bf[long], exp[long], mag[long]
+    assert_gemm_close(auto, exp, mag, f"fp16 window, tiny blocks {mode}")
+    with pytest.raises(AssertionError, match="out of tolerance"):
+        assert_gemm_close(bf, exp, mag, f"bf16 path, tiny blocks {mode}")
+
+
+@pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
+def test_gpu_wide_rows_fall_back_to_bf16(mode, monkeypatch):
+    """Every 7th contraction block of the operands scaled by 2^40 (rows span ~40 codes, beyond
+    the E4M3 window): those tiles take the bf16 path -- same bits as forcing it, and correct."""
+    _require_wgmma()
+    n, k = SHAPES[mode]
+    m = sum(SPLITS[mode])
+    wide = {"fprop": np.ones(k, np.float32), "dgrad": np.ones(n, np.float32),
+            "wgrad": np.ones(m, np.float32)}[mode]
+    wide[::7 * 32] = np.float32(2.0 ** 40)
+    if mode == "fprop":
+        kw = dict(x_scale=wide, w_scale=wide)
+    elif mode == "dgrad":
+        kw = dict(dy_scale=wide)
+    else:
+        kw = dict(x_scale=wide[:, None], dy_scale=wide[:, None])
+    (a, b), _ = _operands(mode, "mxfp8-e4m3", 33, **kw)
+    auto, bf = _both(mode, a, b, monkeypatch)
+    exp, mag = _expected(mode, a, b, SPLITS[mode])
+    assert_gemm_close(auto, exp, mag, f"wide rows {mode}")
+    assert_bytes_equal(auto, bf, f"wide rows: fallback vs bf16 {mode}")
+
+
+def test_gpu_nan_scale_falls_back(monkeypatch):
+    """A NaN input gives its block the NaN scale: that row is NaN on both paths, the rest the
+    same bits."""
+    _require_wgmma()
+    x_scale = np.ones((sum(SPLITS["fprop"]), 1), np.float32)
+    x_scale[310] = np.nan
+    (a, b), _ = _operands("fprop", "mxfp8-e4m3", 34, x_scale=x_scale)
+    auto, bf = _both("fprop", a, b, monkeypatch)
+    assert np.isnan(auto[310]).all() and np.isnan(bf[310]).all()
+    keep = np.ones(auto.shape[0], bool)
+    keep[310] = False
+    assert_bytes_equal(auto[keep], bf[keep], "NaN scale: other rows")
+
+
+@pytest.mark.parametrize("mode", ["fprop", "wgrad"])
+def test_gpu_fp16_window_grouped_equals_per_expert(mode, monkeypatch):
+    """Experts 1 and 3 tiny-scaled (in the window), expert 5 wide (out of it): one grouped call
+    == one call per expert, bitwise."""
+    _require_wgmma()
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.delenv(C.MXFP8_MMA_ENV, raising=False)
+    n, k = SHAPES[mode]
+    splits = SPLITS[mode]
+    offs = np.concatenate([[0], np.cumsum(splits)])
+    rs = np.ones((sum(splits), 1), np.float32)
+    rs[offs[1]:offs[2]] = np.float32(2.0 ** -100)
+    rs[offs[3]:offs[4]] = np.float32(2.0 ** -90)
+    (a, b), (x, w, dy) = _operands(mode, "mxfp8-e4m3", 35, x_scale=rs)
+    if mode == "fprop":
+        cw = np.ones(k, np.float32)
+        cw[::5 * 32] = np.float32(2.0 ** 30)
+        x[offs[5]:offs[6]] *= cw
+    else:
+        x[offs[5]:offs[6]:40] *= np.float32(2.0 ** 30)
+    xq, wq, dq = _quantize("mxfp8-e4m3", x, w, dy, splits)
+    a, b = {"fprop": (xq, wq), "wgrad": (dq, xq)}[mode]
+    full = to_host(grouped_gemm(gpu(a), gpu(b), splits, mode=mode, out_dtype="float32"))
+    exp, mag = _expected(mode, a, b, SPLITS[mode])
+    assert_gemm_close(full, exp, mag, f"mixed experts {mode}")
+    for g in range(len(splits)):
+        lo, hi = int(offs[g]), int(offs[g + 1])
+        ag, bg = _member_operands(mode, "mxfp8-e4m3", x, w, dy, g, lo, hi)
+        one = to_host(grouped_gemm(gpu(ag), gpu(bg), [hi - lo], mode=mode, out_dtype="float32"))
+        ref = full[g:g + 1] if mode == "wgrad" else full[lo:hi]
+        assert_bytes_equal(one, ref, f"mixed experts {mode} expert {g}")
