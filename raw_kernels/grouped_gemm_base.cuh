@@ -167,22 +167,15 @@ __host__ __device__ constexpr int swap_smem_bytes(int xkind, int wkind) {
 
 // The warp-specialised NVFP4 kernel (grouped_gemm_ws.cuh), 128 x 256 tile: the consumers decode
 // A from the raw stage straight into wgmma registers, so only B has canonical buffers
-// (ws_canon_buffers); the producers request raw tiles kWsAhead ahead of the one they expand, and
-// a raw stage is refilled only once the consumers retired its tile: kWsAhead + ws_canon_buffers
-// raw stages (ws_stages). NVFP4: 81 KiB of raw ring + 96 KiB of canonical B + alignment.
-// MXFP8 (raw stages twice as large; K-major A): 135 KiB of raw ring (5 stages) + 2 canonical
-// B buffers + the fp16 window's exponent bytes (mx_exp_bytes).
+// (kWsCanonBuffers); the producers request raw tiles kWsAhead ahead of the one they expand, and
+// a raw stage is refilled only once the consumers retired its tile: kWsAhead + kWsCanonBuffers
+// raw stages. NVFP4: 81 KiB of raw ring + 96 KiB of canonical B + alignment.
 constexpr int kWsAhead = 3;
-constexpr int kWsCanonBuffers = 3;     // NVFP4
-constexpr int kWsCanonBuffersFp8 = 2;  // MXFP8
-__host__ __device__ constexpr int ws_canon_buffers(int akind) {
-    return akind == KIND_FP4_K ? kWsCanonBuffers : kWsCanonBuffersFp8;
-}
-__host__ __device__ constexpr int ws_stages(int akind) { return kWsAhead + ws_canon_buffers(akind); }
+constexpr int kWsCanonBuffers = 3;
+constexpr int kWsStages = kWsAhead + kWsCanonBuffers;
 __host__ __device__ constexpr int ws_smem_bytes(int akind, int bkind) {
-    const int main = raw_ring_bytes(akind, bkind, 128, 256, ws_stages(akind)) +
-                     ws_canon_buffers(akind) * canon_bytes(256) +
-                     mx_exp_bytes(akind, bkind, 128, 256, true);
+    const int main =
+        raw_ring_bytes(akind, bkind, 128, 256, kWsStages) + kWsCanonBuffers * canon_bytes(256);
     const int epi = epi_bytes(128, 256);
     return (main > epi ? main : epi) + 1024;
 }

@@ -114,38 +114,6 @@ __device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsi
     }
 }
 
-// wgmma A fragments (m64k16) of MXFP8 rows r and r + 8 for 16-deep step S of a k-tile, decoded
-// straight from a raw stage (rows of 64 bytes in 16-byte chunks, chunk c of row r at
-// swz<2>(r, 16c); row r's two staged scale words at rsc + 8r): step S is chunk S of each row,
-// of which a thread needs bytes 2q, 2q+1 (w0) and 2q+8, 2q+9 (w1) of rows r and r + 8 (which
-// share the chunk swizzle) and the scale word of block S / 2. The values are those convert_unit
-// writes to the canonical tile (same decoder, same factor): H = false, bf16 (fp32 factors);
-// H = true, fp16 in the fp16 window (f16x2 factor words, store_f16). 4-byte loads and a byte
-// permute: halfword shared loads make ptxas serialize every wgmma of the kernel (C7515).
-template <int S, bool E5M2, bool H>
-__device__ __forceinline__ void fp8_a_frags(const unsigned char* raw, const unsigned char* rsc,
-                                            int r, int q, unsigned (&af)[4]) {
-    static_assert(S >= 0 && S < kBK / 16, "16-deep step of a k-tile");
-    const unsigned char* pa = raw + r * kBK + swz<2>(r, S * 16) + 4 * (q >> 1);
-    const unsigned char* pb = pa + 8 * kBK;
-    const unsigned sel = (q & 1) ? 0x7632u : 0x5410u;
-    const unsigned w0 = __byte_perm(*reinterpret_cast<const unsigned*>(pa),
-                                    *reinterpret_cast<const unsigned*>(pb), sel);
-    const unsigned w1 = __byte_perm(*reinterpret_cast<const unsigned*>(pa + 8),
-                                    *reinterpret_cast<const unsigned*>(pb + 8), sel);
-    if constexpr (H) {
-        const unsigned ma = reinterpret_cast<const unsigned*>(rsc)[2 * r + S / 2];
-        const unsigned mb = reinterpret_cast<const unsigned*>(rsc)[2 * (r + 8) + S / 2];
-        fp8_decode4_f16<E5M2>(w0, ma, mb, af[0], af[1]);
-        fp8_decode4_f16<E5M2>(w1, ma, mb, af[2], af[3]);
-    } else {
-        const float fa = reinterpret_cast<const float*>(rsc)[2 * r + S / 2];
-        const float fb = reinterpret_cast<const float*>(rsc)[2 * (r + 8) + S / 2];
-        fp8_decode4<E5M2>(w0, fa, fa, fb, fb, af[0], af[1]);
-        fp8_decode4<E5M2>(w1, fa, fa, fb, fb, af[2], af[3]);
-    }
-}
-
 // Expand 8-element word v of a K-major NVFP4 raw tile (row v / 8, contraction 8(v%8)..+7: one
 // 16-byte chunk of the canonical row) into the canonical tile: the values and places
 // unit_store gives them, at an eighth of a unit's work per thread (the swapped-operand kernel's

@@ -1,12 +1,10 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
 // warp-specialised wgmma kernel body gemm_ws for quantized operands and its entry-point macro
-// LPM_GG_DEFINE_WS. Instantiated for NVFP4 (both operands K-major; fp16 MMA) and MXFP8 with a
-// K-major A (fprop: B K-major, dgrad: B MN-major; fp16 MMA for tiles in the fp16 window of
-// grouped_gemm_mxf16.cuh, checked by all 512 threads first, else bf16), 128 x 256 output tile,
+// LPM_GG_DEFINE_WS. Instantiated for NVFP4 (both operands K-major), 128 x 256 output tile,
 // 512 threads:
 //   * warpgroups 0-1 (threads 0-255, "consumers"): warpgroup w owns rows 64w..64w+63. Each
 //     16-deep step it decodes its A fragments straight from the raw stage into registers
-//     (fp4_a_frags / fp8_a_frags: the same values the canonical tile would hold) and issues two
+//     (fp4_a_frags: the same values the canonical tile would hold) and issues two
 //     m64n128k16 with A from registers and B from a canonical buffer; then the epilogue;
 //   * warpgroups 2-3 (threads 256-511, "producers"): the cp.async copies of both raw tiles,
 //     the block scales, and the expansion of the B tile into a canonical buffer.
@@ -21,8 +19,8 @@
 // wgmma of the tile in buffer b retired; the producers wait before expanding into b again and
 // before refilling that tile's raw stage, whose A half the consumers read until then), a
 // barrier for the producers' own cp.async copies and one for the consumers' epilogue. Raw
-// tiles are requested kWsAhead tiles ahead of the one being expanded (ws_stages raw stages and
-// ws_canon_buffers canonical buffers: 6 and 3 for NVFP4, 5 and 2 for MXFP8; ws_smem_bytes). Every output element gets the same products in the same 16-deep steps and
+// tiles are requested kWsAhead tiles ahead of the one being expanded (kWsStages raw stages,
+// ws_smem_bytes). Every output element gets the same products in the same 16-deep steps and
 // order as in gemm_mma, so the results are bitwise those of the other wgmma kernels (and
 // grouped == per-expert holds across the family).
 
@@ -32,7 +30,6 @@
 #include "grouped_gemm_dequant.cuh"
 #include "grouped_gemm_mma.cuh"
 #include "grouped_gemm_epilogue.cuh"
-#include "grouped_gemm_mxf16.cuh"
 
 namespace lpm_gg {
 
@@ -79,30 +76,21 @@ __device__ __forceinline__ void regs_claim() {
 template <int AKIND, int BKIND, bool F16, int CH>
 __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
     constexpr int BM = 128, BN = 256;
-    constexpr bool FP4 = AKIND == KIND_FP4_K;
-    static_assert(FP4 ? BKIND == KIND_FP4_K && F16
-                      : AKIND == KIND_FP8_K && kind_is_fp8(BKIND) && !F16,
-                  "NVFP4 operands, or MXFP8 with a K-major A");
-    constexpr bool BMN = kind_is_mn(BKIND);
-    using GB = TileGeo<BKIND, BN>;
+    static_assert(AKIND == KIND_FP4_K && BKIND == KIND_FP4_K && F16, "NVFP4 operands only");
     constexpr int CANON_B = canon_bytes(BN);
-    constexpr int NST = ws_stages(AKIND), NCB = ws_canon_buffers(AKIND), AHEAD = kWsAhead;
+    constexpr int NST = kWsStages, NCB = kWsCanonBuffers, AHEAD = kWsAhead;
     constexpr int RAW_A = raw_bytes(AKIND, BM), RAW_B = raw_bytes(BKIND, BN);
     constexpr int STAGE = RAW_A + RAW_B;
     constexpr int A_SC = round16(raw_data_bytes(AKIND, BM));          // in a stage
     constexpr int B_SC = RAW_A + round16(raw_data_bytes(BKIND, BN));  // in a stage
     constexpr int CANON_OFF = raw_ring_bytes(AKIND, BKIND, BM, BN, NST);
-    constexpr int EXPS_OFF = CANON_OFF + NCB * CANON_B;  // MXFP8: the fp16 window's e_max bytes
     constexpr int EPI_LD = BN + 8;
     constexpr int SMEM = ws_smem_bytes(AKIND, BKIND);
     static_assert(CANON_OFF % 1024 == 0 && CANON_B % 1024 == 0, "128-byte swizzle atoms");
-    static_assert(EXPS_OFF + mx_exp_bytes(AKIND, BKIND, BM, BN, true) + 1024 <= SMEM,
-                  "shared memory");
+    static_assert(CANON_OFF + NCB * CANON_B + 1024 <= SMEM, "shared memory");
     static_assert(BM * EPI_LD * 4 + 1024 <= SMEM, "epilogue staging");
     static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && kBK == 64, "pipeline depth");
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
-    // B descriptor strides and 16-deep step (see wg_ktile)
-    constexpr unsigned B_LBO = BMN ? kBK * 128 : 16, B_STEP = BMN ? 16 * 128 : 32;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned s0;
@@ -110,39 +98,23 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
 
     LPM_GG_TILE_SETUP(BM, BN, rows_valid, cols_valid, kWsThreads)
     const int KT = static_cast<int>((len + kBK - 1) / kBK);
-    const long long a_sld = d[D_A_SLD], b_sld = d[D_B_SLD];
-    const unsigned char* a_sbase = a_scale + d[D_A_SOFF] + r0 * a_sld;
-    const unsigned char* b_sbase = b_scale + d[D_B_SOFF] + (BMN ? c0 : c0 * b_sld);
-    unsigned char* const exps_a = smem + EXPS_OFF;  // MXFP8 only
-    unsigned char* const exps_b = exps_a + BM;
-    const bool ea5 = !FP4 && a_e5m2 != 0, eb5 = !FP4 && b_e5m2 != 0;
-    // MXFP8: the fp16 window check of the tile, by all 512 threads (grouped_gemm_mxf16.cuh; its
-    // scratch is canonical buffer 0, untouched until the first expansion).
-    bool f16m = false;
-    if constexpr (!FP4) {
-        f16m = mx_window_check<AKIND, BKIND, BM, BN, kWsThreads>(
-            a_sbase, a_sld, rows_valid, b_sbase, b_sld, cols_valid, len, ea5, eb5,
-            mx_bf16 == 0 && KT >= kMxMinKTiles, reinterpret_cast<unsigned*>(smem + CANON_OFF),
-            exps_a, exps_b, threadIdx.x);
-    }
 
-    // ---------------- producer warpgroups ----------------
-    // h: MXFP8 staged in the fp16 window (scales as f16x2 factors, B expanded to fp16).
-    auto producer = [&](auto h) {
-        constexpr bool H = decltype(h)::value;
+    if (threadIdx.x >= kWsConsumers) {
+        // ---------------- producer warpgroups ----------------
+        regs_release<kWsProducerRegs>();
         const unsigned t = threadIdx.x - kWsConsumers;
         const long long a_ld = d[D_A_LD], b_ld = d[D_B_LD];
         const unsigned char* a_base = a_data + d[D_A_OFF] + r0 * a_ld;
-        const unsigned char* b_base =
-            b_data + d[D_B_OFF] + (BMN ? c0 * GB::ES_NUM / GB::ES_DEN : c0 * b_ld);
+        const unsigned char* b_base = b_data + d[D_B_OFF] + c0 * b_ld;
+        const long long a_sld = d[D_A_SLD], b_sld = d[D_B_SLD];
+        const unsigned char* a_sbase = a_scale + d[D_A_SOFF] + r0 * a_sld;
+        const unsigned char* b_sbase = b_scale + d[D_B_SOFF] + c0 * b_sld;
         const OperandCopy<AKIND, BM, CH, kWsProducers> copy_a(a_base, a_ld, t);
         const OperandCopy<BKIND, BN, CH, kWsProducers> copy_b(b_base, b_ld, t);
         const ScaleCopy<AKIND, BM, kWsProducers> scopy_a(a_sbase, a_sld, t);
         const ScaleCopy<BKIND, BN, kWsProducers> scopy_b(b_sbase, b_sld, t);
         ScaleRegs<AKIND, BM, kWsProducers> sra;
         ScaleRegs<BKIND, BN, kWsProducers> srb;
-        const int bias_a = mx_s_max(ea5) + LPM_FP16_EXP_BIAS;
-        const int bias_b = mx_s_max(eb5) + LPM_FP16_EXP_BIAS;
         auto issue = [&](int stage, int kt) {
             const long long k0 = static_cast<long long>(kt) * kBK;
             const unsigned sb = s0 + stage * STAGE;
@@ -156,13 +128,8 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
         };
         auto store_scales = [&](int stage) {
             unsigned char* sb = smem + stage * STAGE;
-            if constexpr (H) {
-                sra.store_f16(sb + A_SC, t, exps_a, bias_a);
-                srb.store_f16(sb + B_SC, t, exps_b, bias_b);
-            } else {
-                sra.store(sb + A_SC, t);
-                srb.store(sb + B_SC, t);
-            }
+            sra.store(sb + A_SC, t);
+            srb.store(sb + B_SC, t);
         };
         // Prologue: tiles 0..AHEAD-1 requested, their scales stored; scales of AHEAD in registers.
 #pragma unroll
@@ -170,28 +137,8 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
             if (s < KT) issue(s, s);
             cp_async_commit();
         }
-        if constexpr (H) {  // prologue_scales with store_f16
-            ScaleRegs<AKIND, BM, kWsProducers> pra[AHEAD];
-            ScaleRegs<BKIND, BN, kWsProducers> prb[AHEAD];
-#pragma unroll
-            for (int s = 0; s < AHEAD; ++s) {
-                if (s < KT) {
-                    const long long k0 = static_cast<long long>(s) * kBK;
-                    pra[s].load(scopy_a, k0, rows_valid, len, t);
-                    prb[s].load(scopy_b, k0, cols_valid, len, t);
-                }
-            }
-#pragma unroll
-            for (int s = 0; s < AHEAD; ++s) {
-                if (s < KT) {
-                    pra[s].store_f16(smem + s * STAGE + A_SC, t, exps_a, bias_a);
-                    prb[s].store_f16(smem + s * STAGE + B_SC, t, exps_b, bias_b);
-                }
-            }
-        } else {
-            prologue_scales<AHEAD>(scopy_a, rows_valid, scopy_b, cols_valid, len, KT, smem,
-                                   STAGE, A_SC, B_SC, t);
-        }
+        prologue_scales<AHEAD>(scopy_a, rows_valid, scopy_b, cols_valid, len, KT, smem, STAGE,
+                               A_SC, B_SC, t);
         if (AHEAD < KT) load_scales(AHEAD);
         for (int kt = 0; kt < KT; ++kt) {
             // Invariants: raw tiles kt..kt+AHEAD-1 requested (one commit group each), their
@@ -210,121 +157,76 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
             cp_async_commit();
             if (nt + 1 < KT) load_scales(nt + 1);
             // Expand tile kt's B half into canonical buffer cb.
-            const unsigned char* const rs = smem + (kt % NST) * STAGE;
-            unsigned char* const cs = smem + CANON_OFF + cb * CANON_B;
-            if (eb5) {
-                convert_stage<AKIND, BKIND, BM, BN, kWsProducers, false, true, false, H>(
-                    rs, cs, t, rows_valid, cols_valid);
-            } else {
-                convert_stage<AKIND, BKIND, BM, BN, kWsProducers, false, false, false, H>(
-                    rs, cs, t, rows_valid, cols_valid);
-            }
+            convert_stage<AKIND, BKIND, BM, BN, kWsProducers, false, false, false>(
+                smem + (kt % NST) * STAGE, smem + CANON_OFF + cb * CANON_B, t, rows_valid,
+                cols_valid);
             fence_proxy_async();
             named_arrive(WS_BAR_FULL + cb, kWsThreads);
         }
         cp_async_wait<0>();
-    };
+        return;
+    }
 
     // ---------------- consumer warpgroups ----------------
     // Warpgroup w owns rows 64w..64w+63 x all 256 columns: per 16-deep step two
     // m64n128k16 with A from registers (this thread's fragment rows ar, ar + 8, decoded from the
     // raw stage) and B from the canonical buffer. Each step is one commit group, so a step's
-    // fragments are decoded while the previous step's wgmma run. h: as for the producers; e:
-    // E5M2 A data.
-    auto consumer = [&](auto h, auto e) {
-        constexpr bool H = decltype(h)::value, EA = decltype(e)::value;
-        (void)EA;  // MXFP8 only
-        const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-        const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
-        const int ar = wm0 + (lane >> 2), aq = lane & 3;
-        float acc[1][NI][4];
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni)
-#pragma unroll
-            for (int j = 0; j < 4; ++j) acc[0][ni][j] = 0.0f;
-        float* const accf = &acc[0][0][0];
-        for (int kt = 0; kt < KT; ++kt) {
-            const int cb = kt % NCB;
-            named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt expanded into buffer cb
-            const unsigned char* const rs = smem + (kt % NST) * STAGE;
-            const unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, B_LBO, 1024);
-            unsigned af[2][1][4];  // fragments of the step in flight and of the next one
-#pragma unroll
-            for (int s = 0; s < kBK / 16; ++s) {
-                // At most one group (step) pending: step s-2's fragments are free, and at s = 1
-                // the whole of tile kt-1 retired.
-                wg_wait<1>();
-                wg_fence_acc<NI * 4>(accf);
-                if (s == 1 && kt >= 1 && kt - 1 + NCB < KT)
-                    named_arrive(WS_BAR_EMPTY + (kt - 1) % NCB, kWsThreads);
-                if constexpr (FP4) {
-                    if (s == 0) fp4_a_frags<0, 1>(rs, rs + A_SC, ar, aq, af[0]);
-                    if (s == 1) fp4_a_frags<1, 1>(rs, rs + A_SC, ar, aq, af[1]);
-                    if (s == 2) fp4_a_frags<2, 1>(rs, rs + A_SC, ar, aq, af[0]);
-                    if (s == 3) fp4_a_frags<3, 1>(rs, rs + A_SC, ar, aq, af[1]);
-                } else {
-                    if (s == 0) fp8_a_frags<0, EA, H>(rs, rs + A_SC, ar, aq, af[0][0]);
-                    if (s == 1) fp8_a_frags<1, EA, H>(rs, rs + A_SC, ar, aq, af[1][0]);
-                    if (s == 2) fp8_a_frags<2, EA, H>(rs, rs + A_SC, ar, aq, af[0][0]);
-                    if (s == 3) fp8_a_frags<3, EA, H>(rs, rs + A_SC, ar, aq, af[1][0]);
-                }
-                wg_fence();
-#pragma unroll
-                for (int n = 0; n < 2; ++n)
-                    wgmma_m64n128k16_rs<F16 || H, BMN ? 1 : 0>(
-                        accf + 64 * n, af[s & 1][0],
-                        db + ((n * (128 * 128) + s * B_STEP) >> 4));
-                wg_commit();
-                wg_fence_acc<NI * 4>(accf);
-            }
-        }
-        wg_wait0();
-        wg_fence_acc<NI * 4>(accf);
-        if constexpr (H) {
-            mx_rescale<1, NI>(accf, exps_a, exps_b,
-                              2 * LPM_E8M0_BIAS + mx_s_max(ea5) + mx_s_max(eb5), wm0, 0, lane);
-        }
-        // Every consumer retired its MMAs, and the producers finished their last expansion
-        // before the last FULL (and have no copy in flight): the whole shared memory is free for
-        // the staged accumulators.
-        named_sync(WS_BAR_EPI, kWsConsumers);
-        float* cs = reinterpret_cast<float*>(smem);
-        stage_acc<1, NI, EPI_LD>(cs, accf, wm0, 0, lane);
-        named_sync(WS_BAR_EPI, kWsConsumers);
-        ep.tile<BN, EPI_LD, kWsConsumers>(cs, r0, c0, rows_valid, cols_valid);
-    };
-
-    if (threadIdx.x >= kWsConsumers) {
-        regs_release<kWsProducerRegs>();
-        if (f16m) {
-            if constexpr (!FP4) producer(BoolC<true>{});
-        } else {
-            producer(BoolC<false>{});
-        }
-        return;
-    }
+    // fragments are decoded while the previous step's wgmma run.
     regs_claim<kWsConsumerRegs>();
     ep.init_alpha();
-    if constexpr (FP4) {
-        consumer(BoolC<false>{}, BoolC<false>{});
-    } else if (f16m) {
-        if (ea5) {
-            consumer(BoolC<true>{}, BoolC<true>{});
-        } else {
-            consumer(BoolC<true>{}, BoolC<false>{});
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
+    const int ar = wm0 + (lane >> 2), aq = lane & 3;
+    float acc[1][NI][4];
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
+    float* const accf = &acc[0][0][0];
+    for (int kt = 0; kt < KT; ++kt) {
+        const int cb = kt % NCB;
+        named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt expanded into buffer cb
+        const unsigned char* const rs = smem + (kt % NST) * STAGE;
+        const unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, 16, 1024);
+        unsigned af[2][1][4];  // fragments of the step in flight and of the next one
+#pragma unroll
+        for (int s = 0; s < kBK / 16; ++s) {
+            // At most one group (step) pending: step s-2's fragments are free, and at s = 1
+            // the whole of tile kt-1 retired.
+            wg_wait<1>();
+            wg_fence_acc<NI * 4>(accf);
+            if (s == 1 && kt >= 1 && kt - 1 + NCB < KT)
+                named_arrive(WS_BAR_EMPTY + (kt - 1) % NCB, kWsThreads);
+            if (s == 0) fp4_a_frags<0, 1>(rs, rs + A_SC, ar, aq, af[0]);
+            if (s == 1) fp4_a_frags<1, 1>(rs, rs + A_SC, ar, aq, af[1]);
+            if (s == 2) fp4_a_frags<2, 1>(rs, rs + A_SC, ar, aq, af[0]);
+            if (s == 3) fp4_a_frags<3, 1>(rs, rs + A_SC, ar, aq, af[1]);
+            wg_fence();
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+                wgmma_m64n128k16_rs(accf + 64 * n, af[s & 1][0],
+                                    db + ((n * (128 * 128) + s * 32) >> 4));
+            wg_commit();
+            wg_fence_acc<NI * 4>(accf);
         }
-    } else if (ea5) {
-        consumer(BoolC<false>{}, BoolC<true>{});
-    } else {
-        consumer(BoolC<false>{}, BoolC<false>{});
     }
+    wg_wait0();
+    wg_fence_acc<NI * 4>(accf);
+    // Every consumer retired its MMAs, and the producers finished their last expansion before
+    // the last FULL (and have no copy in flight): the whole shared memory is free for the
+    // staged accumulators.
+    named_sync(WS_BAR_EPI, kWsConsumers);
+    float* cs = reinterpret_cast<float*>(smem);
+    stage_acc<1, NI, EPI_LD>(cs, accf, wm0, 0, lane);
+    named_sync(WS_BAR_EPI, kWsConsumers);
+    ep.tile<BN, EPI_LD, kWsConsumers>(cs, r0, c0, rows_valid, cols_valid);
 }
 
 }  // namespace lpm_gg
 
 // extern "C" entry point NAME of a warp-specialised wgmma (sm_90a) configuration: 128 x 256
-// tile, 512 threads (see gemm_ws; F16: NVFP4's fp16 MMA; MXFP8 passes false). On other
-// architectures it compiles to a trap; the launcher never selects it there.
+// tile, 512 threads (see gemm_ws). On other architectures it compiles to a trap; the launcher
+// never selects it there.
 #define LPM_GG_DEFINE_WS(NAME, AKIND, BKIND, F16, CH)                                          \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1) NAME(LPM_GG_PARAMS) {  \
         lpm_gg::gemm_ws<AKIND, BKIND, F16, CH>(LPM_GG_ARGS);                                   \

@@ -233,10 +233,9 @@ def _policy_problem(mode, fmt, splits, n=128, k=256):
 @pytest.mark.parametrize("fmt", ["bf16", "mxfp8-hybrid", "nvfp4", "nvfp4-row-scaled"])
 @pytest.mark.parametrize("mode", MODES)
 def test_choose_kernel_policy(mode, fmt, family, monkeypatch):
-    """sm_90: NVFP4 with the 128-row tile, and MXFP8 fprop / dgrad (K-major A), take the
-    warp-specialised kernel (512 threads) by default; MXFP8 wgrad and bf16 take the plain wgmma
-    kernel; forcing ``wgmma`` / ``mma`` selects those families. The shared memory equals the
-    kernel's formula for the tile."""
+    """sm_90: NVFP4 with the 128-row tile takes the warp-specialised kernel (512 threads) by
+    default; MXFP8 and bf16 take the plain wgmma kernel; forcing ``wgmma`` / ``mma`` selects
+    those families. The shared memory equals the kernel's formula for the tile."""
     from lowprec_moe.cuda import gemm as C
 
     monkeypatch.setenv(C.KERNEL_ENV, family)
@@ -246,8 +245,7 @@ def test_choose_kernel_policy(mode, fmt, family, monkeypatch):
     pl = C.plan(p)
     ln = C.choose_kernel(p, pl, caps=H200_CAPS)
     assert not ln.simt and (ln.bm, ln.bn) == (128, 256), ln
-    ws = family == "auto" and (fmt.startswith("nvfp4") or (fmt.startswith("mxfp8")
-                                                          and mode != "wgrad"))
+    ws = family == "auto" and fmt.startswith("nvfp4")
     cfg = "x" if ws else "w" if family in ("auto", "wgmma") else "l"
     assert ln.kernel.endswith(f"_{cfg}"), ln
     assert ln.wgmma == (family != "mma"), ln

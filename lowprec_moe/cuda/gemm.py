@@ -88,7 +88,7 @@ from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     D_B_SOFF, D_B_SLD, D_ROWS, D_LEN, D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS, EK_F32,
     EK_BF16, EK_F16, EK_FP4, EK_E4M3, EK_E5M2, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K,
     KIND_HP_MN, MMA_PARAMS, OUT_TYPES, Operand, Plan, SIMT_PARAMS, SIMT_TILE, THREADS,
-    WS_AHEAD, WS_CANON_BUFFERS, WS_CANON_BUFFERS_FP8, WS_THREADS, _cdiv,
+    WS_AHEAD, WS_CANON_BUFFERS, WS_THREADS, _cdiv,
     _flat_amax, descriptors, plan, tile_table)
 
 __all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV"]
@@ -215,10 +215,8 @@ def _ws_smem_bytes(a_kind: int, b_kind: int) -> int:
     buffers of the B tile only (A goes from the raw stage to wgmma registers), alignment; the
     fp32 epilogue tile reuses it."""
     bm, bn = CONFIGS["x"]
-    ncb = WS_CANON_BUFFERS if a_kind == KIND_FP4_K else WS_CANON_BUFFERS_FP8
-    ring = _raw_ring_bytes(a_kind, b_kind, bm, bn, WS_AHEAD + ncb)
-    exps = bm + bn if a_kind == KIND_FP8_K else 0  # MXFP8: the fp16 window's e_max bytes
-    return max(ring + ncb * _canon(bn) + exps, _epi_bytes(bm, bn)) + 1024
+    ring = _raw_ring_bytes(a_kind, b_kind, bm, bn, WS_AHEAD + WS_CANON_BUFFERS)
+    return max(ring + WS_CANON_BUFFERS * _canon(bn), _epi_bytes(bm, bn)) + 1024
 
 
 def _swap_smem_bytes(x_kind: int, w_kind: int) -> int:
@@ -313,10 +311,9 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
         cfg = "t"  # few tokens per expert: weights on the wgmma M side
     else:
         cfg = small if _pick_bm(pl.rows, CONFIGS[small][0]) != 128 else big
-    # warp-specialised wgmma kernel: NVFP4, and MXFP8 with a K-major A (its consumers decode A
-    # fragments straight into registers), 128-row tile, the default family
-    ws = cfg == "w" and family == "auto" and (
-        p.fmt == "nvfp4" or (p.fmt == "mxfp8" and pl.a.kind == KIND_FP8_K))
+    # warp-specialised wgmma kernel: NVFP4 (its consumers decode NVFP4 A fragments straight into
+    # registers; there is no MXFP8 build), 128-row tile, the default family
+    ws = cfg == "w" and p.fmt == "nvfp4" and family == "auto"
     if ws:
         cfg = "x"
     bm, bn = CONFIGS[cfg]

@@ -35,8 +35,7 @@ WS_THREADS = 512
 #: raw tiles requested ahead of the one being expanded, and canonical B buffers, of the
 #: warp-specialised kernel (kWsAhead / kWsCanonBuffers in grouped_gemm_base.cuh)
 WS_AHEAD = 3
-WS_CANON_BUFFERS = 3  # NVFP4; MXFP8 (twice the raw bytes): WS_CANON_BUFFERS_FP8
-WS_CANON_BUFFERS_FP8 = 2
+WS_CANON_BUFFERS = 3
 #: CTA tiles of the tensor-core kernels: name suffix -> (BM, BN). mma.sync: l, s; wgmma (sm_90):
 #: w, v, x (the warp-specialised NVFP4 kernel, the tile of w) and t (the
 #: swapped-operand kernel for few tokens per expert: 32 token rows x 128 output columns;
