@@ -88,7 +88,8 @@ __host__ __device__ constexpr int raw_data_bytes(int kind, int rows) {
                                                        : canon_bytes(rows);
 }
 // Block scales per tile (entries); NVFP4 keeps the E4M3 bytes, MXFP8 stores each E8M0 scale
-// expanded to its fp32 factor 2^(e-127) (4 bytes).
+// expanded to its fp32 factor 2^(e-127) (4 bytes) -- or, for a tile in the fp16 window, to its
+// f16x2 factor word (K-major) / fp16 factor (MN-major, 2 of the 4 bytes; ScaleRegs::store_f16).
 __host__ __device__ constexpr int raw_scale_count(int kind, int rows) {
     return kind == KIND_FP4_K ? rows * (kBK / LPM_NVFP4_BLOCK)
            : kind == KIND_FP8_K || kind == KIND_FP8_MN ? rows * (kBK / LPM_MXFP8_BLOCK)

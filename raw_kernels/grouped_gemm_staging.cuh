@@ -183,8 +183,8 @@ struct OperandCopy {
 
 // Block scales of one k-tile, loaded into registers (one tile ahead) and stored to shared memory.
 //   FP4_K : [R][4] bytes   scale (r, b) at sbase + r*sld + k0/16 + b
-//   FP8_K : [R][2] floats  scale (r, b) at sbase + r*sld + k0/32 + b
-//   FP8_MN: [2][R] floats  scale (b, r) at sbase + (k0/32 + b)*sld + r
+//   FP8_K : [R][2] floats  scale (r, b) at sbase + r*sld + k0/32 + b   (fp16 window: f16x2 words)
+//   FP8_MN: [2][R] floats  scale (b, r) at sbase + (k0/32 + b)*sld + r (fp16 window: [2][R] fp16)
 // Entry i of a tile (shared-memory index i) is loaded by thread i % NT of the NT copying
 // threads; the row and block of its j-th entry are (r0 + R_OF(j), b0 + B_OF(j)), compile-time
 // offsets from the thread's first entry, whose address is set up once per CTA (ScaleCopy).
@@ -247,7 +247,8 @@ __host__ __device__ constexpr int mx_s_min(bool e5m2) {
 __host__ __device__ constexpr int mx_window(bool e5m2) { return mx_s_max(e5m2) - mx_s_min(e5m2); }
 static_assert(mx_window(false) == 21 && mx_window(true) == 8, "MXFP8 fp16 windows");
 // fp16 bits of the factor 2^(e - e_max + S_MAX); code_bias = S_MAX + fp16 exponent bias. Codes
-// outside the window (only rows / k-tiles whose data are zero-filled) clamp to a finite factor.
+// outside the window (only rows / k-tiles whose data are zero-filled) clamp to a finite factor
+// (+0 below, 2^15 above).
 __device__ __forceinline__ unsigned mx_factor_bits(unsigned e, unsigned e_max, int code_bias) {
     int f = static_cast<int>(e) - static_cast<int>(e_max) + code_bias;
     f = f < 0 ? 0 : (f > 2 * LPM_FP16_EXP_BIAS ? 2 * LPM_FP16_EXP_BIAS : f);

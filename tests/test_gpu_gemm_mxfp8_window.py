@@ -9,7 +9,8 @@ the tile takes the bf16 path. The problems below mix both kinds of tile. Checks:
   every mode and fp8 mix, and both agree with the float64 product;
 * tiny blocks (codes near 0, which the bf16 path truncates onto bf16's subnormal grid): the fp16
   path is exact -- within the float64 tolerance where the bf16 path is not (so the fp16 path ran);
-* rows spanning more than the window, and NaN scales: the tile falls back to bf16, same bits;
+* rows spanning more than the window, and the NaN scale: the tile falls back to bf16, same
+  bits; NaN data propagates on both paths;
 * grouped == per-expert calls, bitwise, with in-window and out-of-window experts mixed.
 """
 
@@ -123,13 +124,26 @@ def test_gpu_wide_rows_fall_back_to_bf16(mode, monkeypatch):
     assert_bytes_equal(auto, bf, f"wide rows: fallback vs bf16 {mode}")
 
 
-def test_gpu_nan_scale_falls_back(monkeypatch):
-    """A NaN input gives its block the NaN scale: that row is NaN on both paths, the rest the
-    same bits."""
+def test_gpu_nan_data_propagates(monkeypatch):
+    """A NaN input (its block: scale code 0, NaN data codes; the tile spans ~120 codes and takes
+    the bf16 path) gives a NaN row on both paths, the other rows the same bits."""
     _require_wgmma()
     x_scale = np.ones((sum(SPLITS["fprop"]), 1), np.float32)
     x_scale[310] = np.nan
     (a, b), _ = _operands("fprop", "mxfp8-e4m3", 34, x_scale=x_scale)
+    auto, bf = _both("fprop", a, b, monkeypatch)
+    assert np.isnan(auto[310]).all() and np.isnan(bf[310]).all()
+    keep = np.ones(auto.shape[0], bool)
+    keep[310] = False
+    assert_bytes_equal(auto[keep], bf[keep], "NaN data: other rows")
+
+
+def test_gpu_nan_scale_falls_back(monkeypatch):
+    """The NaN scale code (255) on one block of row 310 keeps its tile off the fp16 window:
+    row 310 is NaN on both paths, every other row the same bits."""
+    _require_wgmma()
+    (a, b), _ = _operands("fprop", "mxfp8-e4m3", 37)
+    a.rowwise_scale[310, 3] = 255
     auto, bf = _both("fprop", a, b, monkeypatch)
     assert np.isnan(auto[310]).all() and np.isnan(bf[310]).all()
     keep = np.ones(auto.shape[0], bool)

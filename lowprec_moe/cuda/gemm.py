@@ -64,7 +64,10 @@ Kernel choice
   ``q * 2^(e - e_max(row) + S_MAX)`` (one conversion and one multiply per pair instead of three
   instructions per element) and the epilogue applies the rows' and columns' powers of two. The
   bits are the bf16 path's whenever that path's products are fp32 normals (GPU tests compare
-  them), and exact where the bf16 path truncates tiny blocks.
+  them), and exact where the bf16 path truncates tiny blocks. Consequence for blocks of
+  magnitude below ~1e-35 (E4M3 scale code < 3, E5M2 < 10), where the bf16 path is inexact: an
+  output's bits there depend on which path its tile took, i.e. on the other rows / columns of
+  the tile and the tile shape, so grouped == per-expert is only guaranteed above that range.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
   swapped-operand one for few tokens per expert), without the warp-specialised one.
@@ -168,7 +171,8 @@ def _canon(r: int) -> int:
 
 def _raw_bytes(kind: int, r: int) -> int:
     """Raw (quantized) tile of ``r`` rows: data, then block scales (NVFP4: E4M3 bytes; MXFP8:
-    fp32 factors), each rounded up to 16 bytes (raw_bytes in grouped_gemm_base.cuh)."""
+    fp32 factors, or fp16 ones in the fp16 window), each rounded up to 16 bytes (raw_bytes in
+    grouped_gemm_base.cuh)."""
     def r16(x):
         return (x + 15) // 16 * 16
 
