@@ -180,18 +180,21 @@ __device__ __forceinline__ void gemm_mma(LPM_GG_PARAMS) {
             sra.load(scopy_a, k0, rows_valid, len, threadIdx.x);
             srb.load(scopy_b, k0, cols_valid, len, threadIdx.x);
         };
-        auto store_scales = [&](int stage, auto h) {
+        // Scales ra / rb (one k-tile) into raw stage `stage`; h: the fp16 window's factors.
+        auto put_scales = [&](int stage, const ScaleRegs<AKIND, BM>& ra,
+                              const ScaleRegs<BKIND, BN>& rb, auto h) {
             unsigned char* sb = smem + stage * STAGE;
             unsigned char* sda = sb + round16(raw_data_bytes(AKIND, BM));
             unsigned char* sdb = sb + RAW_A + round16(raw_data_bytes(BKIND, BN));
             if constexpr (decltype(h)::value) {
-                sra.store_f16(sda, threadIdx.x, exps_a, bias_a);
-                srb.store_f16(sdb, threadIdx.x, exps_b, bias_b);
+                ra.store_f16(sda, threadIdx.x, exps_a, bias_a);
+                rb.store_f16(sdb, threadIdx.x, exps_b, bias_b);
             } else {
-                sra.store(sda, threadIdx.x);
-                srb.store(sdb, threadIdx.x);
+                ra.store(sda, threadIdx.x);
+                rb.store(sdb, threadIdx.x);
             }
         };
+        auto store_scales = [&](int stage, auto h) { put_scales(stage, sra, srb, h); };
         // Convert part p (of 4) of raw stage `stage` into canonical buffer `cb`.
         auto convert_part = [&](int p, int stage, int cb) {
             const unsigned char* rs = smem + stage * STAGE;
@@ -273,21 +276,9 @@ __device__ __forceinline__ void gemm_mma(LPM_GG_PARAMS) {
         // The rest of the k-loop, for one staging mode H (false: bf16 / NVFP4's fp16 as ever;
         // true: MXFP8 in the fp16 window, rescaled before the epilogue).
         auto body = [&](auto h) {
-            constexpr bool H = decltype(h)::value;
 #pragma unroll
             for (int s = 0; s < NST - 1; ++s) {
-                if (s < KT) {
-                    unsigned char* sb = smem + s * STAGE;
-                    unsigned char* sda = sb + round16(raw_data_bytes(AKIND, BM));
-                    unsigned char* sdb = sb + RAW_A + round16(raw_data_bytes(BKIND, BN));
-                    if constexpr (H) {
-                        pra[s].store_f16(sda, threadIdx.x, exps_a, bias_a);
-                        prb[s].store_f16(sdb, threadIdx.x, exps_b, bias_b);
-                    } else {
-                        pra[s].store(sda, threadIdx.x);
-                        prb[s].store(sdb, threadIdx.x);
-                    }
-                }
+                if (s < KT) put_scales(s, pra[s], prb[s], h);
             }
             if (NST - 1 < KT) load_scales(NST - 1);
             cp_async_wait<NST - 3>();  // tiles 0 and 1 landed (this thread's copies)
@@ -332,7 +323,7 @@ __device__ __forceinline__ void gemm_mma(LPM_GG_PARAMS) {
                 }
                 wg_wait0();
                 wg_fence_acc<MI * NI * 4>(accf);
-                if constexpr (H) {
+                if constexpr (decltype(h)::value) {
                     mx_rescale<MI, NI>(accf, exps_a, exps_b,
                                        2 * LPM_E8M0_BIAS + mx_s_max(ea5) + mx_s_max(eb5), wm0,
                                        wn0, lane);
