@@ -84,7 +84,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import formats as F
 from .. import kernels
 from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     BK, CONFIGS, DESC_WORDS, SWAP_STAGES, D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD,
@@ -93,6 +92,9 @@ from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     KIND_HP_MN, MMA_PARAMS, OUT_TYPES, Operand, Plan, SIMT_PARAMS, SIMT_TILE, THREADS,
     WS_AHEAD, WS_CANON_BUFFERS, WS_THREADS, _cdiv,
     _flat_amax, descriptors, plan, tile_table)
+from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
+    MAX_SMEM, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes, _smem_bytes, _swap_smem_bytes,
+    _ws_smem_bytes)
 
 __all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV"]
 
@@ -159,79 +161,6 @@ def _pick_bm(rows: np.ndarray, small: int) -> int:
     cost_l = float(np.sum(_cdiv(r, 128))) * (128 + 64)
     cost_s = float(np.sum(_cdiv(r, small))) * (small + 64)
     return small if cost_s < cost_l else 128
-
-
-# opt-in shared memory per block on sm_90 (kMaxSmem in raw_kernels/grouped_gemm_base.cuh)
-MAX_SMEM = 227 * 1024
-
-
-def _canon(r: int) -> int:
-    return r * BK * 2
-
-
-def _raw_bytes(kind: int, r: int) -> int:
-    """Raw (quantized) tile of ``r`` rows: data, then block scales (NVFP4: E4M3 bytes; MXFP8:
-    fp32 factors, or fp16 ones in the fp16 window), each rounded up to 16 bytes (raw_bytes in
-    grouped_gemm_base.cuh)."""
-    def r16(x):
-        return (x + 15) // 16 * 16
-
-    data = r * BK // 2 if kind == KIND_FP4_K else r * BK if kind in (
-        KIND_FP8_K, KIND_FP8_MN) else _canon(r)
-    scale = r * BK // F.NVFP4_BLOCK if kind == KIND_FP4_K else 4 * r * BK // F.MXFP8_BLOCK \
-        if kind in (KIND_FP8_K, KIND_FP8_MN) else 0
-    return r16(data) + r16(scale)
-
-
-def _raw_ring_bytes(a_kind: int, b_kind: int, bm: int, bn: int, nst: int = 4) -> int:
-    """``nst`` raw stages of an A and a B tile, rounded up to 1 KiB (raw_ring_bytes in
-    grouped_gemm_base.cuh)."""
-    return _cdiv(nst * (_raw_bytes(a_kind, bm) + _raw_bytes(b_kind, bn)), 1024) * 1024
-
-
-def _epi_bytes(bm: int, bn: int) -> int:
-    """fp32 accumulator staging tile of the epilogue, rows padded by 8 floats (epi_bytes in
-    grouped_gemm_base.cuh); it reuses the operand buffers."""
-    return bm * (bn + 8) * 4
-
-
-def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) -> int:
-    """Dynamic shared memory of a tensor-core kernel (mirrors gemm_smem_bytes in
-    raw_kernels/grouped_gemm_base.cuh)."""
-    direct = a_kind in (KIND_HP_K, KIND_HP_MN)
-    ca, cb = _canon(bm), _canon(bn)
-    if direct:
-        # wgmma keeps one k-tile in flight across the barrier: one stage more
-        nst = (4 if ca + cb <= 40 * 1024 else 3) + (1 if wg else 0)
-        main = nst * (ca + cb)
-    else:
-        ring = _raw_ring_bytes(a_kind, b_kind, bm, bn)
-        ncb = 3 if wg and ring + 3 * (ca + cb) + 1024 <= MAX_SMEM else 2
-        main = ring + ncb * (ca + cb)
-        if wg and a_kind in (KIND_FP8_K, KIND_FP8_MN) and b_kind in (KIND_FP8_K, KIND_FP8_MN):
-            main += bm + bn  # MXFP8: the rows' / columns' largest block codes (fp16 window)
-    return max(main, _epi_bytes(bm, bn)) + 1024  # + base alignment to 1024 bytes
-
-
-def _ws_smem_bytes(a_kind: int, b_kind: int) -> int:
-    """Dynamic shared memory of the warp-specialised NVFP4 kernel (ws_smem_bytes in
-    raw_kernels/grouped_gemm_base.cuh): WS_AHEAD + WS_CANON_BUFFERS raw stages, canonical
-    buffers of the B tile only (A goes from the raw stage to wgmma registers), alignment; the
-    fp32 epilogue tile reuses it."""
-    bm, bn = CONFIGS["x"]
-    ring = _raw_ring_bytes(a_kind, b_kind, bm, bn, WS_AHEAD + WS_CANON_BUFFERS)
-    return max(ring + WS_CANON_BUFFERS * _canon(bn), _epi_bytes(bm, bn)) + 1024
-
-
-def _swap_smem_bytes(x_kind: int, w_kind: int) -> int:
-    """Dynamic shared memory of the swapped-operand kernel (swap_smem_bytes in
-    raw_kernels/grouped_gemm_base.cuh): raw ring, two canonical buffers (NVFP4: the token tile
-    only), alignment."""
-    tokens, cols = CONFIGS["t"]
-    rs = x_kind == w_kind == KIND_FP4_K  # NVFP4: weights decoded into registers
-    nst = SWAP_STAGES["nvfp4" if rs else "mxfp8"]
-    ring = _raw_ring_bytes(w_kind, x_kind, cols, tokens, nst)
-    return ring + 2 * ((0 if rs else _canon(cols)) + _canon(tokens)) + 1024
 
 
 def _scales_word_aligned(op: Operand) -> bool:
