@@ -206,6 +206,16 @@ __device__ __forceinline__ void cp_async(unsigned dst, const void* src, int src_
                      "n"(CH), "r"(src_bytes));
     }
 }
+// The same, all CH bytes copied (no source-size operand).
+template <int CH>
+__device__ __forceinline__ void cp_async_full(unsigned dst, const void* src) {
+    if constexpr (CH == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+    } else {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(dst), "l"(src),
+                     "n"(CH));
+    }
+}
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

@@ -151,8 +151,24 @@ struct OperandCopy {
 
     // Issue k-tile k0 (first contraction index) into the tile at shared address sdst.
     //   rows_valid: valid rows of the tile; len_left: contraction elements left from k0.
+    // A whole k-tile (len_left >= kBK: every k-tile but the last of a ragged contraction)
+    // takes a branch without the contraction bounds arithmetic, and its chunks outside the
+    // valid rows are not copied at all: those shared-memory bytes only ever meet the
+    // accumulators of output rows / columns that are never stored (each wgmma / mma output
+    // element reads its own A row and B column only). The last, partial k-tile zero-fills
+    // every chunk it does not copy, so the contraction tail adds exact zeros.
     __device__ __forceinline__ void issue(unsigned sdst, long long k0, int rows_valid,
                                           long long len_left, const unsigned char* safe) const {
+        if (len_left >= kBK)
+            issue_part<true>(sdst, k0, rows_valid, len_left, safe);
+        else
+            issue_part<false>(sdst, k0, rows_valid, len_left, safe);
+    }
+    template <bool FULL>
+    __device__ __forceinline__ void issue_part(unsigned sdst, long long k0, int rows_valid,
+                                               long long len_left,
+                                               const unsigned char* safe) const {
+        if constexpr (FULL) len_left = kBK;
         int outer_valid, inner_valid;
         const unsigned char* p;
         if constexpr (G::MN) {
@@ -174,7 +190,11 @@ struct OperandCopy {
                 const unsigned off = LINEAR ? soff + static_cast<unsigned>(i * STEP * SLOPE)
                                             : static_cast<unsigned>(
                                                   tile_off<G::SWZ, G::INNER>(o, b));
-                cp_async<CH>(sdst + off, ok ? p : safe, ok ? CH : 0);
+                if constexpr (FULL) {
+                    if (ok) cp_async_full<CH>(sdst + off, p);
+                } else {
+                    cp_async<CH>(sdst + off, ok ? p : safe, ok ? CH : 0);
+                }
             }
             p += step;
         }

@@ -148,9 +148,14 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
         copy_w.issue(sb, k0, col_valid, len - k0, b_data);
         copy_x.issue(sb + RAW_W, k0, tok_valid, len - k0, a_data);
         if (RS && sc_on) {
-            const long long blocks = (len - k0 + LPM_NVFP4_BLOCK - 1) / LPM_NVFP4_BLOCK;
-            const int bytes = sc_live ? static_cast<int>(blocks < 4 ? blocks : 4) : 0;
-            cp_async<4>(sb + sc_dst, bytes ? sc_src + k0 / LPM_NVFP4_BLOCK : sc_src, bytes);
+            constexpr int NB = kBK / LPM_NVFP4_BLOCK;  // scale bytes of a row and k-tile
+            if (len - k0 >= kBK) {  // whole k-tile: as OperandCopy, rows past the extent skip
+                if (sc_live) cp_async_full<NB>(sb + sc_dst, sc_src + k0 / LPM_NVFP4_BLOCK);
+            } else {
+                const long long blocks = (len - k0 + LPM_NVFP4_BLOCK - 1) / LPM_NVFP4_BLOCK;
+                const int bytes = sc_live ? static_cast<int>(blocks < NB ? blocks : NB) : 0;
+                cp_async<NB>(sb + sc_dst, bytes ? sc_src + k0 / LPM_NVFP4_BLOCK : sc_src, bytes);
+            }
         }
     };
     const ScaleCopy<WKIND, BW> scopy_w(w_sbase, d[D_B_SLD], threadIdx.x);
@@ -232,20 +237,24 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
         convert_all(0, 0);
         fence_proxy_async();
     }
+    // Raw stages of tiles kt, kt+1 and kt+NST-1 (= (kt-1)%NST), kept as counters (NST = 6
+    // is not a power of two).
+    int st = 0, st1 = 1 % NST, stn = NST - 1;
     for (int kt = 0; kt < KT; ++kt) {
         // Invariants: canonical buffer kt%2 holds tile kt (this thread's part); raw tiles kt
         // and kt+1 landed (this thread's copies); raw stage (kt-1)%NST is free; SS: scale
         // registers hold tile kt+NST-1.
         __syncthreads();
-        mma_tile(kt % NST, kt & 1);
+        mma_tile(st, kt & 1);
         const int nt = kt + NST - 1;
-        if (nt < KT) issue(nt % NST, nt);
+        if (nt < KT) issue(stn, nt);
         cp_async_commit();
         if (kt + 1 < KT) {
-            convert_all((kt + 1) % NST, (kt + 1) & 1);
+            convert_all(st1, (kt + 1) & 1);
             fence_proxy_async();
         }
-        if (!RS && nt < KT) store_scales(nt % NST);
+        if (!RS && nt < KT) store_scales(stn);
+        stn = st, st = st1, st1 = st1 + 1 == NST ? 0 : st1 + 1;
         if (!RS && nt + 1 < KT) load_scales(nt + 1);
         wg_wait0();  // canonical buffer kt%2 (and RS: the fragment registers) reused next
         wg_fence_acc<NACC>(acc);

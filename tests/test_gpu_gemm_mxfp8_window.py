@@ -16,6 +16,8 @@ the tile takes the bf16 path. The problems below mix both kinds of tile. Checks:
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -122,6 +124,52 @@ def test_gpu_wide_rows_fall_back_to_bf16(mode, monkeypatch):
     exp, mag = _expected(mode, a, b, SPLITS[mode])
     assert_gemm_close(auto, exp, mag, f"wide rows {mode}")
     assert_bytes_equal(auto, bf, f"wide rows: fallback vs bf16 {mode}")
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+@pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-e5m2"])
+def test_gpu_window_edge(fmt, extra, monkeypatch):
+    """Every row of x spans exactly the window (extra=0: fp16 path) or one code more (extra=1:
+    bf16 path). x is tiny (scaled by 2^-128: block codes near 0, which the bf16 path truncates)
+    except contraction elements 0 and 32 (blocks 0 and 1), set to 2^t with t chosen so that those
+    blocks' code is the row's smallest code + window + extra; W's block 1 is minus its block 0,
+    so the two large products cancel exactly as the first k-tile's accumulation starts and the
+    output is the tiny blocks' sum. Within the window the result matches the float64 product of
+    the tiny blocks; one code past it the tile falls back (the bf16 path's bits, out of
+    tolerance: its truncation of the tiny blocks shows in every output element)."""
+    _require_wgmma()
+    from lowprec_moe import formats as F
+
+    e5 = fmt == "mxfp8-e5m2"
+    window = 8 if e5 else 21  # raw_kernels/grouped_gemm_staging.cuh mx_window
+    elem_emax = int(np.floor(np.log2(F.E5M2_MAX if e5 else F.E4M3_MAX)))  # largest exponent
+    n, k = SHAPES["fprop"]
+    splits = SPLITS["fprop"]
+    x, w, dy = _data(36, sum(splits), n, k)
+    w = np.random.default_rng(37).standard_normal((len(splits), n, k)).astype(np.float32)
+    x *= np.float32(2.0 ** -128)
+    w *= np.float32(2.0 ** 100)
+    w[:, :, 32:64] = -w[:, :, 0:32]
+    codes = _quantize(fmt, x, w, dy, splits)[0].rowwise_scale[:, 2:k // 32]
+    e_min = codes.astype(np.int64).min(axis=1)
+    big = np.exp2(e_min + window + extra - F.E8M0_BIAS + elem_emax).astype(np.float32)
+    x[:, 0:64] = 0
+    x[:, 0] = big
+    x[:, 32] = big
+    xq, wq, _ = _quantize(fmt, x, w, dy, splits)
+    assert (xq.rowwise_scale[:, 0].astype(np.int64) == e_min + window + extra).all()
+    auto, bf = _both("fprop", xq, wq, monkeypatch)
+    tiny = dataclasses.replace(xq, rowwise_data=xq.rowwise_data.copy())
+    tiny.rowwise_data[:, [0, 32]] = 0
+    exp, mag = _expected("fprop", tiny, wq, splits)
+    if extra == 0:
+        assert_gemm_close(auto, exp, mag, f"window edge {fmt}")
+        with pytest.raises(AssertionError, match="out of tolerance"):
+            assert_gemm_close(bf, exp, mag, f"window edge, bf16 path {fmt}")
+    else:
+        assert_bytes_equal(auto, bf, f"one code past the window: fallback {fmt}")
+        with pytest.raises(AssertionError, match="out of tolerance"):
+            assert_gemm_close(auto, exp, mag, f"one code past the window {fmt}")
 
 
 def test_gpu_nan_data_propagates(monkeypatch):
