@@ -151,14 +151,22 @@ struct OperandCopy {
 
     // Issue k-tile k0 (first contraction index) into the tile at shared address sdst.
     //   rows_valid: valid rows of the tile; len_left: contraction elements left from k0.
-    // A whole k-tile (len_left >= kBK: every k-tile but the last of a ragged contraction)
-    // takes a branch without the contraction bounds arithmetic, and its chunks outside the
-    // valid rows are not copied at all: those shared-memory bytes only ever meet the
-    // accumulators of output rows / columns that are never stored (each wgmma / mma output
-    // element reads its own A row and B column only). The last, partial k-tile zero-fills
-    // every chunk it does not copy, so the contraction tail adds exact zeros.
+    // Chunks outside the valid rows / contraction are zero-filled, so the contraction tail
+    // adds exact zeros.
     __device__ __forceinline__ void issue(unsigned sdst, long long k0, int rows_valid,
                                           long long len_left, const unsigned char* safe) const {
+        issue_part<false>(sdst, k0, rows_valid, len_left, safe);
+    }
+    // The same with a second branch for whole k-tiles (len_left >= kBK: every k-tile but the
+    // last of a ragged contraction), without the contraction bounds arithmetic; their chunks
+    // outside the valid rows are not copied at all: those shared-memory bytes only ever meet
+    // the accumulators of output rows / columns that are never stored (each wgmma output
+    // element reads its own A row and B column only). Used by the swapped-operand kernel, whose
+    // k-loop is bound by integer work (membound NVFP4 dgrad -10 %); the 128 x 256 kernels lost
+    // 10-20 % with it (bf16 dgrad / wgrad; benchmarks/RESULTS.md), so they keep issue().
+    __device__ __forceinline__ void issue_split(unsigned sdst, long long k0, int rows_valid,
+                                                long long len_left,
+                                                const unsigned char* safe) const {
         if (len_left >= kBK)
             issue_part<true>(sdst, k0, rows_valid, len_left, safe);
         else

@@ -145,8 +145,8 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
     auto issue = [&](int stage, int kt) {
         const long long k0 = static_cast<long long>(kt) * kBK;
         const unsigned sb = s0 + stage * STAGE;
-        copy_w.issue(sb, k0, col_valid, len - k0, b_data);
-        copy_x.issue(sb + RAW_W, k0, tok_valid, len - k0, a_data);
+        copy_w.issue_split(sb, k0, col_valid, len - k0, b_data);
+        copy_x.issue_split(sb + RAW_W, k0, tok_valid, len - k0, a_data);
         if (RS && sc_on) {
             constexpr int NB = kBK / LPM_NVFP4_BLOCK;  // scale bytes of a row and k-tile
             if (len - k0 >= kBK) {  // whole k-tile: as OperandCopy, rows past the extent skip
