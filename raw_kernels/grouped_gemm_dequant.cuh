@@ -16,25 +16,19 @@ namespace lpm_gg {
 // 8 E2M1 nibbles (element 0 in the low nibble of byte 0) -> 4 f16x2 words of e2m1 * scale:
 // elements 0-3 (o[0], o[1]) scaled by half H0 of the f16x2 `sc`, elements 4-7 (o[2], o[3]) by
 // half H1 (false: low, true: high); each half is a block scale * 64 (fp4_scales_x64).
-// The decoders are bound by the integer ALU pipe (half rate on sm_90), so the three right
-// shifts per word run as multiply-highs on the FMA pipe instead: umulhi(x, 2^(32-s)) = x >> s.
-// The factors sit in constant memory, where ptxas cannot fold them back into shifts.
-__constant__ unsigned kShr2Mul = 1u << 30;   // x >> 2
-__constant__ unsigned kShr16Mul = 1u << 16;  // x >> 16
 template <bool H0, bool H1>
 __device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc, unsigned* o) {
-    // E2M1 s.e1e0.m -> E4M3 byte s.000e1e0.m00 = e2m1 * 2^-6 (exact, subnormal for e = 0):
-    // lo: the nibbles of elements 0, 2, 4, 6 (low nibble of each byte), hi: elements 1, 3, 5, 7.
-    const unsigned lo = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
-    const unsigned hi = (__umulhi(w, kShr2Mul) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+    unsigned lo = w & 0x0F0F0F0Fu;         // nibbles of elements 0, 2, 4, 6 (one per byte)
+    unsigned hi = (w >> 4) & 0x0F0F0F0Fu;  // elements 1, 3, 5, 7
+    // E2M1 s.e1e0.m -> E4M3 byte s.000e1e0.m00 = e2m1 * 2^-6 (exact, subnormal for e = 0).
+    lo = ((lo << 2) & 0x1C1C1C1Cu) | ((lo << 4) & 0x80808080u);
+    hi = ((hi << 2) & 0x1C1C1C1Cu) | ((hi << 4) & 0x80808080u);
     const unsigned p0 = __byte_perm(lo, hi, 0x5140u);  // elements 0, 1, 2, 3
     const unsigned p1 = __byte_perm(lo, hi, 0x7362u);  // elements 4, 5, 6, 7
     o[0] = hmul2_bcast_rn<H0>(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 & 0xFFFFu)), sc);
-    o[1] = hmul2_bcast_rn<H0>(
-        fp8x2_to_f16x2<false>(static_cast<unsigned short>(__umulhi(p0, kShr16Mul))), sc);
+    o[1] = hmul2_bcast_rn<H0>(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 >> 16)), sc);
     o[2] = hmul2_bcast_rn<H1>(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 & 0xFFFFu)), sc);
-    o[3] = hmul2_bcast_rn<H1>(
-        fp8x2_to_f16x2<false>(static_cast<unsigned short>(__umulhi(p1, kShr16Mul))), sc);
+    o[3] = hmul2_bcast_rn<H1>(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 >> 16)), sc);
 }
 // Two E4M3 block scales (s0 in the low byte of s2) -> the f16x2 word (s0 * 64, s1 * 64), the
 // `sc` of fp4_decode8: exact (E4M3 <= 448, 448 * 64 = 28672 < 65504); the factor 64 undoes the
@@ -54,8 +48,7 @@ template <bool E5M2>
 __device__ __forceinline__ void fp8_decode4(unsigned w, float f0, float f1, float f2, float f3,
                                             unsigned& o0, unsigned& o1) {
     const unsigned h01 = fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w & 0xFFFFu));
-    const unsigned h23 =
-        fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(__umulhi(w, kShr16Mul)));
+    const unsigned h23 = fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w >> 16));
     const float r0 = lpm_mul_rn(f16_bits_to_f32(h01), f0);
     const float r1 = lpm_mul_rn(f16_bits_to_f32(h01 >> 16), f1);
     const float r2 = lpm_mul_rn(f16_bits_to_f32(h23), f2);
@@ -71,8 +64,7 @@ template <bool E5M2>
 __device__ __forceinline__ void fp8_decode4_f16(unsigned w, unsigned m01, unsigned m23,
                                                 unsigned& o0, unsigned& o1) {
     o0 = hmul2_rn(fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w & 0xFFFFu)), m01);
-    o1 = hmul2_rn(fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(__umulhi(w, kShr16Mul))),
-                  m23);
+    o1 = hmul2_rn(fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w >> 16)), m23);
 }
 
 // wgmma A fragments (m64k16, f16) of NVFP4 rows r and r + 8 for the 16-deep steps S0 ..
