@@ -126,6 +126,20 @@ def test_gpu_wide_rows_fall_back_to_bf16(mode, monkeypatch):
     assert_bytes_equal(auto, bf, f"wide rows: fallback vs bf16 {mode}")
 
 
+def _fp16_window(e5m2):
+    """Block codes a row may span and still stage exactly in fp16: S_MAX - S_MIN of the
+    kernels' window (grouped_gemm_staging.cuh), from the format constants."""
+    from lowprec_moe import formats as F
+
+    mant, bias, fmax = ((F.E5M2_MANT_BITS, F.E5M2_EXP_BIAS, F.E5M2_MAX) if e5m2
+                        else (F.E4M3_MANT_BITS, F.E4M3_EXP_BIAS, F.E4M3_MAX))
+    max_exp = int(np.floor(np.log2(fmax)))  # exponent of the largest finite value
+    min_exp = 1 - bias - mant  # exponent of the smallest subnormal
+    s_max = F.FP16_EXP_BIAS - max_exp
+    s_min = max(1 - F.FP16_EXP_BIAS, 1 - F.FP16_EXP_BIAS - F.FP16_MANT_BITS - min_exp)
+    return s_max - s_min
+
+
 @pytest.mark.parametrize("extra", [0, 1])
 @pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-e5m2"])
 def test_gpu_window_edge(fmt, extra, monkeypatch):
@@ -141,7 +155,8 @@ def test_gpu_window_edge(fmt, extra, monkeypatch):
     from lowprec_moe import formats as F
 
     e5 = fmt == "mxfp8-e5m2"
-    window = 8 if e5 else 21  # raw_kernels/grouped_gemm_staging.cuh mx_window
+    window = _fp16_window(e5)
+    assert window == (8 if e5 else 21)  # the kernels' static_assert
     elem_emax = int(np.floor(np.log2(F.E5M2_MAX if e5 else F.E4M3_MAX)))  # largest exponent
     n, k = SHAPES["fprop"]
     splits = SPLITS["fprop"]
