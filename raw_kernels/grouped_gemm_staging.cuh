@@ -10,7 +10,7 @@
 namespace lpm_gg {
 
 // ==========================================================================================
-// Tile loads (cp.async, zero fill outside the valid region)
+// Tile loads (cp.async; zero fill outside the valid region, except issue_split's whole k-tiles)
 
 // Byte offset `b` inside line `o` of a tile, after the 16-byte-chunk XOR swizzle.
 //   SWZ 0: none; 1: chunk ^= (o & 7) (128-byte or longer lines); 2: chunk ^= (o >> 1) & 3 (64-byte rows).
@@ -116,8 +116,9 @@ __device__ __forceinline__ CtaTile locate_tile(const int* tiles, int n_col_tiles
 // tile_off(o, b). Thread t (of the NT threads that copy) copies chunk b = (t % CPL)*CH of lines
 // o0 + STEP*i (o0 = t / CPL, STEP = NT / CPL), so its source pointer, line stride and tile offset are set up once per
 // CTA and every k-tile costs a pointer add, a compare and the copy per chunk. Chunks with
-// o >= outer_valid or b >= inner_valid are zero-filled (the host guarantees that CH divides the
-// valid extents, so no chunk straddles them).
+// o >= outer_valid or b >= inner_valid are zero-filled by issue(); issue_split skips them on
+// whole k-tiles (see there). The host guarantees that CH divides the valid extents, so no chunk
+// straddles them.
 //   K-major : lines are rows; a k-tile starts k0 * ES_NUM / ES_DEN bytes further on.
 //   MN-major: lines are contraction indices; a k-tile starts k0 lines further on.
 template <int KIND, int R, int CH, int NT = kThreads>

@@ -237,8 +237,8 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
         convert_all(0, 0);
         fence_proxy_async();
     }
-    // Raw stages of tiles kt, kt+1 and kt+NST-1 (= (kt-1)%NST), kept as counters (NST = 6
-    // is not a power of two).
+    // Raw stages of tiles kt, kt+1 and kt+NST-1 (= (kt-1)%NST), kept as counters (NVFP4's
+    // NST = 6 is not a power of two).
     int st = 0, st1 = 1 % NST, stn = NST - 1;
     for (int kt = 0; kt < KT; ++kt) {
         // Invariants: canonical buffer kt%2 holds tile kt (this thread's part); raw tiles kt

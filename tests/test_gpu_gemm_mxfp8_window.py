@@ -11,6 +11,8 @@ the tile takes the bf16 path. The problems below mix both kinds of tile. Checks:
   path is exact -- within the float64 tolerance where the bf16 path is not (so the fp16 path ran);
 * rows spanning more than the window, and the NaN scale: the tile falls back to bf16, same
   bits; NaN data propagates on both paths;
+* the window's edge: rows spanning exactly the window take the fp16 path, one code more falls
+  back (E4M3 and E5M2);
 * grouped == per-expert calls, bitwise, with in-window and out-of-window experts mixed.
 """
 
@@ -150,7 +152,9 @@ def test_gpu_window_edge(fmt, extra, monkeypatch):
     so the two large products cancel exactly as the first k-tile's accumulation starts and the
     output is the tiny blocks' sum. Within the window the result matches the float64 product of
     the tiny blocks; one code past it the tile falls back (the bf16 path's bits, out of
-    tolerance: its truncation of the tiny blocks shows in every output element)."""
+    tolerance: its truncation of the tiny blocks shows in most output elements). If the kernel
+    ignored the window, extra=1 would differ from forced bf16; if it always fell back, extra=0
+    would be out of tolerance."""
     _require_wgmma()
     from lowprec_moe import formats as F
 
