@@ -254,14 +254,8 @@ __device__ __forceinline__ void gemm_mma(LPM_GG_PARAMS) {
         // Their block scales into registers (stored once the staging mode is known).
         ScaleRegs<AKIND, BM> pra[NST - 1];
         ScaleRegs<BKIND, BN> prb[NST - 1];
-#pragma unroll
-        for (int s = 0; s < NST - 1; ++s) {
-            if (s < KT) {
-                const long long k0 = static_cast<long long>(s) * kBK;
-                pra[s].load(scopy_a, k0, rows_valid, len, threadIdx.x);
-                prb[s].load(scopy_b, k0, cols_valid, len, threadIdx.x);
-            }
-        }
+        prologue_scale_loads<NST - 1>(pra, prb, scopy_a, rows_valid, scopy_b, cols_valid, len, KT,
+                                      threadIdx.x);
         // MXFP8: the window check of the tile (reads the scales while the copies fly; its
         // scratch is canonical buffer 0, untouched until the first expansion). Its fixed cost
         // (~2 us: a scale pass and three barriers) is only paid by tiles of at least

@@ -345,6 +345,26 @@ struct ScaleRegs {
     }
 };
 
+// Block scales of the pipeline prologue, loads only: k-tiles 0..NS-1 (those below KT) into
+// pra[s] / prb[s], all in flight at once (gemm_mma stores them once its staging mode is known).
+template <int NS, int AKIND, int RA, int BKIND, int RB, int NT>
+__device__ __forceinline__ void prologue_scale_loads(ScaleRegs<AKIND, RA, NT> (&pra)[NS],
+                                                     ScaleRegs<BKIND, RB, NT> (&prb)[NS],
+                                                     const ScaleCopy<AKIND, RA, NT>& sa,
+                                                     int a_valid,
+                                                     const ScaleCopy<BKIND, RB, NT>& sb,
+                                                     int b_valid, long long len, int KT,
+                                                     unsigned t) {
+#pragma unroll
+    for (int s = 0; s < NS; ++s) {
+        if (s < KT) {
+            const long long k0 = static_cast<long long>(s) * kBK;
+            pra[s].load(sa, k0, a_valid, len, t);
+            prb[s].load(sb, k0, b_valid, len, t);
+        }
+    }
+}
+
 // Block scales of the pipeline prologue: k-tiles 0..NS-1 (those below KT) into their raw stages
 // (stage s at raw + s * stage_bytes; A's scales at a_off, B's at b_off inside a stage). All
 // loads are in flight before the first store: one memory latency for the whole prologue.
@@ -356,14 +376,7 @@ __device__ __forceinline__ void prologue_scales(const ScaleCopy<AKIND, RA, NT>& 
                                                 unsigned t) {
     ScaleRegs<AKIND, RA, NT> pra[NS];
     ScaleRegs<BKIND, RB, NT> prb[NS];
-#pragma unroll
-    for (int s = 0; s < NS; ++s) {
-        if (s < KT) {
-            const long long k0 = static_cast<long long>(s) * kBK;
-            pra[s].load(sa, k0, a_valid, len, t);
-            prb[s].load(sb, k0, b_valid, len, t);
-        }
-    }
+    prologue_scale_loads<NS>(pra, prb, sa, a_valid, sb, b_valid, len, KT, t);
 #pragma unroll
     for (int s = 0; s < NS; ++s) {
         if (s < KT) {
