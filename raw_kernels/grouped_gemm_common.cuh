@@ -27,7 +27,8 @@
 //     6 raw stages, 3 canonical B buffers: ws_smem_bytes) hands the copies and B's expansion to
 //     two producer warpgroups; its two consumer warpgroups decode A straight into wgmma
 //     registers. The swapped-operand kernel (grouped_gemm_swap.cuh) does the same with its
-//     NVFP4 weights.
+//     NVFP4 weights; its NVFP4 build _kk_u loads the data tiles with TMA instead of cp.async
+//     (grouped_gemm_tma.cuh).
 //     No dequantized copy of an operand ever exists in global memory.
 // Canonical tiles (16-bit): K-major [R][64] (128-byte rows, 16-byte chunk c of row r stored at
 // chunk c ^ (r & 7)), or MN-major [64 lines][R] stored as R/64 panels of [64][128 bytes] with the
@@ -80,8 +81,11 @@
 //                             for NVFP4: two producer warpgroups copy and expand B, two
 //                             consumer warpgroups decode A into registers and multiply)
 //                             and LPM_GG_DEFINE_WS
+//   grouped_gemm_tma.cuh      TMA tile loads: the tensor-map parameter type, mbarrier and
+//                             cp.async.bulk.tensor wrappers
 //   grouped_gemm_swap.cuh     the swapped-operand wgmma kernel body gemm_swap for few tokens
-//                             per expert (weights on the wgmma M side) and LPM_GG_DEFINE_SWAP
+//                             per expert (weights on the wgmma M side), LPM_GG_DEFINE_SWAP
+//                             and LPM_GG_DEFINE_SWAP_TMA
 
 #ifndef LPM_GROUPED_GEMM_COMMON_CUH
 #define LPM_GROUPED_GEMM_COMMON_CUH
@@ -94,6 +98,7 @@
 #include "grouped_gemm_mxf16.cuh"
 #include "grouped_gemm_kernel.cuh"
 #include "grouped_gemm_ws.cuh"
+#include "grouped_gemm_tma.cuh"
 #include "grouped_gemm_swap.cuh"
 
 #endif  // LPM_GROUPED_GEMM_COMMON_CUH

@@ -25,3 +25,6 @@ LPM_GG_DEFINE_WS(lpm_gg_nvfp4_kk_x8, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, tru
 // on the wgmma M side (grouped_gemm_swap.cuh).
 LPM_GG_DEFINE_SWAP(lpm_gg_nvfp4_kk_t, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 16, 3)
 LPM_GG_DEFINE_SWAP(lpm_gg_nvfp4_kk_t8, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 8, 3)
+// The same with TMA loads of the data tiles (uniform row strides, whole k-tiles; the launcher
+// checks).
+LPM_GG_DEFINE_SWAP_TMA(lpm_gg_nvfp4_kk_u, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 3)

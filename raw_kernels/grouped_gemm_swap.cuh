@@ -23,6 +23,11 @@
 // GPU tests check that the results are bitwise those of gemm_mma. The accumulators are staged
 // transposed ([token][column]) so the shared epilogue runs as is.
 //
+// The NVFP4 build lpm_gg_nvfp4_kk_u loads both data tiles of a k-tile with two TMA copies
+// issued by one thread (LPM_GG_DEFINE_SWAP_TMA): the per-thread cp.async address work leaves
+// the k-loop (static loop 398 -> 299 instructions) and the membound NVFP4 shape gets ~5-25 %
+// faster (benchmarks/RESULTS.md, twelfth session).
+//
 // Measured (benchmarks/RESULTS.md): the NVFP4 kernel is bound by the weight decode (~3
 // instructions per element) and by the four dependent wgmma per k-tile that each warp waits
 // for, not by memory. Decoding tile k+1 into a second register set while tile k's wgmma run
@@ -37,6 +42,7 @@
 #include "grouped_gemm_mma.cuh"
 #include "grouped_gemm_epilogue.cuh"
 #include "grouped_gemm_kernel.cuh"
+#include "grouped_gemm_tma.cuh"
 
 namespace lpm_gg {
 
@@ -86,13 +92,21 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float* d, const unsigned (&a)
 //     checks), copied by cp.async NST-1 tiles ahead.
 //   MXFP8 (SS): both operands expanded into canonical tiles in shared memory, block scales
 //     through registers one tile ahead (gemm_mma's CONVERT path).
-template <int XKIND, int WKIND, bool F16, int CH>
-__device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
+// TMA (NVFP4 only): thread 0 loads each stage's two data tiles with one tensor-map copy each
+//   (tmx: the token operand, tmw: the weight operand, both 2-D byte maps whose rows are the
+//   operands' rows, grouped_gemm_tma.cuh), completing on the stage's mbarrier; the block scales
+//   stay on cp.async. Rows past an expert's extent load the next expert's rows (or zeros past
+//   the array): like the rows issue_split skips, they only reach outputs that are never stored.
+//   The launcher guarantees uniform row strides, expert offsets that are whole rows and a
+//   contraction that is a multiple of the k-tile (whole k-tiles only).
+template <int XKIND, int WKIND, bool F16, int CH, bool TMA>
+__device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, const TmaMap* tmw) {
     constexpr int BW = kSwapCols, BT = kSwapTokens;
     static_assert(XKIND == KIND_FP4_K || XKIND == KIND_FP8_K, "K-major quantized token side");
     static_assert(WKIND == KIND_FP4_K || WKIND == KIND_FP8_K, "K-major quantized weight side");
     constexpr bool RS = swap_rs(XKIND, WKIND);
     static_assert(!RS || F16, "NVFP4 expands to fp16");
+    static_assert(!TMA || RS, "TMA loads: NVFP4 only");
     constexpr int CANON_W = RS ? 0 : canon_bytes(BW), CANON_X = canon_bytes(BT);
     constexpr int RAW_W = raw_bytes(WKIND, BW), RAW_X = raw_bytes(XKIND, BT);
     constexpr int STAGE = RAW_W + RAW_X;
@@ -140,16 +154,43 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
     const unsigned sc_dst = (sc_w ? W_SC : X_SC) + 4u * static_cast<unsigned>(sc_row);
     const bool sc_live = sc_row < (sc_w ? col_valid : tok_valid);
 
+    // TMA: the stages' mbarriers and the tensor-map rows of the tile's first weight / token
+    // row (thread 0 only).
+    constexpr unsigned TMA_BYTES = raw_data_bytes(WKIND, BW) + raw_data_bytes(XKIND, BT);
+    __shared__ __align__(8) unsigned long long tma_bar[TMA ? NST : 1];
+    const unsigned bar0 = smem_u32(tma_bar);
+    int w_row = 0, x_row = 0;
+    if constexpr (TMA) {
+        if (threadIdx.x == 0) {
+            w_row = static_cast<int>(d[D_B_OFF] / d[D_B_LD] + c0);
+            x_row = static_cast<int>(d[D_A_OFF] / d[D_A_LD] + r0);
+#pragma unroll
+            for (int s = 0; s < NST; ++s) mbar_init(bar0 + 8 * s, 1);
+            mbar_init_fence();
+        }
+        __syncthreads();
+    }
     const OperandCopy<WKIND, BW, CH> copy_w(w_base, d[D_B_LD], threadIdx.x);
     const OperandCopy<XKIND, BT, CH> copy_x(x_base, d[D_A_LD], threadIdx.x);
     auto issue = [&](int stage, int kt) {
         const long long k0 = static_cast<long long>(kt) * kBK;
         const unsigned sb = s0 + stage * STAGE;
-        copy_w.issue_split(sb, k0, col_valid, len - k0, b_data);
-        copy_x.issue_split(sb + RAW_W, k0, tok_valid, len - k0, a_data);
+        if constexpr (TMA) {
+            if (threadIdx.x == 0) {
+                const unsigned bar = bar0 + 8 * stage;
+                const int kb = static_cast<int>(k0 / 2);  // NVFP4: two elements per byte
+                mbar_arrive_expect_tx(bar, TMA_BYTES);
+                tma_load_2d(sb, tmw, bar, kb, w_row);
+                tma_load_2d(sb + RAW_W, tmx, bar, kb, x_row);
+            }
+        } else {
+            copy_w.issue_split(sb, k0, col_valid, len - k0, b_data);
+            copy_x.issue_split(sb + RAW_W, k0, tok_valid, len - k0, a_data);
+        }
         if (RS && sc_on) {
             constexpr int NB = kBK / LPM_NVFP4_BLOCK;  // scale bytes of a row and k-tile
-            if (len - k0 >= kBK) {  // whole k-tile: as OperandCopy, rows past the extent skip
+            // whole k-tile (always with TMA): as OperandCopy, rows past the extent skip
+            if (TMA || len - k0 >= kBK) {
                 if (sc_live) cp_async_full<NB>(sb + sc_dst, sc_src + k0 / LPM_NVFP4_BLOCK);
             } else {
                 const long long blocks = (len - k0 + LPM_NVFP4_BLOCK - 1) / LPM_NVFP4_BLOCK;
@@ -232,6 +273,10 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
                                  W_SC, X_SC, threadIdx.x);
     if (!RS && NST - 1 < KT) load_scales(NST - 1);
     cp_async_wait<NST - 3>();  // tiles 0 and 1 landed (this thread's copies)
+    if constexpr (TMA) {
+        if (KT > 0) mbar_wait(bar0, 0);
+        if (KT > 1) mbar_wait(bar0 + 8, 0);
+    }
     __syncthreads();
     if (KT > 0) {
         convert_all(0, 0);
@@ -239,7 +284,9 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
     }
     // Raw stages of tiles kt, kt+1 and kt+NST-1 (= (kt-1)%NST), kept as counters (NVFP4's
     // NST = 6 is not a power of two).
+    // TMA: ph1 is the mbarrier phase parity of the tile in stage st1.
     int st = 0, st1 = 1 % NST, stn = NST - 1;
+    unsigned ph1 = 0;
     for (int kt = 0; kt < KT; ++kt) {
         // Invariants: canonical buffer kt%2 holds tile kt (this thread's part); raw tiles kt
         // and kt+1 landed (this thread's copies); raw stage (kt-1)%NST is free; SS: scale
@@ -254,11 +301,15 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
             fence_proxy_async();
         }
         if (!RS && nt < KT) store_scales(stn);
-        stn = st, st = st1, st1 = st1 + 1 == NST ? 0 : st1 + 1;
+        stn = st, st = st1;
+        if (++st1 == NST) st1 = 0, ph1 ^= 1u;
         if (!RS && nt + 1 < KT) load_scales(nt + 1);
         wg_wait0();  // canonical buffer kt%2 (and RS: the fragment registers) reused next
         wg_fence_acc<NACC>(acc);
         cp_async_wait<NST - 3>();  // raw tile kt+2 landed (this thread's copies)
+        if constexpr (TMA) {
+            if (kt + 2 < KT) mbar_wait(bar0 + 8 * st1, ph1);  // and its TMA data (stage st1)
+        }
     }
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the operand tiles: reuse shared memory
@@ -286,7 +337,15 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS) {
 // launcher never selects it there.
 #define LPM_GG_DEFINE_SWAP(NAME, XKIND, WKIND, F16, CH, MIN_CTAS)                               \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kThreads, MIN_CTAS) NAME(LPM_GG_PARAMS) { \
-        lpm_gg::gemm_swap<XKIND, WKIND, F16, CH>(LPM_GG_ARGS);                                  \
+        lpm_gg::gemm_swap<XKIND, WKIND, F16, CH, false>(LPM_GG_ARGS, nullptr, nullptr);         \
+    }
+// The same with TMA data loads (NVFP4): two more parameters, the tensor maps of the launch's A
+// (tokens) and B (weights) data, passed by value.
+#define LPM_GG_DEFINE_SWAP_TMA(NAME, XKIND, WKIND, F16, MIN_CTAS)                               \
+    extern "C" __global__ void __launch_bounds__(lpm_gg::kThreads, MIN_CTAS)                   \
+        NAME(LPM_GG_PARAMS, const __grid_constant__ lpm_gg::TmaMap tma_a,                      \
+             const __grid_constant__ lpm_gg::TmaMap tma_b) {                                   \
+        lpm_gg::gemm_swap<XKIND, WKIND, F16, 16, true>(LPM_GG_ARGS, &tma_a, &tma_b);            \
     }
 
 #endif  // LPM_GROUPED_GEMM_SWAP_CUH

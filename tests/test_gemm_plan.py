@@ -186,7 +186,7 @@ def test_kernel_constants_match_sources():
     # every kernel name the launcher can pick exists in its module
     for prefix in ("bf16", "fp16", "nvfp4", "mxfp8"):
         text = (kernels.kernel_dir() / f"grouped_gemm_{prefix}.cu").read_text()
-        defined = set(re.findall(r"LPM_GG_DEFINE(?:_WG|_WS|_SWAP)?\((\w+),", text))
+        defined = set(re.findall(r"LPM_GG_DEFINE(?:_WG|_WS|_SWAP|_SWAP_TMA)?\((\w+),", text))
         layouts = {"nvfp4": ["kk"]}.get(prefix, ["kk", "kn", "nn"])
         quantized = prefix == "nvfp4"  # the warp-specialised kernel
         for lay in layouts:
@@ -197,6 +197,8 @@ def test_kernel_constants_match_sources():
         if prefix in ("nvfp4", "mxfp8"):  # the swapped-operand kernel (K-major quantized operands)
             for suf in ("", "8") if prefix == "nvfp4" else ("",):
                 assert f"lpm_gg_{prefix}_kk_t{suf}" in defined, prefix
+        if prefix == "nvfp4":  # its TMA build
+            assert "lpm_gg_nvfp4_kk_u" in defined
     # the swapped-operand kernel's tile and stage counts
     for name, value in (("kSwapTokens", C.CONFIGS["t"][0]), ("kSwapCols", C.CONFIGS["t"][1])):
         assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == value, name
@@ -264,7 +266,8 @@ def test_choose_kernel_few_tokens_swap(mode, fmt, family, monkeypatch):
     """sm_90, at most 32 tokens per expert: M-grouped GEMMs on K-major quantized operands
     (NVFP4 fprop / dgrad, MXFP8 fprop) take the swapped-operand kernel (32 tokens x 128 output
     columns, its own shared-memory formula); bf16, MXFP8 dgrad (MN-major W), wgrad and the
-    mma.sync family do not. One expert above 32 tokens turns it off."""
+    mma.sync family do not. One expert above 32 tokens turns it off. NVFP4 in the default family
+    loads its data tiles with TMA (the ``_kk_u`` build)."""
     from lowprec_moe.cuda import gemm as C
 
     monkeypatch.setenv(C.KERNEL_ENV, family)
@@ -274,18 +277,61 @@ def test_choose_kernel_few_tokens_swap(mode, fmt, family, monkeypatch):
     ln = C.choose_kernel(p, pl, caps=H200_CAPS)
     swap = (family != "mma" and mode != "wgrad" and fmt != "bf16"
             and not (mode == "dgrad" and fmt.startswith("mxfp8")))
-    assert ln.kernel.endswith("_kk_t") == swap, ln
+    assert ln.kernel.endswith(("_kk_t", "_kk_u")) == swap, ln
+    tma = swap and family == "auto" and fmt.startswith("nvfp4")
+    assert ln.tma == tma and ln.kernel.endswith("_kk_u") == tma, ln
     if swap:
         assert (ln.bm, ln.bn) == C.CONFIGS["t"] == (32, 128) and ln.threads == C.THREADS, ln
         assert ln.wgmma and not ln.simt, ln
         assert ln.smem == C._swap_smem_bytes(pl.a.kind, pl.b.kind), ln
         p2 = _policy_problem(mode, fmt, [16, 0, 33, 3, 16])
-        assert not C.choose_kernel(p2, C.plan(p2), caps=H200_CAPS).kernel.endswith("_t")
+        assert not C.choose_kernel(p2, C.plan(p2), caps=H200_CAPS).kernel.endswith(
+            ("_t", "_u"))
         # NVFP4 copies each row's 4 block-scale bytes of a k-tile as one word: a contraction
         # that is not a multiple of 64 (scale rows of K/16 bytes) keeps the other kernels
         p3 = _policy_problem(mode, fmt, [16, 0, 32, 3, 16], n=160, k=160)
         ln3 = C.choose_kernel(p3, C.plan(p3), caps=H200_CAPS)
         assert ln3.kernel.endswith("_t") == (not fmt.startswith("nvfp4")), ln3
+
+
+def test_tma_eligibility():
+    """The TMA build needs one tensor map per operand: a uniform row stride that is a multiple
+    of 16 bytes, experts starting at whole rows, one contraction length that is a multiple of
+    the k-tile."""
+    from lowprec_moe.cuda import gemm as C
+
+    p = _policy_problem("fprop", "nvfp4", [16, 0, 32, 3, 16])
+    pl = C.plan(p)
+    assert C._use_tma(pl)
+    a = pl.a
+    a.ld = a.ld.copy()
+    a.ld[1] += 16
+    assert not C._tma_rows_ok(a) and not C._use_tma(pl)  # strides differ
+    a.ld[:] = 136
+    assert not C._tma_rows_ok(a)  # not a multiple of 16
+    a.ld[:] = 128
+    a.off = a.off + 64
+    assert not C._tma_rows_ok(a)  # expert offsets not whole rows
+    pl = C.plan(p)
+    pl.length = pl.length.copy()
+    pl.length[0] += C.BK
+    assert not C._use_tma(pl)  # contraction lengths differ
+    pl.length[:] = 3 * C.BK + 16
+    assert not C._use_tma(pl)  # a ragged last k-tile
+
+
+def test_tma_map_limits():
+    """The tensor-map argument checks name the violated limit."""
+    from lowprec_moe.cuda import tma
+
+    assert tma.check_2d_u8(256, 128, 1000, 128, 32, 128) is None
+    assert "aligned" in tma.check_2d_u8(8, 128, 1000, 128, 32, 128)
+    assert "stride" in tma.check_2d_u8(256, 120, 1000, 120, 32, 128)
+    assert "extents" in tma.check_2d_u8(256, 256, 1000, 128, 32, 128)
+    assert "box" in tma.check_2d_u8(256, 128, 1000, 128, 8, 128)
+    assert "box" in tma.check_2d_u8(256, 128, 1000, 128, 32, 512)
+    with pytest.raises(ValueError, match="no tensor map"):
+        tma.map_2d_u8(8, 128, 1000, 128, 32, 128)
 
 
 def test_ws_smem_formula():

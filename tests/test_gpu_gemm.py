@@ -329,7 +329,9 @@ def test_gpu_swap_equals_wgmma_bitwise(mode, fmt, monkeypatch):
     """The swapped-operand kernel (weights on the wgmma M side, 32 tokens x 128 columns per CTA),
     forced for every split -- 300 tokens span ten token tiles, partial column tiles, for MXFP8
     a partial k-tile (K = 160) -- against float64, and bit for bit against the plain wgmma kernel,
-    with a bf16 output (and for fprop bias and probs) through its transposed staging."""
+    with a bf16 output (and for fprop bias and probs) through its transposed staging. NVFP4 runs
+    the TMA build by default (token tiles past an expert read the next expert's rows, the last
+    one rows past the array) and must equal the cp.async build of the ``wgmma`` family too."""
     from lowprec_moe.cuda import gemm as C
 
     if "wgmma" not in _families():
@@ -350,11 +352,19 @@ def test_gpu_swap_equals_wgmma_bitwise(mode, fmt, monkeypatch):
         return C.choose_kernel(p, C.plan(p))
 
     monkeypatch.setattr(C, "_use_swap", lambda rows: True)
-    assert launch().kernel.endswith("_kk_t"), launch()
+    nvfp4 = fmt.startswith("nvfp4")
+    assert launch().kernel.endswith("_kk_u" if nvfp4 else "_kk_t"), launch()
     swap = _run(mode, a, b, SPLITS, out_dtype="float32")
     exp, mag = _expected(mode, a, b, SPLITS)
     assert_gemm_close(swap, exp, mag, f"swap {mode} {fmt}")
     swap_epi = _run(mode, a, b, SPLITS, out_dtype="bfloat16", **kw)
+    if nvfp4:
+        monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
+        assert launch().kernel.endswith("_kk_t"), launch()
+        assert_bytes_equal(swap, _run(mode, a, b, SPLITS, out_dtype="float32"),
+                           f"TMA vs cp.async swap {mode} {fmt}")
+        assert_bytes_equal(swap_epi, _run(mode, a, b, SPLITS, out_dtype="bfloat16", **kw),
+                           f"TMA vs cp.async swap, bf16 epilogue {mode} {fmt}")
     monkeypatch.setattr(C, "_use_swap", lambda rows: False)
     assert not launch().kernel.endswith("_t"), launch()
     assert_bytes_equal(swap, _run(mode, a, b, SPLITS, out_dtype="float32"),
@@ -366,7 +376,7 @@ def test_gpu_swap_equals_wgmma_bitwise(mode, fmt, monkeypatch):
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled", "mxfp8-e4m3"])
 def test_gpu_swap_chosen_for_few_tokens(fmt):
     """At most 32 tokens per expert (empty experts included): fprop takes the swapped-operand
-    kernel by default."""
+    kernel by default (NVFP4: its TMA build)."""
     from lowprec_moe.cuda import gemm as C
 
     if "wgmma" not in _families():
@@ -375,7 +385,8 @@ def test_gpu_swap_chosen_for_few_tokens(fmt):
     a, b = _host_operands("fprop", fmt, seed=26, splits=splits, n=224, k=192)
     p = _validate("fprop", gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="float32",
                   out=None, accumulate=False)
-    assert C.choose_kernel(p, C.plan(p)).kernel.endswith("_kk_t")
+    assert C.choose_kernel(p, C.plan(p)).kernel.endswith(
+        "_kk_u" if fmt.startswith("nvfp4") else "_kk_t")
     got = _run("fprop", a, b, splits, out_dtype="float32")
     exp, mag = _expected("fprop", a, b, splits)
     assert_gemm_close(got, exp, mag, f"few tokens swap {fmt}")

@@ -56,7 +56,12 @@ Kernel choice
   tokens, with the weights on the wgmma M side (``m64n32k16``; NVFP4 weights decoded straight
   into registers) and several CTAs per SM -- bitwise the results of the other wgmma kernels
   (a GPU test compares them). NVFP4 needs each row's block scales of a k-tile 4-byte aligned
-  (contraction a multiple of 64), else the 64x256 tile is used.
+  (contraction a multiple of 64), else the 64x256 tile is used. In the default family its
+  NVFP4 build ``_kk_u`` loads the two data tiles of each k-tile with TMA (one thread, one
+  tensor map per operand passed by value, :mod:`lowprec_moe.cuda.tma`; the block scales stay
+  on cp.async) whenever every expert shares one row stride (a multiple of 16 bytes), starts at
+  a whole row and contracts the same whole number of k-tiles -- true for every layout the
+  library produces; bitwise the cp.async build's results.
 * On sm_90, the plain wgmma kernel multiplies an MXFP8 tile on fp16 instead of bf16 when every
   row and column of the tile keeps its block codes within the fp16 window (E4M3: 21 codes,
   E5M2: 8, no NaN scale), its scale rows are 16-byte aligned and it contracts at least 32
@@ -70,7 +75,8 @@ Kernel choice
   the tile and the tile shape, so grouped == per-expert is only guaranteed above that range.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
-  swapped-operand one for few tokens per expert), without the warp-specialised one.
+  swapped-operand one for few tokens per expert), without the warp-specialised one and without
+  TMA loads.
   ``LOWPREC_MOE_MXFP8_MMA`` = ``auto`` (default) | ``bf16`` keeps every MXFP8 tile on bf16.
 """
 
@@ -85,6 +91,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import kernels
+from . import tma
 from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     BK, CONFIGS, DESC_WORDS, SWAP_STAGES, D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD,
     D_B_SOFF, D_B_SLD, D_ROWS, D_LEN, D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS, EK_F32,
@@ -171,6 +178,37 @@ def _scales_word_aligned(op: Operand) -> bool:
     return ptr % 4 == 0 and not np.any(op.soff % 4) and not np.any(op.sld % 4)
 
 
+def _tma_rows_ok(op: Operand) -> bool:
+    """Whether a K-major operand can be read through one 2-D byte tensor map: every expert has
+    the same row stride, a multiple of 16 bytes, and starts at a whole row of the array."""
+    ld = op.ld
+    return bool(ld.size) and bool(np.all(ld == ld[0])) and int(ld[0]) % tma.STRIDE_ALIGN == 0 \
+        and not np.any(op.off % ld[0])
+
+
+def _use_tma(pl: Plan) -> bool:
+    """Whether the NVFP4 swapped-operand kernel can load its data tiles with TMA (the
+    ``_kk_u`` build): both operands mapped by :func:`_tma_rows_ok` and one contraction length,
+    a multiple of the k-tile, for every expert."""
+    length = pl.length
+    return (bool(length.size) and bool(np.all(length == length[0])) and int(length[0]) % BK == 0
+            and _tma_rows_ok(pl.a) and _tma_rows_ok(pl.b))
+
+
+def _tma_maps(a_ld: int, b_ld: int, inner: int, a_data, b_data) -> tuple:
+    """The tensor maps of the ``_kk_u`` kernel: A (tokens) in boxes of 32 rows, B (weights) of
+    128 rows, each box one k-tile deep (``BK / 2`` bytes of NVFP4)."""
+    bt, bw = CONFIGS["t"]
+    maps = []
+    for arr, ld, box_rows in ((a_data, a_ld, bt), (b_data, b_ld, bw)):
+        rows = int(arr.nbytes) // ld
+        if rows + box_rows >= 2**31:
+            raise NotImplementedError(
+                f"TMA loads address rows with int32 coordinates; {rows} rows are too many")
+        maps.append(tma.map_2d_u8(int(arr.data.ptr), inner, rows, ld, BK // 2, box_rows))
+    return tuple(maps)
+
+
 def _use_swap(rows: np.ndarray) -> bool:
     """Whether an M-grouped GEMM on quantized K-major operands takes the swapped-operand kernel:
     when no expert has more tokens than its tile (32). Each of its CTAs expands 128 weight rows
@@ -190,6 +228,7 @@ class Launch:
     smem: int
     wgmma: bool = False
     threads: int = THREADS
+    tma: bool = False
 
 
 _FAMILIES = ("auto", "wgmma", "mma", "simt")
@@ -250,7 +289,10 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     if ws:
         cfg = "x"
     bm, bn = CONFIGS[cfg]
-    name = f"lpm_gg_{prefix}_{layout}_{cfg}" + ("8" if ch == 8 else "")
+    # NVFP4 swapped-operand tiles load their data with TMA where one tensor map per operand
+    # covers every expert (the default family only)
+    use_tma = cfg == "t" and p.fmt == "nvfp4" and ch == 16 and family == "auto" and _use_tma(pl)
+    name = f"lpm_gg_{prefix}_{layout}_{'u' if use_tma else cfg}" + ("8" if ch == 8 else "")
     if cfg == "t":
         smem = _swap_smem_bytes(pl.a.kind, pl.b.kind)
     elif ws:
@@ -260,7 +302,7 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     if smem > optin:  # e.g. consumer GPUs with ~100 KiB per block
         return simt
     return Launch(f"grouped_gemm_{prefix}", name, False, bm, bn, ch, smem, use_wg,
-                  WS_THREADS if ws else THREADS)
+                  WS_THREADS if ws else THREADS, use_tma)
 
 
 def kernel_info(p) -> dict:
@@ -273,7 +315,7 @@ def kernel_info(p) -> dict:
         mma_type = "f16" if p.fmt == "nvfp4" or p.hp_dtype == "float16" else "bf16"
         # the warp-specialised kernel issues m64n128k16 with A from registers; the
         # swapped-operand kernel multiplies 64 weight rows by 32 tokens
-        shape = ("m64n32k16" if ln.kernel.endswith(("_t", "_t8")) else
+        shape = ("m64n32k16" if ln.kernel.endswith(("_t", "_t8", "_u")) else
                  "m64n256k16" if ln.bm == 128 and ln.threads != WS_THREADS else "m64n128k16")
         instr = (f"wgmma.{shape}.{mma_type}" if ln.wgmma
                  else f"mma.sync.m16n8k16.{mma_type}")
@@ -282,6 +324,8 @@ def kernel_info(p) -> dict:
             instr = f"wgmma.{shape}.f16|bf16"
         if ln.threads == WS_THREADS:
             instr += " ws"
+        if ln.tma:
+            instr += " tma"
     return dict(module=ln.module, kernel=ln.kernel, instruction=instr, tile=(ln.bm, ln.bn),
                 smem=ln.smem)
 
@@ -388,7 +432,10 @@ def _prepare(p, arrays):
         modes = ((a.ek, int(a.mn)), (b.ek, int(b.mn)))
     else:
         modes = ((launch.ch, int(a.e5m2)), (launch.ch, int(b.e5m2)))
+    tma_geom = ((int(a.ld[0]), int(b.ld[0]), int(pl.length[0]) * a.es_num // a.es_den)
+                if launch.tma else None)
     val = dict(launch=launch, tiles=tables[0], desc=tables[1], n_col_tiles=n_col_tiles,
+               tma_geom=tma_geom,
                grid=grid, n_cols=pl.n_cols, modes=modes, a_vec=int(a.amax_vec),
                b_vec=int(b.amax_vec), zero_if_empty=int(pl.zero_if_empty))
     with _lock:
@@ -433,6 +480,8 @@ def grouped_gemm(p):
         arg.update(a_ch=np.int32(am0), a_e5m2=np.int32(am1), b_ch=np.int32(bm0),
                    b_e5m2=np.int32(bm1))
         args = tuple(arg[name] for name in MMA_PARAMS)
+        if launch.tma:
+            args += _tma_maps(*prep["tma_geom"], a_data, b_data)
     fn = kernels.get_function(launch.module, launch.kernel)
     if launch.smem > 48 * 1024:
         key = (int(cp.cuda.runtime.getDevice()), launch.module, launch.kernel,

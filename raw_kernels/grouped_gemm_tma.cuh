@@ -1,0 +1,77 @@
+// lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): tensor
+// memory accelerator (TMA) tile loads with mbarrier completion, sm_90.
+//
+// A TmaMap is the driver's 128-byte tensor map (CUtensorMap), encoded on the host by
+// lowprec_moe/cuda/tma.py and passed by value as a __grid_constant__ kernel parameter, so the
+// bulk copies read it from parameter space (no device buffer, no upload). One thread issues a
+// whole tile per copy; the copy's completion is counted in bytes on an mbarrier in shared
+// memory, which every consuming thread waits on (phase parity). Elements outside the tensor's
+// extents are filled with zeros.
+
+#ifndef LPM_GROUPED_GEMM_TMA_CUH
+#define LPM_GROUPED_GEMM_TMA_CUH
+
+namespace lpm_gg {
+
+// CUtensorMap: opaque, 128 bytes, 64-byte aligned.
+struct alignas(64) TmaMap {
+    unsigned long long words[16];
+};
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define LPM_GG_HAS_TMA 1
+#else
+#define LPM_GG_HAS_TMA 0
+#endif
+
+// mbarrier at shared address `bar`, expecting `count` arrivals per phase.
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+#if LPM_GG_HAS_TMA
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+// Make this thread's mbarrier initialisations visible to the async proxy (the TMA unit's
+// completions); a CTA barrier must follow before other threads use them.
+__device__ __forceinline__ void mbar_init_fence() {
+#if LPM_GG_HAS_TMA
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+// Arrive once on `bar` and add `bytes` to the transaction count its current phase waits for.
+__device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned bytes) {
+#if LPM_GG_HAS_TMA
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+#endif
+}
+// Wait until the phase of `bar` with parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+#if LPM_GG_HAS_TMA
+    asm volatile(
+        "{\n.reg .pred done;\n"
+        "LPM_MBAR_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra LPM_MBAR_WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+#endif
+}
+// Copy the box of `map` at coordinates (c0 innermost, c1) to shared address `dst` (128-byte
+// aligned); completion is signalled on `bar`.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap* map, unsigned bar, int c0,
+                                            int c1) {
+#if LPM_GG_HAS_TMA
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+        "l"(reinterpret_cast<unsigned long long>(map)), "r"(bar), "r"(c0), "r"(c1)
+        : "memory");
+#else
+    __trap();
+#endif
+}
+
+}  // namespace lpm_gg
+
+#endif  // LPM_GROUPED_GEMM_TMA_CUH
