@@ -25,8 +25,9 @@
 //
 // The NVFP4 build lpm_gg_nvfp4_kk_u loads both data tiles of a k-tile with two TMA copies
 // issued by one thread (LPM_GG_DEFINE_SWAP_TMA): the per-thread cp.async address work leaves
-// the k-loop (static loop 398 -> 299 instructions) and the membound NVFP4 shape gets ~5-25 %
-// faster (benchmarks/RESULTS.md, twelfth session).
+// the k-loop (static loop 398 -> 299 instructions); on the membound NVFP4 shape the medians of
+// six alternated pairs moved by -19 % (fprop) / -15 % (dgrad), about as much as this machine's
+// run-to-run spread (benchmarks/RESULTS.md, twelfth session).
 //
 // Measured (benchmarks/RESULTS.md): the NVFP4 kernel is bound by the weight decode (~3
 // instructions per element) and by the four dependent wgmma per k-tile that each warp waits
@@ -110,6 +111,8 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
     constexpr int CANON_W = RS ? 0 : canon_bytes(BW), CANON_X = canon_bytes(BT);
     constexpr int RAW_W = raw_bytes(WKIND, BW), RAW_X = raw_bytes(XKIND, BT);
     constexpr int STAGE = RAW_W + RAW_X;
+    static_assert(!TMA || (STAGE % 128 == 0 && RAW_W % 128 == 0),
+                  "TMA destinations must be 128-byte aligned");
     constexpr int NST = swap_stages(XKIND, WKIND), NCB = 2;
     constexpr int CANON_OFF = raw_ring_bytes(WKIND, XKIND, BW, BT, NST);
     constexpr int EPI_LD = BW + 4;  // conflict-free transposed staging, 16-byte aligned rows

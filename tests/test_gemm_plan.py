@@ -296,8 +296,8 @@ def test_choose_kernel_few_tokens_swap(mode, fmt, family, monkeypatch):
 
 def test_tma_eligibility():
     """The TMA build needs one tensor map per operand: a uniform row stride that is a multiple
-    of 16 bytes, experts starting at whole rows, one contraction length that is a multiple of
-    the k-tile."""
+    of 16 bytes, experts starting at whole rows, int32 row coordinates, one contraction length
+    that is a multiple of the k-tile."""
     from lowprec_moe.cuda import gemm as C
 
     p = _policy_problem("fprop", "nvfp4", [16, 0, 32, 3, 16])
@@ -306,12 +306,14 @@ def test_tma_eligibility():
     a = pl.a
     a.ld = a.ld.copy()
     a.ld[1] += 16
-    assert not C._tma_rows_ok(a) and not C._use_tma(pl)  # strides differ
+    assert not C._tma_rows_ok(a, 32) and not C._use_tma(pl)  # strides differ
     a.ld[:] = 136
-    assert not C._tma_rows_ok(a)  # not a multiple of 16
+    assert not C._tma_rows_ok(a, 32)  # not a multiple of 16
     a.ld[:] = 128
+    assert C._tma_rows_ok(a, 32)
+    assert not C._tma_rows_ok(a, 2**31)  # row coordinates past int32
     a.off = a.off + 64
-    assert not C._tma_rows_ok(a)  # expert offsets not whole rows
+    assert not C._tma_rows_ok(a, 32)  # expert offsets not whole rows
     pl = C.plan(p)
     pl.length = pl.length.copy()
     pl.length[0] += C.BK

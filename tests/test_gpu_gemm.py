@@ -392,6 +392,36 @@ def test_gpu_swap_chosen_for_few_tokens(fmt):
     assert_gemm_close(got, exp, mag, f"few tokens swap {fmt}")
 
 
+@pytest.mark.parametrize("contraction", [64, 128, 448, 1600])
+@pytest.mark.parametrize("mode", ["fprop", "dgrad"])
+def test_gpu_swap_tma_contraction_lengths(mode, contraction, monkeypatch):
+    """The TMA build of the NVFP4 swapped-operand kernel over 1, 2, 7 and 25 k-tiles (its six
+    raw stages wrap, and their mbarrier phases flip, from 7 on): against float64, and bit for
+    bit against the cp.async build."""
+    from lowprec_moe.cuda import gemm as C
+
+    if "wgmma" not in _families():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    splits = [5, 0, 32, 17, 1, 31]
+    n, k = (192, contraction) if mode == "fprop" else (contraction, 192)
+    a, b = _host_operands(mode, "nvfp4", seed=27, splits=splits, n=n, k=k)
+    ga, gb = gpu(a), gpu(b)
+
+    def launch():
+        p = _validate(mode, ga, gb, splits, bias=None, probs=None, out_dtype="float32",
+                      out=None, accumulate=False)
+        return C.choose_kernel(p, C.plan(p))
+
+    assert launch().kernel.endswith("_kk_u"), launch()
+    got = _run(mode, a, b, splits, out_dtype="float32")
+    exp, mag = _expected(mode, a, b, splits)
+    assert_gemm_close(got, exp, mag, f"TMA swap {mode} contraction {contraction}")
+    monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
+    assert launch().kernel.endswith("_kk_t"), launch()
+    assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32"),
+                       f"TMA vs cp.async swap {mode} contraction {contraction}")
+
+
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4-row-scaled", "mxfp8-hybrid"])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_simt_forced_matches(mode, fmt, monkeypatch):

@@ -178,12 +178,15 @@ def _scales_word_aligned(op: Operand) -> bool:
     return ptr % 4 == 0 and not np.any(op.soff % 4) and not np.any(op.sld % 4)
 
 
-def _tma_rows_ok(op: Operand) -> bool:
+def _tma_rows_ok(op: Operand, box_rows: int) -> bool:
     """Whether a K-major operand can be read through one 2-D byte tensor map: every expert has
-    the same row stride, a multiple of 16 bytes, and starts at a whole row of the array."""
+    the same row stride, a multiple of 16 bytes, starts at a whole row of the array, and every
+    box of ``box_rows`` rows has int32 row coordinates."""
     ld = op.ld
-    return bool(ld.size) and bool(np.all(ld == ld[0])) and int(ld[0]) % tma.STRIDE_ALIGN == 0 \
-        and not np.any(op.off % ld[0])
+    if not (ld.size and np.all(ld == ld[0]) and int(ld[0]) % tma.STRIDE_ALIGN == 0):
+        return False
+    rows = int(op.data.nbytes) // int(ld[0])
+    return not np.any(op.off % ld[0]) and rows + box_rows < 2**31
 
 
 def _use_tma(pl: Plan) -> bool:
@@ -191,8 +194,9 @@ def _use_tma(pl: Plan) -> bool:
     ``_kk_u`` build): both operands mapped by :func:`_tma_rows_ok` and one contraction length,
     a multiple of the k-tile, for every expert."""
     length = pl.length
+    bt, bw = CONFIGS["t"]
     return (bool(length.size) and bool(np.all(length == length[0])) and int(length[0]) % BK == 0
-            and _tma_rows_ok(pl.a) and _tma_rows_ok(pl.b))
+            and _tma_rows_ok(pl.a, bt) and _tma_rows_ok(pl.b, bw))
 
 
 def _tma_maps(a_ld: int, b_ld: int, inner: int, a_data, b_data) -> tuple:
@@ -201,10 +205,7 @@ def _tma_maps(a_ld: int, b_ld: int, inner: int, a_data, b_data) -> tuple:
     bt, bw = CONFIGS["t"]
     maps = []
     for arr, ld, box_rows in ((a_data, a_ld, bt), (b_data, b_ld, bw)):
-        rows = int(arr.nbytes) // ld
-        if rows + box_rows >= 2**31:
-            raise NotImplementedError(
-                f"TMA loads address rows with int32 coordinates; {rows} rows are too many")
+        rows = int(arr.nbytes) // ld  # int32 coordinates: checked by _use_tma
         maps.append(tma.map_2d_u8(int(arr.data.ptr), inner, rows, ld, BK // 2, box_rows))
     return tuple(maps)
 

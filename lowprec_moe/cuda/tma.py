@@ -113,17 +113,18 @@ def map_2d_u8(ptr: int, inner: int, rows: int, stride: int, box_inner: int,
         if hit is not None:
             _cache.move_to_end(key)
             return hit
-    buf = (ctypes.c_uint64 * 16)()
+    raw = (ctypes.c_uint8 * (MAP_BYTES + MAP_ALIGN))()  # CUtensorMap is 64-byte aligned
+    addr = -(-ctypes.addressof(raw) // MAP_ALIGN) * MAP_ALIGN
     dims = (ctypes.c_uint64 * 2)(inner, rows)
     strides = (ctypes.c_uint64 * 1)(stride)
     box = (ctypes.c_uint32 * 2)(box_inner, box_rows)
     estr = (ctypes.c_uint32 * 2)(1, 1)
-    res = _encoder()(ctypes.addressof(buf), _U8, 2, ctypes.c_void_p(ptr), dims, strides, box,
+    res = _encoder()(addr, _U8, 2, ctypes.c_void_p(ptr), dims, strides, box,
                      estr, _INTERLEAVE_NONE, _SWIZZLE_NONE, _L2_PROMOTION_128B, _OOB_FILL_ZERO)
     if res != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {res}) for {key}")
     val = np.zeros((), dtype=map_dtype())
-    val["words"] = np.frombuffer(bytes(buf), dtype=np.uint64)
+    val["words"] = np.frombuffer(ctypes.string_at(addr, MAP_BYTES), dtype=np.uint64)
     val = val[()]
     with _lock:
         _cache[key] = val
