@@ -104,15 +104,15 @@ def map_2d_u8(ptr: int, inner: int, rows: int, stride: int, box_inner: int,
     RuntimeError
         If the driver rejects the map.
     """
-    why = check_2d_u8(ptr, inner, rows, stride, box_inner, box_rows)
-    if why is not None:
-        raise ValueError(f"no tensor map: {why}")
     key = (ptr, inner, rows, stride, box_inner, box_rows)
     with _lock:
         hit = _cache.get(key)
-        if hit is not None:
+        if hit is not None:  # only valid maps are cached
             _cache.move_to_end(key)
             return hit
+    why = check_2d_u8(ptr, inner, rows, stride, box_inner, box_rows)
+    if why is not None:
+        raise ValueError(f"no tensor map: {why}")
     raw = (ctypes.c_uint8 * (MAP_BYTES + MAP_ALIGN))()  # CUtensorMap is 64-byte aligned
     addr = -(-ctypes.addressof(raw) // MAP_ALIGN) * MAP_ALIGN
     dims = (ctypes.c_uint64 * 2)(inner, rows)
