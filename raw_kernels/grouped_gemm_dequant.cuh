@@ -72,7 +72,9 @@ __device__ __forceinline__ void fp8_decode4_f16(unsigned w, unsigned m01, unsign
 // scale bytes of row r at rsc + 4r): step s needs byte q of data words 2s and 2s+1 of each row
 // (contraction 16s+2q, +1 and 16s+2q+8, +9) and scale byte s; af[i] is step S0 + i. The values
 // are those convert_unit writes to the canonical tile (same decoder, same scale product).
-template <int S0, int NS>
+// SLD: bytes from one row's scale word to the next (4 in a raw stage; 16 in the TMA scale
+// slots of the warp-specialised kernel, which hold 4 k-tiles per row).
+template <int S0, int NS, int SLD = 4>
 __device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsigned char* rsc,
                                             int r, int q, unsigned (&af)[NS][4]) {
     static_assert(NS >= 1 && S0 + NS <= kBK / 16 && (NS == 1 || (S0 % 2 == 0 && NS % 2 == 0)),
@@ -93,8 +95,8 @@ __device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsi
             wb[4 * i] = b.x, wb[4 * i + 1] = b.y, wb[4 * i + 2] = b.z, wb[4 * i + 3] = b.w;
         }
     }
-    const unsigned sa = *reinterpret_cast<const unsigned*>(rsc + r * 4);
-    const unsigned sb = *reinterpret_cast<const unsigned*>(rsc + (r + 8) * 4);
+    const unsigned sa = *reinterpret_cast<const unsigned*>(rsc + r * SLD);
+    const unsigned sb = *reinterpret_cast<const unsigned*>(rsc + (r + 8) * SLD);
     const unsigned sel = static_cast<unsigned>(q) | (static_cast<unsigned>(q + 4) << 4);
 #pragma unroll
     for (int i = 0; i < NS; ++i) {
@@ -162,7 +164,8 @@ struct UnitRaw<KIND_FP8_K> {
     float f;
 };
 
-template <int KIND, int R>
+// SLD (NVFP4): bytes from one row's block scales to the next (see fp4_a_frags).
+template <int KIND, int R, int SLD = 4>
 __device__ __forceinline__ UnitRaw<KIND> unit_load(const unsigned char* raw,
                                                    const unsigned char* rsc, int u) {
     static_assert(KIND == KIND_FP4_K || KIND == KIND_FP8_K, "K-major quantized kinds");
@@ -170,7 +173,7 @@ __device__ __forceinline__ UnitRaw<KIND> unit_load(const unsigned char* raw,
     UnitRaw<KIND> x;
     if constexpr (KIND == KIND_FP4_K) {
         x.w = *reinterpret_cast<const uint4*>(raw + r * (kBK / 2) + h * 16);
-        x.s2 = *reinterpret_cast<const unsigned short*>(rsc + r * 4 + h * 2);
+        x.s2 = *reinterpret_cast<const unsigned short*>(rsc + r * SLD + h * 2);
     } else {
         x.f = reinterpret_cast<const float*>(rsc)[r * 2 + h];
         x.w0 = *reinterpret_cast<const uint4*>(raw + r * kBK + swz<2>(r, (2 * h) * 16));

@@ -21,6 +21,9 @@ LPM_GG_DEFINE_WG(lpm_gg_nvfp4_kk_w8, 128, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K
 LPM_GG_DEFINE_WG(lpm_gg_nvfp4_kk_v8, 64, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 8)
 LPM_GG_DEFINE_WS(lpm_gg_nvfp4_kk_x, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 16)
 LPM_GG_DEFINE_WS(lpm_gg_nvfp4_kk_x8, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 8)
+// The same with TMA loads of the data tiles and block scales (uniform strides; the launcher
+// checks).
+LPM_GG_DEFINE_WS_TMA(lpm_gg_nvfp4_kk_y, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true)
 // Few tokens per expert (fprop / dgrad, sm_90a only): 32 tokens x 128 output columns, weights
 // on the wgmma M side (grouped_gemm_swap.cuh).
 LPM_GG_DEFINE_SWAP(lpm_gg_nvfp4_kk_t, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 16, 3)

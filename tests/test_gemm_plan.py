@@ -180,13 +180,18 @@ def test_kernel_constants_match_sources():
     assert int(re.search(r"constexpr int kWsCanonBuffers = (\d+);", src).group(1)) == \
         C.WS_CANON_BUFFERS
     assert int(re.search(r"constexpr int kBK = (\d+);", src).group(1)) == C.BK
+    assert int(re.search(r"constexpr int kWsScaleTiles = (\d+);", src).group(1)) == \
+        C.WS_SCALE_TILES
+    assert int(re.search(r"constexpr int kWsScaleSlots = (\d+);", src).group(1)) == \
+        C.WS_SCALE_SLOTS
     simt = (kernels.kernel_dir() / "grouped_gemm_simt.cu").read_text()
     for name in ("EK_F32", "EK_BF16", "EK_F16", "EK_FP4", "EK_E4M3", "EK_E5M2"):
         assert int(re.search(rf"\b{name} = (\d+)", simt).group(1)) == getattr(C, name), name
     # every kernel name the launcher can pick exists in its module
     for prefix in ("bf16", "fp16", "nvfp4", "mxfp8"):
         text = (kernels.kernel_dir() / f"grouped_gemm_{prefix}.cu").read_text()
-        defined = set(re.findall(r"LPM_GG_DEFINE(?:_WG|_WS|_SWAP|_SWAP_TMA)?\((\w+),", text))
+        defined = set(re.findall(r"LPM_GG_DEFINE(?:_WG|_WS|_WS_TMA|_SWAP|_SWAP_TMA)?\((\w+),",
+                                 text))
         layouts = {"nvfp4": ["kk"]}.get(prefix, ["kk", "kn", "nn"])
         quantized = prefix == "nvfp4"  # the warp-specialised kernel
         for lay in layouts:
@@ -197,8 +202,8 @@ def test_kernel_constants_match_sources():
         if prefix in ("nvfp4", "mxfp8"):  # the swapped-operand kernel (K-major quantized operands)
             for suf in ("", "8") if prefix == "nvfp4" else ("",):
                 assert f"lpm_gg_{prefix}_kk_t{suf}" in defined, prefix
-        if prefix == "nvfp4":  # its TMA build
-            assert "lpm_gg_nvfp4_kk_u" in defined
+        if prefix == "nvfp4":  # the TMA builds (swapped-operand, warp-specialised)
+            assert "lpm_gg_nvfp4_kk_u" in defined and "lpm_gg_nvfp4_kk_y" in defined
     # the swapped-operand kernel's tile and stage counts
     for name, value in (("kSwapTokens", C.CONFIGS["t"][0]), ("kSwapCols", C.CONFIGS["t"][1])):
         assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == value, name
@@ -322,6 +327,65 @@ def test_tma_eligibility():
     assert not C._use_tma(pl)  # a ragged last k-tile
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_choose_kernel_ws_tma(mode, monkeypatch):
+    """sm_90, NVFP4 with the 128-row tile: the warp-specialised kernel's TMA build (``_kk_y``,
+    its own shared-memory formula) when data and scales of both operands have uniform strides
+    that are multiples of 16 bytes (K and N multiples of 256; wgrad: equal splits, multiples of
+    256) and one contraction length; the cp.async build ``_kk_x`` otherwise, with
+    ``LOWPREC_MOE_GEMM_TMA=off`` and outside the default family."""
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)
+    ok = [256, 256, 256] if mode == "wgrad" else [0, 300, 37, 260, 5, 129]
+    for fmt in ("nvfp4", "nvfp4-row-scaled"):
+        p = _policy_problem(mode, fmt, ok, n=512, k=768)
+        pl = C.plan(p)
+        assert C._use_ws_tma(pl)
+        ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+        assert ln.kernel == "lpm_gg_nvfp4_kk_y" and ln.tma and ln.threads == C.WS_THREADS, ln
+        assert ln.smem == C._ws_tma_smem_bytes(), ln
+        monkeypatch.setenv(C.TMA_ENV, "off")
+        ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+        assert ln.kernel == "lpm_gg_nvfp4_kk_x" and not ln.tma, ln
+        monkeypatch.setenv(C.TMA_ENV, "sometimes")
+        with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_TMA"):
+            C.choose_kernel(p, pl, caps=H200_CAPS)
+        monkeypatch.delenv(C.TMA_ENV)
+        monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
+        assert not C.choose_kernel(p, pl, caps=H200_CAPS).tma
+        monkeypatch.delenv(C.KERNEL_ENV)
+    # scale rows of K/16 (or N/16, tokens/16) bytes that are not 16-byte multiples
+    bad = [128, 128, 128] if mode == "wgrad" else ok
+    p = _policy_problem(mode, "nvfp4", bad, n=512 if mode != "dgrad" else 640,
+                        k=640 if mode != "dgrad" else 512)
+    assert C.choose_kernel(p, C.plan(p), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_x"
+    if mode == "wgrad":  # unequal splits: per-expert strides differ
+        p = _policy_problem(mode, "nvfp4", [256, 512, 256], n=512, k=768)
+        assert C.choose_kernel(p, C.plan(p), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_x"
+
+
+def test_ws_tma_scale_eligibility():
+    """The scale maps of the ``_kk_y`` build: one scale row stride (a multiple of 16 bytes),
+    experts starting at whole scale rows, int32 row coordinates."""
+    from lowprec_moe.cuda import gemm as C
+
+    p = _policy_problem("fprop", "nvfp4", [0, 300, 37, 260, 5, 129], n=512, k=768)
+    pl = C.plan(p)
+    a = pl.a
+    assert C._tma_scale_rows_ok(a, 128)
+    assert not C._tma_scale_rows_ok(a, 2**31)  # row coordinates past int32
+    a.soff = a.soff + 16
+    assert not C._tma_scale_rows_ok(a, 128)  # experts not at whole scale rows
+    a.soff = a.soff - 16
+    a.sld = a.sld.copy()
+    a.sld[1] += 16
+    assert not C._tma_scale_rows_ok(a, 128)  # strides differ
+    a.sld[:] = 40
+    assert not C._tma_scale_rows_ok(a, 128)  # not a multiple of 16
+    assert not C._use_ws_tma(pl)
+
+
 def test_tma_map_limits():
     """The tensor-map argument checks name the violated limit."""
     from lowprec_moe.cuda import tma
@@ -348,6 +412,17 @@ def test_ws_smem_formula():
     ring = -(-6 * stage // 1024) * 1024  # rounded up to 1 KiB
     assert nv == ring + 3 * 256 * 128 + 1024 == 81 * 1024 + 96 * 1024 + 1024
     assert 128 * (256 + 8) * 4 + 1024 <= nv <= 227 * 1024
+
+
+def test_ws_tma_smem_formula():
+    """The TMA build of the warp-specialised kernel (mirrors ws_tma_smem_bytes): 6 raw stages
+    of data only, 3 canonical B buffers, 3 scale slots of 16 bytes (4 k-tiles) per row (128 + 256
+    rows), 1 KiB alignment; under the opt-in limit with the 1 KiB of static mbarrier space."""
+    from lowprec_moe.cuda import gemm as C
+
+    nv = C._ws_tma_smem_bytes()
+    assert nv == 6 * (128 + 256) * 32 + 3 * 256 * 128 + 3 * (128 + 256) * 16 + 1024
+    assert nv + 1024 <= 227 * 1024
 
 
 def test_swap_smem_formula():

@@ -73,6 +73,14 @@ Kernel choice
   magnitude below ~1e-35 (E4M3 scale code < 3, E5M2 < 10), where the bf16 path is inexact: an
   output's bits there depend on which path its tile took, i.e. on the other rows / columns of
   the tile and the tile shape, so grouped == per-expert is only guaranteed above that range.
+* On sm_90, the warp-specialised NVFP4 kernel has a TMA build too, ``_kk_y``: one producer
+  thread loads each k-tile's two data tiles with one tensor-map copy each and the block scales
+  four k-tiles at a time (a 16-byte box per row, into three scale slots), all completing on
+  mbarriers; the other producer threads only expand B. Chosen in the default family when data
+  and scales of both operands have one row stride each (multiples of 16 bytes: K, or the padded
+  tokens per expert for wgrad, a multiple of 256), every expert starts at a whole row and all
+  experts contract the same whole number of k-tiles; bitwise the cp.async build's results.
+  ``LOWPREC_MOE_GEMM_TMA`` = ``auto`` (default) | ``off`` switches both TMA builds off.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
   swapped-operand one for few tokens per expert), without the warp-specialised one and without
@@ -90,6 +98,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import formats as F
 from .. import kernels
 from . import tma
 from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
@@ -100,13 +109,18 @@ from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     WS_AHEAD, WS_CANON_BUFFERS, WS_THREADS, _cdiv,
     _flat_amax, descriptors, plan, tile_table)
 from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
-    MAX_SMEM, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes, _smem_bytes, _swap_smem_bytes,
-    _ws_smem_bytes)
+    MAX_SMEM, WS_SCALE_SLOTS, WS_SCALE_TILES, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes, _smem_bytes,
+    _swap_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
 
-__all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV"]
+__all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV",
+           "TMA_ENV"]
 
 #: Environment variable selecting the kernel family: "auto" (default) or "simt".
 KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
+#: Environment variable switching the TMA builds of the default family off: "auto" (default) or
+#: "off" (the cp.async builds; A/B comparisons and cross-checks).
+TMA_ENV = "LOWPREC_MOE_GEMM_TMA"
+_TMA_MODES = ("auto", "off")
 #: Environment variable for the MXFP8 wgmma kernels' tensor-core type: "auto" (default: fp16
 #: for every tile whose block scales fit the fp16 window, bf16 otherwise; same results, see
 #: raw_kernels/grouped_gemm_mxf16.cuh) or "bf16" (every tile on bf16).
@@ -173,9 +187,13 @@ def _pick_bm(rows: np.ndarray, small: int) -> int:
 def _scales_word_aligned(op: Operand) -> bool:
     """Every k-tile's block-scale bytes of every row start 4-byte aligned (the NVFP4
     swapped-operand kernel copies them with 4-byte cp.async)."""
-    buf = op.scale.data
-    ptr = int(buf.ptr) if hasattr(buf, "ptr") else int(op.scale.ctypes.data)  # CuPy / NumPy
-    return ptr % 4 == 0 and not np.any(op.soff % 4) and not np.any(op.sld % 4)
+    return _ptr(op.scale) % 4 == 0 and not np.any(op.soff % 4) and not np.any(op.sld % 4)
+
+
+def _ptr(arr) -> int:
+    """Address of an array's first element (CuPy or NumPy)."""
+    buf = arr.data
+    return int(buf.ptr) if hasattr(buf, "ptr") else int(arr.ctypes.data)
 
 
 def _tma_rows_ok(op: Operand, box_rows: int) -> bool:
@@ -199,14 +217,49 @@ def _use_tma(pl: Plan) -> bool:
             and _tma_rows_ok(pl.a, bt) and _tma_rows_ok(pl.b, bw))
 
 
-def _tma_maps(a_ld: int, b_ld: int, inner: int, a_data, b_data) -> tuple:
-    """The tensor maps of the ``_kk_u`` kernel: A (tokens) in boxes of 32 rows, B (weights) of
-    128 rows, each box one k-tile deep (``BK / 2`` bytes of NVFP4)."""
-    bt, bw = CONFIGS["t"]
+def _tma_scale_rows_ok(op: Operand, box_rows: int) -> bool:
+    """Whether an NVFP4 operand's block scales can be read through one 2-D byte tensor map in
+    boxes of ``WS_SCALE_TILES`` k-tiles (16 bytes) per row: one scale row stride for every
+    expert, a multiple of 16 bytes, experts starting at whole scale rows, a 16-byte aligned
+    buffer and int32 row coordinates."""
+    sld = op.sld
+    if op.scale is None or not (sld.size and np.all(sld == sld[0])):
+        return False
+    if int(sld[0]) % tma.STRIDE_ALIGN or _ptr(op.scale) % tma.STRIDE_ALIGN:
+        return False
+    rows = int(op.scale.nbytes) // int(sld[0])
+    return not np.any(op.soff % sld[0]) and rows + box_rows < 2**31
+
+
+def _use_ws_tma(pl: Plan) -> bool:
+    """Whether the warp-specialised NVFP4 kernel can load its data tiles and block scales with
+    TMA (the ``_kk_y`` build): data and scales of both operands mapped by
+    :func:`_tma_rows_ok` / :func:`_tma_scale_rows_ok` and one contraction length, a multiple of
+    the k-tile, for every expert."""
+    length = pl.length
+    bm, bn = CONFIGS["x"]
+    return (bool(length.size) and bool(np.all(length == length[0])) and int(length[0]) % BK == 0
+            and _tma_rows_ok(pl.a, bm) and _tma_rows_ok(pl.b, bn)
+            and _tma_scale_rows_ok(pl.a, bm) and _tma_scale_rows_ok(pl.b, bn))
+
+
+def _tma_maps(kernel: str, geom: tuple, a_data, a_scale, b_data, b_scale) -> tuple:
+    """The tensor maps of a TMA build, each data box one k-tile deep (``BK / 2`` bytes of
+    NVFP4): ``_kk_u`` A (tokens) in boxes of 32 rows, B (weights) of 128 rows; ``_kk_y`` A in
+    boxes of 128 rows, B of 256, then the two block-scale maps, ``WS_SCALE_TILES`` k-tiles
+    (16 bytes) per box row."""
+    a_ld, b_ld, inner, a_sld, b_sld = geom
+    ws = kernel.endswith("_y")
+    box_a, box_b = CONFIGS["x"] if ws else CONFIGS["t"]
+    parts = [(a_data, a_ld, inner, BK // 2, box_a), (b_data, b_ld, inner, BK // 2, box_b)]
+    if ws:
+        s_inner = inner * 2 // F.NVFP4_BLOCK  # scale bytes of a row (contraction / 16)
+        s_box = WS_SCALE_TILES * BK // F.NVFP4_BLOCK
+        parts += [(a_scale, a_sld, s_inner, s_box, box_a), (b_scale, b_sld, s_inner, s_box, box_b)]
     maps = []
-    for arr, ld, box_rows in ((a_data, a_ld, bt), (b_data, b_ld, bw)):
-        rows = int(arr.nbytes) // ld  # int32 coordinates: checked by _use_tma
-        maps.append(tma.map_2d_u8(int(arr.data.ptr), inner, rows, ld, BK // 2, box_rows))
+    for arr, ld, extent, box_inner, box_rows in parts:
+        rows = int(arr.nbytes) // ld  # int32 coordinates: checked by _use_tma / _use_ws_tma
+        maps.append(tma.map_2d_u8(int(arr.data.ptr), extent, rows, ld, box_inner, box_rows))
     return tuple(maps)
 
 
@@ -258,6 +311,10 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     family = (os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto")
     if family not in _FAMILIES:
         raise ValueError(f"{KERNEL_ENV}={family!r} must be one of {_FAMILIES}")
+    tma_mode = (os.environ.get(TMA_ENV, "auto").strip().lower() or "auto")
+    if tma_mode not in _TMA_MODES:
+        raise ValueError(f"{TMA_ENV}={tma_mode!r} must be one of {_TMA_MODES}")
+    tma_ok = family == "auto" and tma_mode == "auto"
     simt = Launch("grouped_gemm_simt", "lpm_gg_simt", True, SIMT_TILE, SIMT_TILE, 0, 0)
     if family == "simt" or (p.fmt == "hp" and p.hp_dtype == "float32"):
         return simt
@@ -292,10 +349,16 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     bm, bn = CONFIGS[cfg]
     # NVFP4 swapped-operand tiles load their data with TMA where one tensor map per operand
     # covers every expert (the default family only)
-    use_tma = cfg == "t" and p.fmt == "nvfp4" and ch == 16 and family == "auto" and _use_tma(pl)
-    name = f"lpm_gg_{prefix}_{layout}_{'u' if use_tma else cfg}" + ("8" if ch == 8 else "")
+    use_tma = cfg == "t" and p.fmt == "nvfp4" and ch == 16 and tma_ok and _use_tma(pl)
+    # ... and so does the warp-specialised kernel, block scales included (the _kk_y build)
+    ws_tma = ws and ch == 16 and tma_ok and _use_ws_tma(pl)
+    suffix = "u" if use_tma else "y" if ws_tma else cfg
+    use_tma = use_tma or ws_tma
+    name = f"lpm_gg_{prefix}_{layout}_{suffix}" + ("8" if ch == 8 else "")
     if cfg == "t":
         smem = _swap_smem_bytes(pl.a.kind, pl.b.kind)
+    elif ws_tma:
+        smem = _ws_tma_smem_bytes()
     elif ws:
         smem = _ws_smem_bytes(pl.a.kind, pl.b.kind)
     else:
@@ -402,8 +465,8 @@ def _signature(p, arrays) -> tuple:
 
     residues = tuple(None if arr is None else int(arr.data.ptr) % 16 for arr in arrays)
     return (int(_cupy().cuda.runtime.getDevice()), p.mode, p.fmt, p.hp_dtype, p.splits, p.n, p.k,
-            bool(p.accumulate), os.environ.get(KERNEL_ENV, "auto"), gt_sig(p.a), gt_sig(p.b),
-            residues)
+            bool(p.accumulate), os.environ.get(KERNEL_ENV, "auto"), os.environ.get(TMA_ENV, "auto"),
+            gt_sig(p.a), gt_sig(p.b), residues)
 
 
 _prepared: OrderedDict = OrderedDict()
@@ -433,8 +496,8 @@ def _prepare(p, arrays):
         modes = ((a.ek, int(a.mn)), (b.ek, int(b.mn)))
     else:
         modes = ((launch.ch, int(a.e5m2)), (launch.ch, int(b.e5m2)))
-    tma_geom = ((int(a.ld[0]), int(b.ld[0]), int(pl.length[0]) * a.es_num // a.es_den)
-                if launch.tma else None)
+    tma_geom = ((int(a.ld[0]), int(b.ld[0]), int(pl.length[0]) * a.es_num // a.es_den,
+                 int(a.sld[0]), int(b.sld[0])) if launch.tma else None)
     val = dict(launch=launch, tiles=tables[0], desc=tables[1], n_col_tiles=n_col_tiles,
                tma_geom=tma_geom,
                grid=grid, n_cols=pl.n_cols, modes=modes, a_vec=int(a.amax_vec),
@@ -482,7 +545,8 @@ def grouped_gemm(p):
                    b_e5m2=np.int32(bm1))
         args = tuple(arg[name] for name in MMA_PARAMS)
         if launch.tma:
-            args += _tma_maps(*prep["tma_geom"], a_data, b_data)
+            args += _tma_maps(launch.kernel, prep["tma_geom"], a_data, a_scale, b_data,
+                              b_scale)
     fn = kernels.get_function(launch.module, launch.kernel)
     if launch.smem > 48 * 1024:
         key = (int(cp.cuda.runtime.getDevice()), launch.module, launch.kernel,

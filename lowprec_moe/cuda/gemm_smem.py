@@ -71,6 +71,23 @@ def _ws_smem_bytes(a_kind: int, b_kind: int) -> int:
     return max(ring + WS_CANON_BUFFERS * _canon(bn), _epi_bytes(bm, bn)) + 1024
 
 
+#: k-tiles of block scales per TMA scale slot, and slots, of the warp-specialised kernel's TMA
+#: build (kWsScaleTiles / kWsScaleSlots in raw_kernels/grouped_gemm_base.cuh)
+WS_SCALE_TILES = 4
+WS_SCALE_SLOTS = 3
+
+
+def _ws_tma_smem_bytes() -> int:
+    """Dynamic shared memory of the warp-specialised NVFP4 kernel's TMA build (ws_tma_smem_bytes
+    in raw_kernels/grouped_gemm_base.cuh): raw stages of the two data tiles only, canonical B
+    buffers, then WS_SCALE_SLOTS slots of WS_SCALE_TILES k-tiles of block scales (16 bytes per
+    row of A and B), alignment; the fp32 epilogue tile reuses it."""
+    bm, bn = CONFIGS["x"]
+    stages = (WS_AHEAD + WS_CANON_BUFFERS) * (bm + bn) * BK // 2
+    slots = WS_SCALE_SLOTS * (bm + bn) * WS_SCALE_TILES * BK // F.NVFP4_BLOCK
+    return max(stages + WS_CANON_BUFFERS * _canon(bn) + slots, _epi_bytes(bm, bn)) + 1024
+
+
 def _swap_smem_bytes(x_kind: int, w_kind: int) -> int:
     """Dynamic shared memory of the swapped-operand kernel (swap_smem_bytes in
     raw_kernels/grouped_gemm_base.cuh): raw ring, two canonical buffers (NVFP4: the token tile
