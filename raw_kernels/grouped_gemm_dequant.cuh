@@ -67,6 +67,26 @@ __device__ __forceinline__ void fp8_decode4_f16(unsigned w, unsigned m01, unsign
     o1 = hmul2_rn(fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w >> 16)), m23);
 }
 
+// Step s's wgmma A fragment of NVFP4 rows r and r + 8 from that step's raw words (wa0, wa1: data
+// words 2s and 2s+1 of row r; wb0, wb1: of row r + 8), the rows' scale words sa / sb (byte s:
+// the step's block) and sel = q | (q + 4) << 4 (see fp4_a_frags).
+__device__ __forceinline__ void fp4_a_step(int s, unsigned wa0, unsigned wa1, unsigned wb0,
+                                           unsigned wb1, unsigned sa, unsigned sb, unsigned sel,
+                                           unsigned (&af)[4]) {
+    // nibbles: row r (16s+2q, +1, 16s+2q+8, +9), then row r+8 (the same)
+    const unsigned w =
+        __byte_perm(__byte_perm(wa0, wa1, sel), __byte_perm(wb0, wb1, sel), 0x5410u);
+    const unsigned s2 = __byte_perm(sa, sb, static_cast<unsigned>(s | ((s + 4) << 4)));
+    // row r's scale (low half) for elements 0-3, row r+8's (high half) for 4-7
+    const unsigned sc = fp4_scales_x64(static_cast<unsigned short>(s2 & 0xFFFFu));
+    unsigned o[4];
+    fp4_decode8<false, true>(w, sc, o);
+    af[0] = o[0];  // row r,   2q..2q+1
+    af[1] = o[2];  // row r+8, 2q..2q+1
+    af[2] = o[1];  // row r,   2q+8..2q+9
+    af[3] = o[3];  // row r+8, 2q+8..2q+9
+}
+
 // wgmma A fragments (m64k16, f16) of NVFP4 rows r and r + 8 for the 16-deep steps S0 ..
 // S0 + NS - 1 of a k-tile, decoded straight from a raw stage (rows of 32 data bytes; the 4 E4M3
 // scale bytes of row r at rsc + 4r): step s needs byte q of data words 2s and 2s+1 of each row
@@ -99,21 +119,9 @@ __device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsi
     const unsigned sb = *reinterpret_cast<const unsigned*>(rsc + (r + 8) * SLD);
     const unsigned sel = static_cast<unsigned>(q) | (static_cast<unsigned>(q + 4) << 4);
 #pragma unroll
-    for (int i = 0; i < NS; ++i) {
-        const int s = S0 + i;
-        // nibbles: row r (16s+2q, +1, 16s+2q+8, +9), then row r+8 (the same)
-        const unsigned w = __byte_perm(__byte_perm(wa[2 * i], wa[2 * i + 1], sel),
-                                       __byte_perm(wb[2 * i], wb[2 * i + 1], sel), 0x5410u);
-        const unsigned s2 = __byte_perm(sa, sb, static_cast<unsigned>(s | ((s + 4) << 4)));
-        // row r's scale (low half) for elements 0-3, row r+8's (high half) for 4-7
-        const unsigned sc = fp4_scales_x64(static_cast<unsigned short>(s2 & 0xFFFFu));
-        unsigned o[4];
-        fp4_decode8<false, true>(w, sc, o);
-        af[i][0] = o[0];  // row r,   2q..2q+1
-        af[i][1] = o[2];  // row r+8, 2q..2q+1
-        af[i][2] = o[1];  // row r,   2q+8..2q+9
-        af[i][3] = o[3];  // row r+8, 2q+8..2q+9
-    }
+    for (int i = 0; i < NS; ++i)
+        fp4_a_step(S0 + i, wa[2 * i], wa[2 * i + 1], wb[2 * i], wb[2 * i + 1], sa, sb, sel,
+                   af[i]);
 }
 
 // Expand 8-element word v of a K-major NVFP4 raw tile (row v / 8, contraction 8(v%8)..+7: one

@@ -48,6 +48,12 @@ constexpr int kWsConsumerRegs = 176;
 constexpr int kWsProducerRegs =
     (kWsLaunchRegs * kWsThreads - kWsConsumerRegs * kWsConsumers) / kWsProducers / 8 * 8;  // 80
 static_assert(kWsProducerRegs % 8 == 0 && kWsProducerRegs >= 24, "setmaxnreg granularity");
+// The TMA build's producers hold no copy state, and its consumers keep a step's raw words one
+// step ahead: 8 registers move from the producers to the consumers.
+constexpr int kWsTmaConsumerRegs = kWsConsumerRegs + 8;
+constexpr int kWsTmaProducerRegs =
+    (kWsLaunchRegs * kWsThreads - kWsTmaConsumerRegs * kWsConsumers) / kWsProducers / 8 * 8;  // 72
+static_assert(kWsTmaProducerRegs % 8 == 0 && kWsTmaProducerRegs >= 24, "setmaxnreg granularity");
 // Named barriers (0 is __syncthreads).
 constexpr int WS_BAR_PROD = 1;   // the producer warpgroups
 constexpr int WS_BAR_EPI = 2;    // the consumer warpgroups
@@ -143,7 +149,7 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
 
     if (TMA && threadIdx.x >= kWsConsumers) {
         // ---------------- producer warpgroups, TMA build ----------------
-        regs_release<kWsProducerRegs>();
+        regs_release<kWsTmaProducerRegs>();
         const unsigned t = threadIdx.x - kWsConsumers;
         const bool leader = t == 0;
         int a_row = 0, b_row = 0, as_row = 0, bs_row = 0;
@@ -282,7 +288,7 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
     // m64n128k16 with A from registers (this thread's fragment rows ar, ar + 8, decoded from the
     // raw stage) and B from the canonical buffer. Each step is one commit group, so a step's
     // fragments are decoded while the previous step's wgmma run.
-    regs_claim<kWsConsumerRegs>();
+    regs_claim<TMA ? kWsTmaConsumerRegs : kWsConsumerRegs>();
     ep.init_alpha();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
@@ -310,6 +316,19 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
             db = wg_desc(s0 + T_CANON + cb * CANON_B, 16, 1024);
         }
         unsigned af[2][1][4];  // fragments of the step in flight and of the next one
+        // TMA build: each step's raw words are loaded one step ahead, before the wgmma wait,
+        // so that only the decode stands between that wait and the next wgmma (the rows'
+        // scale words once per k-tile).
+        uint2 wa = make_uint2(0u, 0u), wb = wa;
+        unsigned sa = 0u, sb = 0u;
+        const unsigned sel = static_cast<unsigned>(aq) | (static_cast<unsigned>(aq + 4) << 4);
+        const unsigned char* const ra = rs + ar * (kBK / 2);
+        if constexpr (TMA) {
+            sa = *reinterpret_cast<const unsigned*>(rsc + ar * T_SLD);
+            sb = *reinterpret_cast<const unsigned*>(rsc + (ar + 8) * T_SLD);
+            wa = *reinterpret_cast<const uint2*>(ra);
+            wb = *reinterpret_cast<const uint2*>(ra + 8 * (kBK / 2));
+        }
 #pragma unroll
         for (int s = 0; s < kBK / 16; ++s) {
             // At most one group (step) pending: step s-2's fragments are free, and at s = 1
@@ -318,11 +337,18 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
             wg_fence_acc<NI * 4>(accf);
             if (s == 1 && kt >= 1 && kt - 1 + NCB < KT)
                 named_arrive(WS_BAR_EMPTY + (kt - 1) % NCB, kWsThreads);
-            constexpr int SLD = TMA ? T_SLD : 4;
-            if (s == 0) fp4_a_frags<0, 1, SLD>(rs, rsc, ar, aq, af[0]);
-            if (s == 1) fp4_a_frags<1, 1, SLD>(rs, rsc, ar, aq, af[1]);
-            if (s == 2) fp4_a_frags<2, 1, SLD>(rs, rsc, ar, aq, af[0]);
-            if (s == 3) fp4_a_frags<3, 1, SLD>(rs, rsc, ar, aq, af[1]);
+            if constexpr (TMA) {
+                fp4_a_step(s, wa.x, wa.y, wb.x, wb.y, sa, sb, sel, af[s & 1][0]);
+                if (s + 1 < kBK / 16) {  // the next step's words, in flight across the wait
+                    wa = *reinterpret_cast<const uint2*>(ra + (s + 1) * 8);
+                    wb = *reinterpret_cast<const uint2*>(ra + 8 * (kBK / 2) + (s + 1) * 8);
+                }
+            } else {
+                if (s == 0) fp4_a_frags<0, 1>(rs, rsc, ar, aq, af[0]);
+                if (s == 1) fp4_a_frags<1, 1>(rs, rsc, ar, aq, af[1]);
+                if (s == 2) fp4_a_frags<2, 1>(rs, rsc, ar, aq, af[0]);
+                if (s == 3) fp4_a_frags<3, 1>(rs, rsc, ar, aq, af[1]);
+            }
             wg_fence();
 #pragma unroll
             for (int n = 0; n < 2; ++n)
