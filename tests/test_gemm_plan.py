@@ -363,6 +363,9 @@ def test_choose_kernel_ws_tma(mode, monkeypatch):
     if mode == "wgrad":  # unequal splits: per-expert strides differ
         p = _policy_problem(mode, "nvfp4", [256, 512, 256], n=512, k=768)
         assert C.choose_kernel(p, C.plan(p), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_x"
+        # every expert empty: columnwise rows of stride 0 get no tensor map
+        p = _policy_problem(mode, "nvfp4", [0, 0, 0], n=512, k=768)
+        assert not C._use_ws_tma(C.plan(p))
 
 
 def test_ws_tma_scale_eligibility():

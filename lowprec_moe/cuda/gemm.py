@@ -201,8 +201,9 @@ def _tma_rows_ok(op: Operand, box_rows: int) -> bool:
     the same row stride, a multiple of 16 bytes, starts at a whole row of the array, and every
     box of ``box_rows`` rows has int32 row coordinates."""
     ld = op.ld
-    if not (ld.size and np.all(ld == ld[0]) and int(ld[0]) % tma.STRIDE_ALIGN == 0):
-        return False
+    if not (ld.size and np.all(ld == ld[0]) and int(ld[0]) > 0
+            and int(ld[0]) % tma.STRIDE_ALIGN == 0):
+        return False  # (wgrad over empty experts has no rows: stride 0)
     rows = int(op.data.nbytes) // int(ld[0])
     return not np.any(op.off % ld[0]) and rows + box_rows < 2**31
 
@@ -223,7 +224,7 @@ def _tma_scale_rows_ok(op: Operand, box_rows: int) -> bool:
     expert, a multiple of 16 bytes, experts starting at whole scale rows, a 16-byte aligned
     buffer and int32 row coordinates."""
     sld = op.sld
-    if op.scale is None or not (sld.size and np.all(sld == sld[0])):
+    if op.scale is None or not (sld.size and np.all(sld == sld[0]) and int(sld[0]) > 0):
         return False
     if int(sld[0]) % tma.STRIDE_ALIGN or _ptr(op.scale) % tma.STRIDE_ALIGN:
         return False
