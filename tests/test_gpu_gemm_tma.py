@@ -1,0 +1,98 @@
+"""Grouped GEMM TMA builds on the GPU: the swapped-operand (``_kk_u``) and warp-specialised
+(``_kk_y``) NVFP4 kernels against float64 and, bit for bit, against their cp.async builds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lowprec_moe.gemm import _validate
+
+from conftest import assert_bytes_equal, requires_gpu
+from test_gemm import _expected, assert_gemm_close
+from test_gpu_gemm import MODES, _families, _host_operands, _run, gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+
+@pytest.mark.parametrize("contraction", [64, 128, 448, 1600])
+@pytest.mark.parametrize("mode", ["fprop", "dgrad"])
+def test_gpu_swap_tma_contraction_lengths(mode, contraction, monkeypatch):
+    """The TMA build of the NVFP4 swapped-operand kernel over 1, 2, 7 and 25 k-tiles (its six
+    raw stages wrap, and their mbarrier phases flip, from 7 on): against float64, and bit for
+    bit against the cp.async build."""
+    from lowprec_moe.cuda import gemm as C
+
+    if "wgmma" not in _families():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    splits = [5, 0, 32, 17, 1, 31]
+    n, k = (192, contraction) if mode == "fprop" else (contraction, 192)
+    a, b = _host_operands(mode, "nvfp4", seed=27, splits=splits, n=n, k=k)
+    ga, gb = gpu(a), gpu(b)
+
+    def launch():
+        p = _validate(mode, ga, gb, splits, bias=None, probs=None, out_dtype="float32",
+                      out=None, accumulate=False)
+        return C.choose_kernel(p, C.plan(p))
+
+    assert launch().kernel.endswith("_kk_u"), launch()
+    got = _run(mode, a, b, splits, out_dtype="float32")
+    exp, mag = _expected(mode, a, b, splits)
+    assert_gemm_close(got, exp, mag, f"TMA swap {mode} contraction {contraction}")
+    monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
+    assert launch().kernel.endswith("_kk_t"), launch()
+    assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32"),
+                       f"TMA vs cp.async swap {mode} contraction {contraction}")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
+@pytest.mark.parametrize("tiles", [4, 12, 28])
+@pytest.mark.parametrize("mode", MODES)
+def test_gpu_ws_tma_equals_cp_async(mode, tiles, fmt, monkeypatch):
+    """The TMA build of the warp-specialised NVFP4 kernel (``_kk_y``: data tiles and block
+    scales through tensor maps and mbarriers) over 4, 12 and 28 k-tiles (one scale group; every
+    scale slot once; the six raw stages and three scale slots wrapping, their mbarrier phases
+    flipping): against float64 and bit for bit against the cp.async build and the plain wgmma
+    kernel, with a partial column tile, bias and probs (fprop) and bf16 output."""
+    from lowprec_moe.cuda import gemm as C
+
+    if C._device_caps()[0] != (9, 0):
+        pytest.skip("the warp-specialised kernel needs an sm_90 GPU")
+    contraction = tiles * C.BK
+    if mode == "wgrad":
+        splits, n, k = [contraction] * 3, 320, 512
+    else:
+        splits = [0, 300, 37, 260, 5, 129]
+        n, k = (320, contraction) if mode == "fprop" else (contraction, 320)
+    a, b = _host_operands(mode, fmt, seed=29 + tiles, splits=splits, n=n, k=k)
+    ga, gb = gpu(a), gpu(b)
+    rng = np.random.default_rng(tiles)
+    kw = {}
+    if mode == "fprop":
+        kw = dict(bias=rng.standard_normal((len(splits), n)).astype(np.float32),
+                  probs=rng.random(sum(splits)).astype(np.float32))
+
+    def launch():
+        p = _validate(mode, ga, gb, splits, bias=None, probs=None, out_dtype="float32",
+                      out=None, accumulate=False)
+        return C.choose_kernel(p, C.plan(p))
+
+    assert launch().kernel == "lpm_gg_nvfp4_kk_y", launch()
+    got = _run(mode, a, b, splits, out_dtype="float32", **kw)
+    got16 = _run(mode, a, b, splits, out_dtype="bfloat16", **kw)
+    exp, mag = _expected(mode, a, b, splits, **kw)
+    assert_gemm_close(got, exp, mag, f"TMA ws {mode} {fmt} {tiles} k-tiles")
+    assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32", **kw),
+                       f"TMA ws run to run {mode} {fmt} {tiles}")
+    monkeypatch.setenv(C.TMA_ENV, "off")
+    assert launch().kernel == "lpm_gg_nvfp4_kk_x", launch()
+    assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32", **kw),
+                       f"TMA vs cp.async ws {mode} {fmt} {tiles}")
+    assert_bytes_equal(got16, _run(mode, a, b, splits, out_dtype="bfloat16", **kw),
+                       f"TMA vs cp.async ws bf16 {mode} {fmt} {tiles}")
+    monkeypatch.delenv(C.TMA_ENV)
+    monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
+    assert launch().threads == C.THREADS, launch()
+    assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32", **kw),
+                       f"TMA ws vs plain wgmma {mode} {fmt} {tiles}")
+
