@@ -2,11 +2,11 @@
 
 Usage::
 
-    python benchmarks/ab_gemm.py --variants "base:" "flat:LOWPREC_MOE_GEMM_PERSISTENT=off" \
+    python benchmarks/ab_gemm.py --variants "tma:" "cp_async:LOWPREC_MOE_GEMM_TMA=off" \
         [--shapes qwen-fc2 ...] [--modes fprop ...] [--formats nvfp4 ...] [--rounds 15]
 
 A variant is ``name:ENV=VALUE,ENV=VALUE`` (environment settings the launcher reads per call,
-e.g. ``LOWPREC_MOE_GEMM_PERSISTENT``, ``LOWPREC_MOE_GEMM_TMA`` or ``LOWPREC_MOE_KERNEL_DIR`` for
+e.g. ``LOWPREC_MOE_GEMM_TMA``, ``LOWPREC_MOE_GEMM_KERNEL`` or ``LOWPREC_MOE_KERNEL_DIR`` for
 a copy of the kernel sources). Consecutive runs of the same kernel on the H200 differ by up to
 ~12 % (benchmarks/RESULTS.md), so single A/B pairs of separate processes cannot resolve small
 changes: here every round takes one burst sample of ``torch._grouped_mm`` bf16 (when torch is

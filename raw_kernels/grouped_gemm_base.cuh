@@ -180,24 +180,19 @@ __host__ __device__ constexpr int ws_smem_bytes(int akind, int bkind) {
     const int epi = epi_bytes(128, 256);
     return (main > epi ? main : epi) + 1024;
 }
-// Its TMA build (grouped_gemm_ws_tma.cuh; NVFP4, uniform strides), persistent: the raw stages
-// hold the two data tiles only; the block scales come in slots of kWsScaleTiles k-tiles (16
-// bytes per row: a tensor-map box is at least 16 bytes wide), kWsScaleSlots of them, after the
-// canonical buffers; then the epilogue's own staging (each consumer warpgroup's 64 rows x
-// kWsEpiCols fp32 columns at a time, rows kWsEpiLd floats apart), so that the producers can fill
-// the next tile's stages while the consumers store this one.
+// Its TMA build (NVFP4, uniform strides): the raw stages hold the two data tiles only; the block
+// scales come in slots of kWsScaleTiles k-tiles (16 bytes per row: a tensor-map box is at least
+// 16 bytes wide), kWsScaleSlots of them, after the canonical buffers.
 constexpr int kWsScaleTiles = 4;
 constexpr int kWsScaleSlots = 3;
-constexpr int kWsEpiCols = 64;
-constexpr int kWsEpiLd = kWsEpiCols + 8;
 __host__ __device__ constexpr int ws_tma_scale_slot_bytes() {
     return (128 + 256) * kWsScaleTiles * (kBK / LPM_NVFP4_BLOCK);
 }
-__host__ __device__ constexpr int ws_tma_epi_bytes() { return 128 * kWsEpiLd * 4; }
 __host__ __device__ constexpr int ws_tma_smem_bytes() {
-    return kWsStages * (raw_data_bytes(KIND_FP4_K, 128) + raw_data_bytes(KIND_FP4_K, 256)) +
-           kWsCanonBuffers * canon_bytes(256) + kWsScaleSlots * ws_tma_scale_slot_bytes() +
-           ws_tma_epi_bytes() + 1024;
+    const int main = kWsStages * (raw_data_bytes(KIND_FP4_K, 128) + raw_data_bytes(KIND_FP4_K, 256)) +
+                     kWsCanonBuffers * canon_bytes(256) + kWsScaleSlots * ws_tma_scale_slot_bytes();
+    const int epi = epi_bytes(128, 256);
+    return (main > epi ? main : epi) + 1024;
 }
 
 // ==========================================================================================

@@ -99,7 +99,6 @@
 #include "grouped_gemm_kernel.cuh"
 #include "grouped_gemm_ws.cuh"
 #include "grouped_gemm_tma.cuh"
-#include "grouped_gemm_ws_tma.cuh"
 #include "grouped_gemm_swap.cuh"
 
 #endif  // LPM_GROUPED_GEMM_COMMON_CUH

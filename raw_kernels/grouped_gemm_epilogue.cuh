@@ -231,12 +231,12 @@ struct Epilogue {
 
     template <int BN, int LD, int OT, int NTHR>
     __device__ __forceinline__ void tile8(const float* cs, long long r0, long long c0,
-                                          int rows_valid, int cols_valid, int tid) const {
+                                          int rows_valid, int cols_valid) const {
         constexpr int C8 = BN / 8;
         static_assert(NTHR % C8 == 0, "each thread keeps one column group");
         // Thread t handles groups t, t + NTHR, ...: always columns c .. c+7, so their column
         // amaxes and biases are read once here rather than once per row.
-        const int c = (tid % C8) * 8;
+        const int c = (static_cast<int>(threadIdx.x) % C8) * 8;
         if (c >= cols_valid) return;
         float ca[8], bv[8];
 #pragma unroll
@@ -245,7 +245,7 @@ struct Epilogue {
             bv[j] = has_bias ? bias[bias_base + c0 + c + j] : 0.0f;
         }
 #pragma unroll 2
-        for (int r = tid / C8; r < rows_valid; r += NTHR / C8) {
+        for (int r = static_cast<int>(threadIdx.x) / C8; r < rows_valid; r += NTHR / C8) {
             group8<OT>(cs + r * LD + c, r0 + r, c0 + c, ca, bv);
         }
     }
@@ -255,21 +255,15 @@ struct Epilogue {
     template <int BN, int LD, int NTHR = kThreads>
     __device__ __forceinline__ void tile(const float* cs, long long r0, long long c0,
                                          int rows_valid, int cols_valid) const {
-        tile<BN, LD, NTHR>(cs, r0, c0, rows_valid, cols_valid, static_cast<int>(threadIdx.x));
-    }
-    // The same by the NTHR threads of a group, this thread being number `tid` of them.
-    template <int BN, int LD, int NTHR>
-    __device__ __forceinline__ void tile(const float* cs, long long r0, long long c0,
-                                         int rows_valid, int cols_valid, int tid) const {
         // Fast path: whole 8-column groups (n_cols % 8 == 0, so cols_valid is a multiple of 8
         // and every group starts 16-byte aligned when the base pointer is).
         if ((n_cols & 7) == 0 && (reinterpret_cast<unsigned long long>(out) & 15ull) == 0) {
             if (out_type == OUT_F32) {
-                tile8<BN, LD, OUT_F32, NTHR>(cs, r0, c0, rows_valid, cols_valid, tid);
+                tile8<BN, LD, OUT_F32, NTHR>(cs, r0, c0, rows_valid, cols_valid);
             } else if (out_type == OUT_BF16) {
-                tile8<BN, LD, OUT_BF16, NTHR>(cs, r0, c0, rows_valid, cols_valid, tid);
+                tile8<BN, LD, OUT_BF16, NTHR>(cs, r0, c0, rows_valid, cols_valid);
             } else {
-                tile8<BN, LD, OUT_F16, NTHR>(cs, r0, c0, rows_valid, cols_valid, tid);
+                tile8<BN, LD, OUT_F16, NTHR>(cs, r0, c0, rows_valid, cols_valid);
             }
             return;
         }
@@ -282,7 +276,7 @@ struct Epilogue {
         // Unrolled by 4: independent shared loads and global stores in flight per thread (one
         // CTA of 8 warps per SM leaves little else to hide their latency).
 #pragma unroll 4
-        for (int i = tid; i < rows_valid * C4; i += NTHR) {
+        for (int i = threadIdx.x; i < rows_valid * C4; i += NTHR) {
             const int r = i / C4, c = (i % C4) * 4;
             if (c >= cols_valid) continue;
             const float4 v = *reinterpret_cast<const float4*>(cs + r * LD + c);

@@ -93,14 +93,12 @@ struct CtaTile {
     }
 };
 
-// Output tile `idx` (tile-table entry idx / n_col_tiles, column tile idx % n_col_tiles); the
-// persistent kernels visit several per CTA.
 template <int BM, int BN>
-__device__ __forceinline__ CtaTile locate_tile_at(int idx, const int* tiles, int n_col_tiles,
-                                                  const long long* desc, long long n_cols) {
+__device__ __forceinline__ CtaTile locate_tile(const int* tiles, int n_col_tiles,
+                                               const long long* desc, long long n_cols) {
     CtaTile t;
-    const int entry = idx / n_col_tiles;
-    const int ct = idx % n_col_tiles;
+    const int entry = static_cast<int>(blockIdx.x) / n_col_tiles;
+    const int ct = static_cast<int>(blockIdx.x) % n_col_tiles;
     const int g = tiles[2 * entry];
     const int rt = tiles[2 * entry + 1];
     t.d = desc + static_cast<long long>(g) * kDescWords;
@@ -111,11 +109,6 @@ __device__ __forceinline__ CtaTile locate_tile_at(int idx, const int* tiles, int
     t.rv = rows - t.r0;
     t.cv = n_cols - t.c0;
     return t;
-}
-template <int BM, int BN>
-__device__ __forceinline__ CtaTile locate_tile(const int* tiles, int n_col_tiles,
-                                               const long long* desc, long long n_cols) {
-    return locate_tile_at<BM, BN>(static_cast<int>(blockIdx.x), tiles, n_col_tiles, desc, n_cols);
 }
 
 // The cp.async copies of one operand's k-tiles. A raw (or, for high precision, canonical)

@@ -30,6 +30,7 @@
 #include "grouped_gemm_dequant.cuh"
 #include "grouped_gemm_mma.cuh"
 #include "grouped_gemm_epilogue.cuh"
+#include "grouped_gemm_tma.cuh"
 
 namespace lpm_gg {
 
@@ -47,6 +48,12 @@ constexpr int kWsConsumerRegs = 176;
 constexpr int kWsProducerRegs =
     (kWsLaunchRegs * kWsThreads - kWsConsumerRegs * kWsConsumers) / kWsProducers / 8 * 8;  // 80
 static_assert(kWsProducerRegs % 8 == 0 && kWsProducerRegs >= 24, "setmaxnreg granularity");
+// The TMA build's producers hold no copy state, and its consumers keep a step's raw words one
+// step ahead: 8 registers move from the producers to the consumers.
+constexpr int kWsTmaConsumerRegs = kWsConsumerRegs + 8;
+constexpr int kWsTmaProducerRegs =
+    (kWsLaunchRegs * kWsThreads - kWsTmaConsumerRegs * kWsConsumers) / kWsProducers / 8 * 8;  // 72
+static_assert(kWsTmaProducerRegs % 8 == 0 && kWsTmaProducerRegs >= 24, "setmaxnreg granularity");
 // Named barriers (0 is __syncthreads).
 constexpr int WS_BAR_PROD = 1;   // the producer warpgroups
 constexpr int WS_BAR_EPI = 2;    // the consumer warpgroups
@@ -73,8 +80,19 @@ __device__ __forceinline__ void regs_claim() {
 #endif
 }
 
-template <int AKIND, int BKIND, bool F16, int CH>
-__device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
+// TMA build (TMA = true; LPM_GG_DEFINE_WS_TMA): one producer thread loads each k-tile's two data
+// tiles with one tensor-map copy each into the raw stage, and the block scales of
+// kWsScaleTiles k-tiles at a time (a 16-byte box per row) into one of kWsScaleSlots scale
+// slots; both complete on mbarriers that the producers wait on before expanding B and the
+// consumers before decoding A. The other producer threads only expand. A scale slot is refilled
+// at the same point of the loop as a raw stage, once the consumers retired the last tile that
+// reads it. Rows past an expert's extent load the next expert's rows (or zeros past the
+// array); they only reach outputs that are never stored. The launcher guarantees uniform row
+// strides (multiples of 16 bytes) for data and scales, experts starting at whole rows and one
+// contraction length that is a multiple of the k-tile.
+template <int AKIND, int BKIND, bool F16, int CH, bool TMA>
+__device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
+                                        const TmaMap* tm_as, const TmaMap* tm_bs) {
     constexpr int BM = 128, BN = 256;
     static_assert(AKIND == KIND_FP4_K && BKIND == KIND_FP4_K && F16, "NVFP4 operands only");
     constexpr int CANON_B = canon_bytes(BN);
@@ -85,12 +103,28 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
     constexpr int B_SC = RAW_A + round16(raw_data_bytes(BKIND, BN));  // in a stage
     constexpr int CANON_OFF = raw_ring_bytes(AKIND, BKIND, BM, BN, NST);
     constexpr int EPI_LD = BN + 8;
-    constexpr int SMEM = ws_smem_bytes(AKIND, BKIND);
+    constexpr int SMEM = TMA ? ws_tma_smem_bytes() : ws_smem_bytes(AKIND, BKIND);
     static_assert(CANON_OFF % 1024 == 0 && CANON_B % 1024 == 0, "128-byte swizzle atoms");
     static_assert(CANON_OFF + NCB * CANON_B + 1024 <= SMEM, "shared memory");
     static_assert(BM * EPI_LD * 4 + 1024 <= SMEM, "epilogue staging");
     static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && kBK == 64, "pipeline depth");
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
+    // TMA build: raw stages of data only, then the canonical buffers, then the scale slots
+    // (row r's 16 scale bytes -- 4 per k-tile -- at 16 r; A's 128 rows, then B's 256).
+    constexpr int T_DA = raw_data_bytes(AKIND, BM), T_STAGE = T_DA + raw_data_bytes(BKIND, BN);
+    constexpr int T_CANON = NST * T_STAGE;
+    constexpr int NSG = kWsScaleSlots, SGT = kWsScaleTiles;
+    constexpr int T_SLD = SGT * (kBK / LPM_NVFP4_BLOCK);  // 16
+    constexpr int T_SC = T_CANON + NCB * CANON_B, T_SLOT = ws_tma_scale_slot_bytes();
+    constexpr int T_SB = BM * T_SLD;  // B's rows in a slot
+    static_assert(!TMA || (T_STAGE % 128 == 0 && T_DA % 128 == 0 && T_CANON % 1024 == 0 &&
+                           T_SLOT % 128 == 0 && T_SB % 128 == 0 && T_SLD == 16),
+                  "TMA destinations must be 128-byte aligned");
+    static_assert(!TMA || (T_SC + NSG * T_SLOT + 1024 <= SMEM &&
+                           SMEM == ws_tma_smem_bytes()),
+                  "TMA shared memory");
+    static_assert(!TMA || (AHEAD == 3 && NCB == 3 && NSG == 3 && SGT == 4),
+                  "scale-slot schedule below: group g issued at k-tile 4g - 6");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned s0;
@@ -98,8 +132,90 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
 
     LPM_GG_TILE_SETUP(BM, BN, rows_valid, cols_valid, kWsThreads)
     const int KT = static_cast<int>((len + kBK - 1) / kBK);
+    const int NG = (KT + SGT - 1) / SGT;  // scale groups (TMA build)
 
-    if (threadIdx.x >= kWsConsumers) {
+    // TMA build: mbarriers of the raw stages (data) and of the scale slots, one arrival each
+    // (the issuing thread's expect_tx) plus the copies' bytes.
+    __shared__ __align__(8) unsigned long long ws_bar[TMA ? NST + NSG : 1];
+    const unsigned dbar = smem_u32(ws_bar), sbar = dbar + 8 * NST;
+    if constexpr (TMA) {
+        if (threadIdx.x == kWsConsumers) {
+#pragma unroll
+            for (int i = 0; i < NST + NSG; ++i) mbar_init(dbar + 8 * i, 1);
+            mbar_init_fence();
+        }
+        __syncthreads();
+    }
+
+    if (TMA && threadIdx.x >= kWsConsumers) {
+        // ---------------- producer warpgroups, TMA build ----------------
+        regs_release<kWsTmaProducerRegs>();
+        const unsigned t = threadIdx.x - kWsConsumers;
+        const bool leader = t == 0;
+        int a_row = 0, b_row = 0, as_row = 0, bs_row = 0;
+        if (leader) {
+            a_row = static_cast<int>(d[D_A_OFF] / d[D_A_LD] + r0);
+            b_row = static_cast<int>(d[D_B_OFF] / d[D_B_LD] + c0);
+            as_row = static_cast<int>(d[D_A_SOFF] / d[D_A_SLD] + r0);
+            bs_row = static_cast<int>(d[D_B_SOFF] / d[D_B_SLD] + c0);
+        }
+        auto issue_data = [&](int kt) {
+            const int st = kt % NST;
+            const unsigned sb = s0 + st * T_STAGE, bar = dbar + 8 * st;
+            const int kb = kt * (kBK / 2);  // NVFP4: two elements per byte
+            mbar_arrive_expect_tx(bar, T_STAGE);
+            tma_load_2d(sb, tm_a, bar, kb, a_row);
+            tma_load_2d(sb + T_DA, tm_b, bar, kb, b_row);
+        };
+        auto issue_scales = [&](int g) {
+            const int sl = g % NSG;
+            const unsigned sb = s0 + T_SC + sl * T_SLOT, bar = sbar + 8 * sl;
+            mbar_arrive_expect_tx(bar, T_SLOT);
+            tma_load_2d(sb, tm_as, bar, g * T_SLD, as_row);
+            tma_load_2d(sb + T_SB, tm_bs, bar, g * T_SLD, bs_row);
+        };
+        if (leader) {
+#pragma unroll
+            for (int s = 0; s < AHEAD; ++s)
+                if (s < KT) issue_data(s);
+            for (int g = 0; g < 2 && g < NG; ++g) issue_scales(g);
+        }
+        using GB = TileGeo<BKIND, BN>;
+        constexpr int NU = GB::UNITS / kWsProducers;
+        static_assert(GB::UNITS % kWsProducers == 0, "B units per producer thread");
+        for (int kt = 0; kt < KT; ++kt) {
+            const int cb = kt % NCB;
+            // Tile kt-NCB retired: its canonical buffer, its raw stage (which tile kt+AHEAD
+            // takes) and, at the last tile of a scale group, its scale slot are free.
+            if (kt >= NCB) named_sync(WS_BAR_EMPTY + cb, kWsThreads);
+            if (leader) {
+                if (kt + AHEAD < KT) issue_data(kt + AHEAD);
+                // group g's slot last held group g - NSG, whose last tile 4g - 9 = kt - NCB
+                if (kt % SGT == 2 && (kt + 6) / SGT < NG) issue_scales((kt + 6) / SGT);
+            }
+            const int st = kt % NST, g = kt / SGT;
+            mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
+            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+            // Expand tile kt's B half into canonical buffer cb.
+            const unsigned char* rb = smem + st * T_STAGE + T_DA;
+            const unsigned char* rsb = smem + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 4;
+            unsigned char* cbuf = smem + T_CANON + cb * CANON_B;
+            UnitRaw<BKIND> xb[NU];
+#pragma unroll
+            for (int i = 0; i < NU; ++i)
+                xb[i] = unit_load<BKIND, BN, T_SLD>(rb, rsb, static_cast<int>(t) + i * kWsProducers);
+#pragma unroll
+            for (int i = 0; i < NU; ++i) {
+                const int u = static_cast<int>(t) + i * kWsProducers;
+                if (unit_live<BKIND>(u, cols_valid)) unit_store<BKIND, BN, false>(xb[i], cbuf, u);
+            }
+            fence_proxy_async();
+            named_arrive(WS_BAR_FULL + cb, kWsThreads);
+        }
+        return;
+    }
+
+    if (!TMA && threadIdx.x >= kWsConsumers) {
         // ---------------- producer warpgroups ----------------
         regs_release<kWsProducerRegs>();
         const unsigned t = threadIdx.x - kWsConsumers;
@@ -172,7 +288,7 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
     // m64n128k16 with A from registers (this thread's fragment rows ar, ar + 8, decoded from the
     // raw stage) and B from the canonical buffer. Each step is one commit group, so a step's
     // fragments are decoded while the previous step's wgmma run.
-    regs_claim<kWsConsumerRegs>();
+    regs_claim<TMA ? kWsTmaConsumerRegs : kWsConsumerRegs>();
     ep.init_alpha();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
@@ -188,8 +304,31 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
         named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt expanded into buffer cb
         const unsigned char* rs = smem + (kt % NST) * STAGE;
         const unsigned char* rsc = rs + A_SC;
-        const unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, 16, 1024);
+        unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, 16, 1024);
+        if constexpr (TMA) {
+            // the producers waited for these copies before arriving at FULL; waiting here too
+            // makes the TMA writes visible to this thread (already complete: one try_wait)
+            const int st = kt % NST, g = kt / SGT;
+            mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
+            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+            rs = smem + st * T_STAGE;
+            rsc = smem + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 4;
+            db = wg_desc(s0 + T_CANON + cb * CANON_B, 16, 1024);
+        }
         unsigned af[2][1][4];  // fragments of the step in flight and of the next one
+        // TMA build: each step's raw words are loaded one step ahead, before the wgmma wait,
+        // so that only the decode stands between that wait and the next wgmma (the rows'
+        // scale words once per k-tile).
+        uint2 wa = make_uint2(0u, 0u), wb = wa;
+        unsigned sa = 0u, sb = 0u;
+        const unsigned sel = static_cast<unsigned>(aq) | (static_cast<unsigned>(aq + 4) << 4);
+        const unsigned char* const ra = rs + ar * (kBK / 2);
+        if constexpr (TMA) {
+            sa = *reinterpret_cast<const unsigned*>(rsc + ar * T_SLD);
+            sb = *reinterpret_cast<const unsigned*>(rsc + (ar + 8) * T_SLD);
+            wa = *reinterpret_cast<const uint2*>(ra);
+            wb = *reinterpret_cast<const uint2*>(ra + 8 * (kBK / 2));
+        }
 #pragma unroll
         for (int s = 0; s < kBK / 16; ++s) {
             // At most one group (step) pending: step s-2's fragments are free, and at s = 1
@@ -198,10 +337,18 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
             wg_fence_acc<NI * 4>(accf);
             if (s == 1 && kt >= 1 && kt - 1 + NCB < KT)
                 named_arrive(WS_BAR_EMPTY + (kt - 1) % NCB, kWsThreads);
-            if (s == 0) fp4_a_frags<0, 1>(rs, rsc, ar, aq, af[0]);
-            if (s == 1) fp4_a_frags<1, 1>(rs, rsc, ar, aq, af[1]);
-            if (s == 2) fp4_a_frags<2, 1>(rs, rsc, ar, aq, af[0]);
-            if (s == 3) fp4_a_frags<3, 1>(rs, rsc, ar, aq, af[1]);
+            if constexpr (TMA) {
+                fp4_a_step(s, wa.x, wa.y, wb.x, wb.y, sa, sb, sel, af[s & 1][0]);
+                if (s + 1 < kBK / 16) {  // the next step's words, in flight across the wait
+                    wa = *reinterpret_cast<const uint2*>(ra + (s + 1) * 8);
+                    wb = *reinterpret_cast<const uint2*>(ra + 8 * (kBK / 2) + (s + 1) * 8);
+                }
+            } else {
+                if (s == 0) fp4_a_frags<0, 1>(rs, rsc, ar, aq, af[0]);
+                if (s == 1) fp4_a_frags<1, 1>(rs, rsc, ar, aq, af[1]);
+                if (s == 2) fp4_a_frags<2, 1>(rs, rsc, ar, aq, af[0]);
+                if (s == 3) fp4_a_frags<3, 1>(rs, rsc, ar, aq, af[1]);
+            }
             wg_fence();
 #pragma unroll
             for (int n = 0; n < 2; ++n)
@@ -230,7 +377,19 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
 // never selects it there.
 #define LPM_GG_DEFINE_WS(NAME, AKIND, BKIND, F16, CH)                                          \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1) NAME(LPM_GG_PARAMS) {  \
-        lpm_gg::gemm_ws<AKIND, BKIND, F16, CH>(LPM_GG_ARGS);                                 \
+        lpm_gg::gemm_ws<AKIND, BKIND, F16, CH, false>(LPM_GG_ARGS, nullptr, nullptr, nullptr,  \
+                                                      nullptr);                               \
+    }
+// The same with TMA loads (NVFP4, 16-byte rows): four more parameters, the tensor maps of A's and
+// B's data and block scales, passed by value.
+#define LPM_GG_DEFINE_WS_TMA(NAME, AKIND, BKIND, F16)                                          \
+    extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
+        NAME(LPM_GG_PARAMS, const __grid_constant__ lpm_gg::TmaMap tma_a,                      \
+             const __grid_constant__ lpm_gg::TmaMap tma_b,                                     \
+             const __grid_constant__ lpm_gg::TmaMap tma_as,                                    \
+             const __grid_constant__ lpm_gg::TmaMap tma_bs) {                                  \
+        lpm_gg::gemm_ws<AKIND, BKIND, F16, 16, true>(LPM_GG_ARGS, &tma_a, &tma_b, &tma_as,      \
+                                                     &tma_bs);                                 \
     }
 
 #endif  // LPM_GROUPED_GEMM_WS_CUH

@@ -109,3 +109,42 @@ def test_median_ms_returns_ms_per_call(bench):
     ms = bench._median_ms(_Cp, c.call("a", [0.5]), 1, 3)
     assert isinstance(ms, float)
     assert f"{ms:9.3f}" == "    0.500"
+
+
+_AB_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "ab_gemm.py"
+
+
+@pytest.fixture(scope="module")
+def ab():
+    spec = importlib.util.spec_from_file_location("ab_gemm_under_test", _AB_PATH)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_ab_variant_parsing(ab):
+    """``name:ENV=V,ENV2=V2`` variants of benchmarks/ab_gemm.py; malformed ones are ValueErrors
+    naming the variant."""
+    assert ab.parse_variant("base:") == ("base", {})
+    assert ab.parse_variant("base") == ("base", {})
+    assert ab.parse_variant("old:LOWPREC_MOE_GEMM_TMA=off,LOWPREC_MOE_KERNEL_DIR=exp/v0") == (
+        "old", {"LOWPREC_MOE_GEMM_TMA": "off", "LOWPREC_MOE_KERNEL_DIR": "exp/v0"})
+    for bad in (":X=1", "a:X", "a:=1"):
+        with pytest.raises(ValueError, match="variant"):
+            ab.parse_variant(bad)
+
+
+def test_ab_env_restored(ab, monkeypatch):
+    """A variant's settings hold during the call only; earlier values (or their absence) come
+    back after it, also when the call raises."""
+    monkeypatch.setenv("LPM_AB_SET", "before")
+    monkeypatch.delenv("LPM_AB_UNSET", raising=False)
+    import os
+
+    seen = ab._with_env({"LPM_AB_SET": "x", "LPM_AB_UNSET": "y"},
+                        lambda: (os.environ["LPM_AB_SET"], os.environ["LPM_AB_UNSET"]))
+    assert seen == ("x", "y")
+    assert os.environ["LPM_AB_SET"] == "before" and "LPM_AB_UNSET" not in os.environ
+    with pytest.raises(RuntimeError):
+        ab._with_env({"LPM_AB_SET": "z"}, lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert os.environ["LPM_AB_SET"] == "before"

@@ -184,9 +184,6 @@ def test_kernel_constants_match_sources():
         C.WS_SCALE_TILES
     assert int(re.search(r"constexpr int kWsScaleSlots = (\d+);", src).group(1)) == \
         C.WS_SCALE_SLOTS
-    assert int(re.search(r"constexpr int kWsEpiCols = (\d+);", src).group(1)) == C.WS_EPI_COLS
-    assert int(re.search(r"constexpr int kWsEpiLd = kWsEpiCols \+ (\d+);", src).group(1)) == \
-        C.WS_EPI_LD - C.WS_EPI_COLS
     simt = (kernels.kernel_dir() / "grouped_gemm_simt.cu").read_text()
     for name in ("EK_F32", "EK_BF16", "EK_F16", "EK_FP4", "EK_E4M3", "EK_E5M2"):
         assert int(re.search(rf"\b{name} = (\d+)", simt).group(1)) == getattr(C, name), name
@@ -330,37 +327,6 @@ def test_tma_eligibility():
     assert not C._use_tma(pl)  # a ragged last k-tile
 
 
-def test_persistent_grid(monkeypatch):
-    """The persistent launch of ``_kk_y``: one CTA per SM, never more than the tiles;
-    ``LOWPREC_MOE_GEMM_PERSISTENT=off`` one per tile, ``=N`` at most N; anything else is a
-    ValueError naming the variable."""
-    from lowprec_moe.cuda import gemm as C
-
-    monkeypatch.delenv(C.PERSIST_ENV, raising=False)
-    assert C.persistent_grid(5120, 132) == 132
-    assert C.persistent_grid(20, 132) == 20
-    monkeypatch.setenv(C.PERSIST_ENV, "off")
-    assert C.persistent_grid(5120, 132) == 5120
-    monkeypatch.setenv(C.PERSIST_ENV, " 3 ")
-    assert C.persistent_grid(5120, 132) == 3 and C.persistent_grid(2, 132) == 2
-    for bad in ("0", "-2", "many", "1.5"):
-        monkeypatch.setenv(C.PERSIST_ENV, bad)
-        with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_PERSISTENT"):
-            C.persistent_grid(10, 132)
-
-
-def test_ws_tma_needs_positive_length():
-    """A contraction length of 0 for every expert gets no TMA build (the persistent kernel
-    gives each tile the same, positive number of k-tiles)."""
-    from lowprec_moe.cuda import gemm as C
-
-    p = _policy_problem("fprop", "nvfp4", [0, 300, 37], n=512, k=768)
-    pl = C.plan(p)
-    assert C._use_ws_tma(pl)
-    pl.length = np.zeros_like(pl.length)
-    assert not C._use_ws_tma(pl)
-
-
 @pytest.mark.parametrize("mode", MODES)
 def test_choose_kernel_ws_tma(mode, monkeypatch):
     """sm_90, NVFP4 with the 128-row tile: the warp-specialised kernel's TMA build (``_kk_y``,
@@ -454,13 +420,11 @@ def test_ws_smem_formula():
 def test_ws_tma_smem_formula():
     """The TMA build of the warp-specialised kernel (mirrors ws_tma_smem_bytes): 6 raw stages
     of data only, 3 canonical B buffers, 3 scale slots of 16 bytes (4 k-tiles) per row (128 + 256
-    rows), the epilogue's 128 staging rows of 64 fp32 columns (stride 72), 1 KiB alignment;
-    under the opt-in limit with the 1 KiB of static mbarrier space."""
+    rows), 1 KiB alignment; under the opt-in limit with the 1 KiB of static mbarrier space."""
     from lowprec_moe.cuda import gemm as C
 
     nv = C._ws_tma_smem_bytes()
-    assert nv == (6 * (128 + 256) * 32 + 3 * 256 * 128 + 3 * (128 + 256) * 16
-                  + 128 * (64 + 8) * 4 + 1024)
+    assert nv == 6 * (128 + 256) * 32 + 3 * 256 * 128 + 3 * (128 + 256) * 16 + 1024
     assert nv + 1024 <= 227 * 1024
 
 

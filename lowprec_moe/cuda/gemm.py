@@ -81,11 +81,6 @@ Kernel choice
   tokens per expert for wgrad, a multiple of 256), every expert starts at a whole row and all
   experts contract the same whole number of k-tiles; bitwise the cp.async build's results.
   ``LOWPREC_MOE_GEMM_TMA`` = ``auto`` (default) | ``off`` switches both TMA builds off.
-  ``_kk_y`` is persistent: one CTA per SM visits every SM-count-th output tile, its k-tiles one
-  sequence through the stages, so the next tile's copies and B expansion overlap this tile's
-  last MMAs and its epilogue (which stages through shared memory of its own).
-  ``LOWPREC_MOE_GEMM_PERSISTENT`` = ``auto`` (default) | ``off`` (one CTA per tile) | ``N``
-  (at most N CTAs).
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
   swapped-operand one for few tokens per expert), without the warp-specialised one and without
@@ -112,7 +107,7 @@ from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     WS_AHEAD, WS_CANON_BUFFERS, WS_THREADS, _cdiv,
     _flat_amax, descriptors, plan, tile_table)
 from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
-    MAX_SMEM, WS_EPI_COLS, WS_EPI_LD, WS_SCALE_SLOTS, WS_SCALE_TILES, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes,
+    MAX_SMEM, WS_SCALE_SLOTS, WS_SCALE_TILES, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes,
     _smem_bytes,
     _swap_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
 
@@ -121,7 +116,7 @@ from .gemm_tma import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>
     _use_ws_tma)
 
 __all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV",
-           "TMA_ENV", "PERSIST_ENV"]
+           "TMA_ENV"]
 
 #: Environment variable selecting the kernel family: "auto" (default) or "simt".
 KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
@@ -129,10 +124,6 @@ KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
 #: "off" (the cp.async builds; A/B comparisons and cross-checks).
 TMA_ENV = "LOWPREC_MOE_GEMM_TMA"
 _TMA_MODES = ("auto", "off")
-#: Environment variable for the persistent launch of the warp-specialised TMA build: "auto"
-#: (default: one CTA per SM, looping over the output tiles), "off" (one CTA per tile) or a
-#: positive number of CTAs at most (tests: many tiles per CTA on small problems).
-PERSIST_ENV = "LOWPREC_MOE_GEMM_PERSISTENT"
 #: Environment variable for the MXFP8 wgmma kernels' tensor-core type: "auto" (default: fp16
 #: for every tile whose block scales fit the fp16 window, bf16 otherwise; same results, see
 #: raw_kernels/grouped_gemm_mxf16.cuh) or "bf16" (every tile on bf16).
@@ -234,37 +225,6 @@ def _device_caps() -> tuple[tuple[int, int], int]:
     return hit
 
 
-_sms: dict = {}
-
-
-def _num_sms() -> int:
-    """Streaming multiprocessors of the current device (cached)."""
-    cp = _cupy()
-    dev = int(cp.cuda.runtime.getDevice())
-    hit = _sms.get(dev)
-    if hit is None:
-        hit = _sms[dev] = int(cp.cuda.runtime.deviceGetAttribute(
-            16, dev))  # cudaDevAttrMultiProcessorCount
-    return hit
-
-
-def persistent_grid(n_tiles: int, num_sms: int) -> int:
-    """CTAs of a persistent launch over ``n_tiles`` output tiles: one per SM (the TMA build's
-    shared memory allows one), never more than the tiles. ``LOWPREC_MOE_GEMM_PERSISTENT``:
-    ``auto`` (default), ``off`` (one CTA per tile) or a positive CTA count that replaces the SM
-    count."""
-    mode = (os.environ.get(PERSIST_ENV, "auto").strip().lower() or "auto")
-    if mode == "off":
-        return n_tiles
-    if mode == "auto":
-        ctas = int(num_sms)
-    elif mode.isdigit() and int(mode) > 0:
-        ctas = int(mode)
-    else:
-        raise ValueError(f"{PERSIST_ENV}={mode!r} must be 'auto', 'off' or a positive integer")
-    return max(1, min(n_tiles, ctas))
-
-
 def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     """Pick the kernel (module, name, tile, copy chunk, shared memory) for a plan.
 
@@ -354,8 +314,6 @@ def kernel_info(p) -> dict:
             instr += " ws"
         if ln.tma:
             instr += " tma"
-        if ln.kernel.endswith("_y") and persistent_grid(2**30, 2**20) < 2**30:
-            instr += " persistent"
     return dict(module=ln.module, kernel=ln.kernel, instruction=instr, tile=(ln.bm, ln.bn),
                 smem=ln.smem)
 
@@ -432,7 +390,6 @@ def _signature(p, arrays) -> tuple:
     residues = tuple(None if arr is None else int(arr.data.ptr) % 16 for arr in arrays)
     return (int(_cupy().cuda.runtime.getDevice()), p.mode, p.fmt, p.hp_dtype, p.splits, p.n, p.k,
             bool(p.accumulate), os.environ.get(KERNEL_ENV, "auto"), os.environ.get(TMA_ENV, "auto"),
-            os.environ.get(PERSIST_ENV, "auto"),
             gt_sig(p.a), gt_sig(p.b), residues)
 
 
@@ -458,9 +415,6 @@ def _prepare(p, arrays):
     if grid >= 2**31:
         raise ValueError(f"problem too large: {grid} CTAs")
     tables = _device_tables(tiles, descriptors(pl)) if grid else (None, None)
-    n_tiles = grid
-    if launch.tma and launch.kernel.endswith("_y") and grid:
-        grid = persistent_grid(n_tiles, _num_sms())
     a, b = pl.a, pl.b
     if launch.simt:
         modes = ((a.ek, int(a.mn)), (b.ek, int(b.mn)))
@@ -469,7 +423,7 @@ def _prepare(p, arrays):
     tma_geom = ((int(a.ld[0]), int(b.ld[0]), int(pl.length[0]) * a.es_num // a.es_den,
                  int(a.sld[0]), int(b.sld[0])) if launch.tma else None)
     val = dict(launch=launch, tiles=tables[0], desc=tables[1], n_col_tiles=n_col_tiles,
-               tma_geom=tma_geom, n_tiles=n_tiles,
+               tma_geom=tma_geom,
                grid=grid, n_cols=pl.n_cols, modes=modes, a_vec=int(a.amax_vec),
                b_vec=int(b.amax_vec), zero_if_empty=int(pl.zero_if_empty))
     with _lock:
@@ -517,8 +471,6 @@ def grouped_gemm(p):
         if launch.tma:
             args += _tma_maps(launch.kernel, prep["tma_geom"], a_data, a_scale, b_data,
                               b_scale)
-            if launch.kernel.endswith("_y"):
-                args += (np.int32(prep["n_tiles"]),)
     fn = kernels.get_function(launch.module, launch.kernel)
     if launch.smem > 48 * 1024:
         key = (int(cp.cuda.runtime.getDevice()), launch.module, launch.kernel,

@@ -75,22 +75,17 @@ def _ws_smem_bytes(a_kind: int, b_kind: int) -> int:
 #: build (kWsScaleTiles / kWsScaleSlots in raw_kernels/grouped_gemm_base.cuh)
 WS_SCALE_TILES = 4
 WS_SCALE_SLOTS = 3
-#: fp32 columns per epilogue chunk of that build, and its staging row stride in floats
-#: (kWsEpiCols / kWsEpiLd)
-WS_EPI_COLS = 64
-WS_EPI_LD = WS_EPI_COLS + 8
 
 
 def _ws_tma_smem_bytes() -> int:
     """Dynamic shared memory of the warp-specialised NVFP4 kernel's TMA build (ws_tma_smem_bytes
     in raw_kernels/grouped_gemm_base.cuh): raw stages of the two data tiles only, canonical B
-    buffers, WS_SCALE_SLOTS slots of WS_SCALE_TILES k-tiles of block scales (16 bytes per row of
-    A and B), the epilogue's own staging (128 rows of WS_EPI_COLS fp32 columns, WS_EPI_LD floats
-    apart), alignment."""
+    buffers, then WS_SCALE_SLOTS slots of WS_SCALE_TILES k-tiles of block scales (16 bytes per
+    row of A and B), alignment; the fp32 epilogue tile reuses it."""
     bm, bn = CONFIGS["x"]
     stages = (WS_AHEAD + WS_CANON_BUFFERS) * (bm + bn) * BK // 2
     slots = WS_SCALE_SLOTS * (bm + bn) * WS_SCALE_TILES * BK // F.NVFP4_BLOCK
-    return stages + WS_CANON_BUFFERS * _canon(bn) + slots + bm * WS_EPI_LD * 4 + 1024
+    return max(stages + WS_CANON_BUFFERS * _canon(bn) + slots, _epi_bytes(bm, bn)) + 1024
 
 
 def _swap_smem_bytes(x_kind: int, w_kind: int) -> int:

@@ -67,13 +67,11 @@ def _tma_scale_rows_ok(op: Operand, box_rows: int) -> bool:
 def _use_ws_tma(pl: Plan) -> bool:
     """Whether the warp-specialised NVFP4 kernel can load its data tiles and block scales with
     TMA (the ``_kk_y`` build): data and scales of both operands mapped by
-    :func:`_tma_rows_ok` / :func:`_tma_scale_rows_ok` and one contraction length, a positive
-    multiple of the k-tile, for every expert (the persistent kernel gives every tile the same
-    k-tiles)."""
+    :func:`_tma_rows_ok` / :func:`_tma_scale_rows_ok` and one contraction length, a multiple of
+    the k-tile, for every expert."""
     length = pl.length
     bm, bn = CONFIGS["x"]
-    return (bool(length.size) and bool(np.all(length == length[0])) and int(length[0]) > 0
-            and int(length[0]) % BK == 0
+    return (bool(length.size) and bool(np.all(length == length[0])) and int(length[0]) % BK == 0
             and _tma_rows_ok(pl.a, bm) and _tma_rows_ok(pl.b, bn)
             and _tma_scale_rows_ok(pl.a, bm) and _tma_scale_rows_ok(pl.b, bn))
 
