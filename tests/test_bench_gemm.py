@@ -11,12 +11,17 @@ import pytest
 _PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gemm.py"
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_gemm_under_test", _PATH)
+def _load(path: Path, name: str):
+    """The benchmark script at `path` as a fresh module (scripts are not importable)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load(_PATH, "bench_gemm_under_test")
 
 
 class _Clock:
@@ -116,10 +121,7 @@ _AB_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "ab_gemm.py"
 
 @pytest.fixture(scope="module")
 def ab():
-    spec = importlib.util.spec_from_file_location("ab_gemm_under_test", _AB_PATH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load(_AB_PATH, "ab_gemm_under_test")
 
 
 def test_ab_variant_parsing(ab):
