@@ -25,10 +25,10 @@ __device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc, unsigned* o
     hi = ((hi << 2) & 0x1C1C1C1Cu) | ((hi << 4) & 0x80808080u);
     const unsigned p0 = __byte_perm(lo, hi, 0x5140u);  // elements 0, 1, 2, 3
     const unsigned p1 = __byte_perm(lo, hi, 0x7362u);  // elements 4, 5, 6, 7
-    o[0] = hmul2_bcast_rn<H0>(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 & 0xFFFFu)), sc);
-    o[1] = hmul2_bcast_rn<H0>(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p0 >> 16)), sc);
-    o[2] = hmul2_bcast_rn<H1>(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 & 0xFFFFu)), sc);
-    o[3] = hmul2_bcast_rn<H1>(fp8x2_to_f16x2<false>(static_cast<unsigned short>(p1 >> 16)), sc);
+    o[0] = hmul2_bcast_rn<H0>(fp8x2_half_to_f16x2<false, false>(p0), sc);
+    o[1] = hmul2_bcast_rn<H0>(fp8x2_half_to_f16x2<false, true>(p0), sc);
+    o[2] = hmul2_bcast_rn<H1>(fp8x2_half_to_f16x2<false, false>(p1), sc);
+    o[3] = hmul2_bcast_rn<H1>(fp8x2_half_to_f16x2<false, true>(p1), sc);
 }
 // Two E4M3 block scales (s0 in the low byte of s2) -> the f16x2 word (s0 * 64, s1 * 64), the
 // `sc` of fp4_decode8: exact (E4M3 <= 448, 448 * 64 = 28672 < 65504); the factor 64 undoes the
@@ -47,8 +47,8 @@ __device__ __forceinline__ unsigned fp4_scales_x64(unsigned short s2) {
 template <bool E5M2>
 __device__ __forceinline__ void fp8_decode4(unsigned w, float f0, float f1, float f2, float f3,
                                             unsigned& o0, unsigned& o1) {
-    const unsigned h01 = fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w & 0xFFFFu));
-    const unsigned h23 = fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w >> 16));
+    const unsigned h01 = fp8x2_half_to_f16x2<E5M2, false>(w);
+    const unsigned h23 = fp8x2_half_to_f16x2<E5M2, true>(w);
     const float r0 = lpm_mul_rn(f16_bits_to_f32(h01), f0);
     const float r1 = lpm_mul_rn(f16_bits_to_f32(h01 >> 16), f1);
     const float r2 = lpm_mul_rn(f16_bits_to_f32(h23), f2);
@@ -63,8 +63,8 @@ __device__ __forceinline__ void fp8_decode4(unsigned w, float f0, float f1, floa
 template <bool E5M2>
 __device__ __forceinline__ void fp8_decode4_f16(unsigned w, unsigned m01, unsigned m23,
                                                 unsigned& o0, unsigned& o1) {
-    o0 = hmul2_rn(fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w & 0xFFFFu)), m01);
-    o1 = hmul2_rn(fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w >> 16)), m23);
+    o0 = hmul2_rn(fp8x2_half_to_f16x2<E5M2, false>(w), m01);
+    o1 = hmul2_rn(fp8x2_half_to_f16x2<E5M2, true>(w), m23);
 }
 
 // Step s's wgmma A fragment of NVFP4 rows r and r + 8 from that step's raw words (wa0, wa1: data
