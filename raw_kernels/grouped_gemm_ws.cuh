@@ -350,10 +350,12 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
                 if (s == 3) fp4_a_frags<3, 1>(rs, rsc, ar, aq, af[1]);
             }
             wg_fence();
+            // B's descriptor as two words: the steps and halves add to the low word only
 #pragma unroll
             for (int n = 0; n < 2; ++n)
                 wgmma_m64n128k16_rs(accf + 64 * n, af[s & 1][0],
-                                    db + ((n * (128 * 128) + s * 32) >> 4));
+                                    static_cast<unsigned>(db) + ((n * (128 * 128) + s * 32) >> 4),
+                                    static_cast<unsigned>(db >> 32));
             wg_commit();
             wg_fence_acc<NI * 4>(accf);
         }
