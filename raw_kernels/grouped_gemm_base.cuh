@@ -210,6 +210,28 @@ __device__ __forceinline__ unsigned smem_u32(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
+// Shared-memory accesses at 32-bit shared addresses (a per-thread offset plus a buffer base the
+// caller computes once per k-tile), in program order with the other memory operations.
+__device__ __forceinline__ uint4 lds_v4(unsigned addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned short lds_u16(unsigned addr) {
+    unsigned short v;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ void sts_v4(unsigned addr, unsigned a, unsigned b, unsigned c,
+                                       unsigned d) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(a), "r"(b),
+                 "r"(c), "r"(d)
+                 : "memory");
+}
+
 template <int CH>
 __device__ __forceinline__ void cp_async(unsigned dst, const void* src, int src_bytes) {
     if constexpr (CH == 16) {

@@ -190,6 +190,17 @@ __device__ __forceinline__ UnitRaw<KIND> unit_load(const unsigned char* raw,
     return x;
 }
 
+// The 16 f16x2 words an NVFP4 unit expands to (unit_store's values): words 4j..4j+3 are
+// canonical chunk 4h + j of the unit's row (h: the unit's contraction half).
+__device__ __forceinline__ void fp4_unit_decode(const UnitRaw<KIND_FP4_K>& x,
+                                                unsigned (&o)[16]) {
+    const unsigned sc = fp4_scales_x64(x.s2);  // the unit's two 16-blocks: low, high half
+    fp4_decode8<false, false>(x.w.x, sc, o + 0);
+    fp4_decode8<false, false>(x.w.y, sc, o + 4);
+    fp4_decode8<true, true>(x.w.z, sc, o + 8);
+    fp4_decode8<true, true>(x.w.w, sc, o + 12);
+}
+
 // H (MXFP8 only): the fp16 window -- the staged scale word is the f16x2 factor (m, m) of
 // ScaleRegs::store_f16 instead of the fp32 factor, and the unit is written as fp16.
 template <int KIND, int R, bool E5M2, bool H = false>
@@ -197,11 +208,7 @@ __device__ __forceinline__ void unit_store(const UnitRaw<KIND>& x, unsigned char
     const int r = u >> 1, h = u & 1;
     unsigned o[16];
     if constexpr (KIND == KIND_FP4_K) {
-        const unsigned sc = fp4_scales_x64(x.s2);  // the unit's two 16-blocks: low, high half
-        fp4_decode8<false, false>(x.w.x, sc, o + 0);
-        fp4_decode8<false, false>(x.w.y, sc, o + 4);
-        fp4_decode8<true, true>(x.w.z, sc, o + 8);
-        fp4_decode8<true, true>(x.w.w, sc, o + 12);
+        fp4_unit_decode(x, o);
     } else if constexpr (H) {
         const unsigned m = __float_as_uint(x.f);
         fp8_decode4_f16<E5M2>(x.w0.x, m, m, o[0], o[1]);

@@ -181,8 +181,19 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
             for (int g = 0; g < 2 && g < NG; ++g) issue_scales(g);
         }
         using GB = TileGeo<BKIND, BN>;
-        constexpr int NU = GB::UNITS / kWsProducers;
-        static_assert(GB::UNITS % kWsProducers == 0, "B units per producer thread");
+        static_assert(GB::UNITS == 2 * kWsProducers, "two B units per producer thread");
+        // This thread's units t and t + kWsProducers (unit_load / unit_store's places: rows
+        // r and r + 128, contraction half h) as offsets into a raw stage's B half, a scale
+        // slot's B rows and a canonical buffer, computed once; the second unit's are the
+        // first's plus constants.
+        const int ur = static_cast<int>(t) >> 1, uh = static_cast<int>(t) & 1;
+        const unsigned o_raw = static_cast<unsigned>(ur * (kBK / 2) + uh * 16);
+        const unsigned o_sc = static_cast<unsigned>(ur * T_SLD + uh * 2);
+        unsigned o_cn[4];
+#pragma unroll
+        for (int jc = 0; jc < 4; ++jc) o_cn[jc] = static_cast<unsigned>(k_canon_off(ur, 4 * uh + jc));
+        constexpr unsigned D_RAW = 128 * (kBK / 2), D_SC = 128 * T_SLD, D_CN = 128 * kBK * 2;
+        const bool live0 = ur < cols_valid, live1 = ur + 128 < cols_valid;
         for (int kt = 0; kt < KT; ++kt) {
             const int cb = kt % NCB;
             // Tile kt-NCB retired: its canonical buffer, its raw stage (which tile kt+AHEAD
@@ -196,18 +207,29 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
             const int st = kt % NST, g = kt / SGT;
             mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-            // Expand tile kt's B half into canonical buffer cb.
-            const unsigned char* rb = smem + st * T_STAGE + T_DA;
-            const unsigned char* rsb = smem + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 4;
-            unsigned char* cbuf = smem + T_CANON + cb * CANON_B;
-            UnitRaw<BKIND> xb[NU];
+            // Expand tile kt's B half into canonical buffer cb: both units' loads first, then
+            // their stores (unit_store's values and places).
+            const unsigned rb = s0 + st * T_STAGE + T_DA + o_raw;
+            const unsigned rsb = s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 4 + o_sc;
+            const unsigned cbb = s0 + T_CANON + cb * CANON_B;
+            UnitRaw<BKIND> x0, x1;
+            x0.w = lds_v4(rb);
+            x1.w = lds_v4(rb + D_RAW);
+            x0.s2 = lds_u16(rsb);
+            x1.s2 = lds_u16(rsb + D_SC);
+            unsigned o[16];
+            if (live0) {
+                fp4_unit_decode(x0, o);
 #pragma unroll
-            for (int i = 0; i < NU; ++i)
-                xb[i] = unit_load<BKIND, BN, T_SLD>(rb, rsb, static_cast<int>(t) + i * kWsProducers);
+                for (int jc = 0; jc < 4; ++jc)
+                    sts_v4(cbb + o_cn[jc], o[4 * jc], o[4 * jc + 1], o[4 * jc + 2], o[4 * jc + 3]);
+            }
+            if (live1) {
+                fp4_unit_decode(x1, o);
 #pragma unroll
-            for (int i = 0; i < NU; ++i) {
-                const int u = static_cast<int>(t) + i * kWsProducers;
-                if (unit_live<BKIND>(u, cols_valid)) unit_store<BKIND, BN, false>(xb[i], cbuf, u);
+                for (int jc = 0; jc < 4; ++jc)
+                    sts_v4(cbb + D_CN + o_cn[jc], o[4 * jc], o[4 * jc + 1], o[4 * jc + 2],
+                           o[4 * jc + 3]);
             }
             fence_proxy_async();
             named_arrive(WS_BAR_FULL + cb, kWsThreads);
