@@ -220,6 +220,19 @@ __device__ __forceinline__ uint4 lds_v4(unsigned addr) {
                  : "memory");
     return v;
 }
+__device__ __forceinline__ uint2 lds_v2(unsigned addr) {
+    uint2 v;
+    asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned lds_u32(unsigned addr) {
+    unsigned v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
 __device__ __forceinline__ unsigned short lds_u16(unsigned addr) {
     unsigned short v;
     asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(v) : "r"(addr) : "memory");

@@ -321,6 +321,9 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
     float* const accf = &acc[0][0][0];
+    // TMA build: this thread's A row in a raw stage and in a scale slot, as shared offsets
+    const unsigned a_off = static_cast<unsigned>(ar * (kBK / 2));
+    const unsigned s_off = static_cast<unsigned>(ar * T_SLD);
     for (int kt = 0; kt < KT; ++kt) {
         const int cb = kt % NCB;
         named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt expanded into buffer cb
@@ -345,11 +348,15 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
         unsigned sa = 0u, sb = 0u;
         const unsigned sel = static_cast<unsigned>(aq) | (static_cast<unsigned>(aq + 4) << 4);
         const unsigned char* const ra = rs + ar * (kBK / 2);
+        // TMA build: shared addresses of the row's raw words and scale word
+        const unsigned ra_s = s0 + (kt % NST) * T_STAGE + a_off;
+        const unsigned rsc_s =
+            s0 + T_SC + ((kt / SGT) % NSG) * T_SLOT + (kt % SGT) * 4 + s_off;
         if constexpr (TMA) {
-            sa = *reinterpret_cast<const unsigned*>(rsc + ar * T_SLD);
-            sb = *reinterpret_cast<const unsigned*>(rsc + (ar + 8) * T_SLD);
-            wa = *reinterpret_cast<const uint2*>(ra);
-            wb = *reinterpret_cast<const uint2*>(ra + 8 * (kBK / 2));
+            sa = lds_u32(rsc_s);
+            sb = lds_u32(rsc_s + 8 * T_SLD);
+            wa = lds_v2(ra_s);
+            wb = lds_v2(ra_s + 8 * (kBK / 2));
         }
 #pragma unroll
         for (int s = 0; s < kBK / 16; ++s) {
@@ -362,8 +369,8 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
             if constexpr (TMA) {
                 fp4_a_step(s, wa.x, wa.y, wb.x, wb.y, sa, sb, sel, af[s & 1][0]);
                 if (s + 1 < kBK / 16) {  // the next step's words, in flight across the wait
-                    wa = *reinterpret_cast<const uint2*>(ra + (s + 1) * 8);
-                    wb = *reinterpret_cast<const uint2*>(ra + 8 * (kBK / 2) + (s + 1) * 8);
+                    wa = lds_v2(ra_s + (s + 1) * 8);
+                    wb = lds_v2(ra_s + 8 * (kBK / 2) + (s + 1) * 8);
                 }
             } else {
                 if (s == 0) fp4_a_frags<0, 1>(rs, rsc, ar, aq, af[0]);
