@@ -191,7 +191,8 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
         const unsigned o_sc = static_cast<unsigned>(ur * T_SLD + uh * 2);
         unsigned o_cn[4];
 #pragma unroll
-        for (int jc = 0; jc < 4; ++jc) o_cn[jc] = static_cast<unsigned>(k_canon_off(ur, 4 * uh + jc));
+        for (int jc = 0; jc < 4; ++jc)
+            o_cn[jc] = static_cast<unsigned>(k_canon_off(ur, 4 * uh + jc));
         constexpr unsigned D_RAW = 128 * (kBK / 2), D_SC = 128 * T_SLD, D_CN = 128 * kBK * 2;
         const bool live0 = ur < cols_valid, live1 = ur + 128 < cols_valid;
         for (int kt = 0; kt < KT; ++kt) {
