@@ -318,25 +318,23 @@ __device__ __forceinline__ unsigned fp8x2_to_f16x2(unsigned short v) {
 }
 
 // The same for the two fp8 bytes in the low (HI = false) or high (HI = true) half of w. The
-// half is selected in PTX (mov.b32 {lo, hi}), so ptxas reads it with the conversion's operand
-// selector (F2FP ..., w.H1): no shift for the high half.
+// high half is selected in PTX (mov.b32 {lo, hi}), so ptxas reads it with the conversion's
+// operand selector (F2FP ..., w.H1): no shift.
 template <bool E5M2, bool HI>
 __device__ __forceinline__ unsigned fp8x2_half_to_f16x2(unsigned w) {
-    unsigned r;
-    if constexpr (E5M2 && HI) {
-        asm("{.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e5m2x2 %0, hi;}\n"
-            : "=r"(r) : "r"(w));
-    } else if constexpr (E5M2) {
-        asm("{.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e5m2x2 %0, lo;}\n"
-            : "=r"(r) : "r"(w));
-    } else if constexpr (HI) {
-        asm("{.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;}\n"
-            : "=r"(r) : "r"(w));
+    if constexpr (!HI) {
+        return fp8x2_to_f16x2<E5M2>(static_cast<unsigned short>(w & 0xFFFFu));
     } else {
-        asm("{.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, lo;}\n"
-            : "=r"(r) : "r"(w));
+        unsigned r;
+        if constexpr (E5M2) {
+            asm("{.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e5m2x2 %0, hi;}\n"
+                : "=r"(r) : "r"(w));
+        } else {
+            asm("{.reg .b16 lo, hi;\nmov.b32 {lo, hi}, %1;\ncvt.rn.f16x2.e4m3x2 %0, hi;}\n"
+                : "=r"(r) : "r"(w));
+        }
+        return r;
     }
-    return r;
 }
 
 __device__ __forceinline__ unsigned hmul2_rn(unsigned a, unsigned b) {

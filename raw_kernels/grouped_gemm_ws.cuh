@@ -328,19 +328,20 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
     for (int kt = 0; kt < KT; ++kt) {
         const int cb = kt % NCB;
         named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt expanded into buffer cb
-        const unsigned char* rs = smem + (kt % NST) * STAGE;
-        const unsigned char* rsc = rs + A_SC;
-        unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, 16, 1024);
+        const int st = kt % NST, g = kt / SGT;  // (TMA build: g is the scale group)
         if constexpr (TMA) {
             // the producers waited for these copies before arriving at FULL; waiting here too
             // makes the TMA writes visible to this thread (already complete: one try_wait)
-            const int st = kt % NST, g = kt / SGT;
             mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-            rs = smem + st * T_STAGE;
-            rsc = smem + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 4;
-            db = wg_desc(s0 + T_CANON + cb * CANON_B, 16, 1024);
         }
+        const unsigned char* const rs = smem + st * STAGE;  // cp.async build: the raw stage
+        const unsigned char* const rsc = rs + A_SC;
+        const unsigned long long db =
+            wg_desc(s0 + (TMA ? T_CANON : CANON_OFF) + cb * CANON_B, 16, 1024);
+        // TMA build: shared addresses of this thread's A row in the raw stage and scale slot
+        const unsigned ra_s = s0 + st * T_STAGE + a_off;
+        const unsigned rsc_s = s0 + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 4 + s_off;
         unsigned af[2][1][4];  // fragments of the step in flight and of the next one
         // TMA build: each step's raw words are loaded one step ahead, before the wgmma wait,
         // so that only the decode stands between that wait and the next wgmma (the rows'
@@ -348,11 +349,6 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
         uint2 wa = make_uint2(0u, 0u), wb = wa;
         unsigned sa = 0u, sb = 0u;
         const unsigned sel = static_cast<unsigned>(aq) | (static_cast<unsigned>(aq + 4) << 4);
-        const unsigned char* const ra = rs + ar * (kBK / 2);
-        // TMA build: shared addresses of the row's raw words and scale word
-        const unsigned ra_s = s0 + (kt % NST) * T_STAGE + a_off;
-        const unsigned rsc_s =
-            s0 + T_SC + ((kt / SGT) % NSG) * T_SLOT + (kt % SGT) * 4 + s_off;
         if constexpr (TMA) {
             sa = lds_u32(rsc_s);
             sb = lds_u32(rsc_s + 8 * T_SLD);
