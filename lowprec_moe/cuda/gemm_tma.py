@@ -28,51 +28,52 @@ def _ptr(arr) -> int:
     return int(buf.ptr) if hasattr(buf, "ptr") else int(arr.ctypes.data)
 
 
-def _tma_rows_ok(op: Operand, box_rows: int) -> bool:
-    """Whether a K-major operand can be read through one 2-D byte tensor map: every expert has
-    the same row stride, a multiple of 16 bytes, starts at a whole row of the array, and every
-    box of ``box_rows`` rows has int32 row coordinates."""
-    ld = op.ld
+def _rows_mappable(arr, ld: np.ndarray, off: np.ndarray, box_rows: int) -> bool:
+    """Whether the rows of every expert of ``arr`` (row strides ``ld``, byte offsets ``off``)
+    form one 2-D byte tensor map: one row stride for all, positive and a multiple of 16 bytes
+    (wgrad over empty experts has no rows: stride 0), every expert starting at a whole row, and
+    int32 row coordinates for every box of ``box_rows`` rows."""
     if not (ld.size and np.all(ld == ld[0]) and int(ld[0]) > 0
             and int(ld[0]) % tma.STRIDE_ALIGN == 0):
-        return False  # (wgrad over empty experts has no rows: stride 0)
-    rows = int(op.data.nbytes) // int(ld[0])
-    return not np.any(op.off % ld[0]) and rows + box_rows < 2**31
+        return False
+    rows = int(arr.nbytes) // int(ld[0])
+    return not np.any(off % ld[0]) and rows + box_rows < 2**31
+
+
+def _tma_rows_ok(op: Operand, box_rows: int) -> bool:
+    """Whether a K-major operand's data can be read through one 2-D byte tensor map
+    (:func:`_rows_mappable`)."""
+    return _rows_mappable(op.data, op.ld, op.off, box_rows)
+
+
+def _one_length(pl: Plan) -> bool:
+    """Every expert contracts the same whole number of k-tiles."""
+    length = pl.length
+    return bool(length.size) and bool(np.all(length == length[0])) and int(length[0]) % BK == 0
 
 
 def _use_tma(pl: Plan) -> bool:
     """Whether the NVFP4 swapped-operand kernel can load its data tiles with TMA (the
-    ``_kk_u`` build): both operands mapped by :func:`_tma_rows_ok` and one contraction length,
-    a multiple of the k-tile, for every expert."""
-    length = pl.length
+    ``_kk_u`` build): both operands mapped by :func:`_tma_rows_ok` and :func:`_one_length`."""
     bt, bw = CONFIGS["t"]
-    return (bool(length.size) and bool(np.all(length == length[0])) and int(length[0]) % BK == 0
-            and _tma_rows_ok(pl.a, bt) and _tma_rows_ok(pl.b, bw))
+    return _one_length(pl) and _tma_rows_ok(pl.a, bt) and _tma_rows_ok(pl.b, bw)
 
 
 def _tma_scale_rows_ok(op: Operand, box_rows: int) -> bool:
     """Whether an NVFP4 operand's block scales can be read through one 2-D byte tensor map in
-    boxes of ``WS_SCALE_TILES`` k-tiles (16 bytes) per row: one scale row stride for every
-    expert, a multiple of 16 bytes, experts starting at whole scale rows, a 16-byte aligned
-    buffer and int32 row coordinates."""
-    sld = op.sld
-    if op.scale is None or not (sld.size and np.all(sld == sld[0]) and int(sld[0]) > 0):
+    boxes of ``WS_SCALE_TILES`` k-tiles (16 bytes) per row: a 16-byte aligned buffer whose
+    scale rows are :func:`_rows_mappable`."""
+    if op.scale is None or _ptr(op.scale) % tma.STRIDE_ALIGN:
         return False
-    if int(sld[0]) % tma.STRIDE_ALIGN or _ptr(op.scale) % tma.STRIDE_ALIGN:
-        return False
-    rows = int(op.scale.nbytes) // int(sld[0])
-    return not np.any(op.soff % sld[0]) and rows + box_rows < 2**31
+    return _rows_mappable(op.scale, op.sld, op.soff, box_rows)
 
 
 def _use_ws_tma(pl: Plan) -> bool:
     """Whether the warp-specialised NVFP4 kernel can load its data tiles and block scales with
     TMA (the ``_kk_y`` build): data and scales of both operands mapped by
-    :func:`_tma_rows_ok` / :func:`_tma_scale_rows_ok` and one contraction length, a multiple of
-    the k-tile, for every expert."""
-    length = pl.length
+    :func:`_tma_rows_ok` / :func:`_tma_scale_rows_ok` and :func:`_one_length`."""
     bm, bn = CONFIGS["x"]
-    return (bool(length.size) and bool(np.all(length == length[0])) and int(length[0]) % BK == 0
-            and _tma_rows_ok(pl.a, bm) and _tma_rows_ok(pl.b, bn)
+    return (_one_length(pl) and _tma_rows_ok(pl.a, bm) and _tma_rows_ok(pl.b, bn)
             and _tma_scale_rows_ok(pl.a, bm) and _tma_scale_rows_ok(pl.b, bn))
 
 
