@@ -143,6 +143,16 @@ __device__ __forceinline__ void fp4_convert_word(const unsigned char* raw,
         make_uint4(o[0], o[1], o[2], o[3]);
 }
 
+// Shared address (or byte offset) of chunk c0 + j (j < 4, c0 a multiple of 4) of a canonical
+// row / line, given a0 = that of chunk c0; for addresses, the canonical buffer's base is
+// 64-byte aligned. Both canonical layouts XOR the 16-byte chunk index with the line's low three
+// bits (k_canon_off, mn_canon_off): c0 + j and c0 differ in bits 0-1 only, and a0's bits 4-5
+// hold nothing but line & 3 (the base and the rest of the offset are multiples of 64), so chunk
+// c0 + j lies at a0 with bits 4-5 XORed by j -- the offset formula's own result, bit for bit.
+__device__ __forceinline__ unsigned canon_chunk4(unsigned a0, int j) {
+    return a0 ^ (static_cast<unsigned>(j) << 4);
+}
+
 // Whether conversion unit u (see convert_unit) covers a row below `valid`. Rows at or beyond
 // the valid extent are not expanded: the accumulators they feed belong to output rows / columns
 // that are never stored, so whatever their canonical rows hold cannot reach the output.
@@ -203,7 +213,11 @@ __device__ __forceinline__ void fp4_unit_decode(const UnitRaw<KIND_FP4_K>& x,
 
 // H (MXFP8 only): the fp16 window -- the staged scale word is the f16x2 factor (m, m) of
 // ScaleRegs::store_f16 instead of the fp32 factor, and the unit is written as fp16.
-template <int KIND, int R, bool E5M2, bool H = false>
+// S32: store through 32-bit shared addresses (canon 64-byte aligned); false: through canon's
+// generic pointer, the same places -- ptxas gives the warp-specialised cp.async producers
+// (80 registers) more spills with the 32-bit stores, the full-register kernels fewer
+// instructions (SASS, fifteenth session).
+template <int KIND, int R, bool E5M2, bool H = false, bool S32 = true>
 __device__ __forceinline__ void unit_store(const UnitRaw<KIND>& x, unsigned char* canon, int u) {
     const int r = u >> 1, h = u & 1;
     unsigned o[16];
@@ -230,11 +244,18 @@ __device__ __forceinline__ void unit_store(const UnitRaw<KIND>& x, unsigned char
         fp8_decode4<E5M2>(x.w1.z, f, f, f, f, o[12], o[13]);
         fp8_decode4<E5M2>(x.w1.w, f, f, f, f, o[14], o[15]);
     }
+    // Chunks 4h .. 4h+3 of row r: k_canon_off(r, 4h + j) == k_canon_off(r, 4h) ^ (j << 4) (see
+    // canon_chunk4), so one address and three XORs place all four.
+    const unsigned o0 = static_cast<unsigned>(k_canon_off(r, 4 * h));
+    const unsigned a0 = smem_u32(canon) + o0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-        const int c = 4 * h + j;
-        *reinterpret_cast<uint4*>(canon + k_canon_off(r, c)) =
-            make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+        if constexpr (S32) {
+            sts_v4(canon_chunk4(a0, j), o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+        } else {
+            *reinterpret_cast<uint4*>(canon + canon_chunk4(o0, j)) =
+                make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+        }
     }
 }
 
@@ -260,12 +281,10 @@ __device__ __forceinline__ void convert_unit(const unsigned char* raw, const uns
             fp8_decode4_f16<E5M2>(w.z, m1.x, m1.y, o[8 * i + 4], o[8 * i + 5]);
             fp8_decode4_f16<E5M2>(w.w, m1.z, m1.w, o[8 * i + 6], o[8 * i + 7]);
         }
+        const unsigned a0 = smem_u32(canon) + static_cast<unsigned>(mn_canon_off(l, 4 * q));
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int c = 4 * q + j;
-            *reinterpret_cast<uint4*>(canon + mn_canon_off(l, c)) =
-                make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
-        }
+        for (int j = 0; j < 4; ++j)  // chunk 4q + j (see canon_chunk4)
+            sts_v4(canon_chunk4(a0, j), o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
     } else if constexpr (KIND == KIND_FP8_K && H) {
         unit_store<KIND, R, E5M2, true>(unit_load<KIND, R>(raw, rsc, u), canon, u);
     } else if constexpr (KIND == KIND_FP4_K) {
@@ -308,12 +327,10 @@ __device__ __forceinline__ void convert_unit(const unsigned char* raw, const uns
                                   o[8 * i + 2 * t + 1]);
             }
         }
+        const unsigned a0 = smem_u32(canon) + static_cast<unsigned>(mn_canon_off(l, 4 * q));
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int c = 4 * q + j;
-            *reinterpret_cast<uint4*>(canon + mn_canon_off(l, c)) =
-                make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
-        }
+        for (int j = 0; j < 4; ++j)  // chunk 4q + j (see canon_chunk4)
+            sts_v4(canon_chunk4(a0, j), o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
     }
 }
 
@@ -371,7 +388,7 @@ __device__ __forceinline__ void convert_stage(const unsigned char* rs, unsigned 
         const int u = t0 + i * NT;
         if ((GB::UNITS % NT == 0 || u < GB::UNITS) && unit_live<BKIND>(u, cols_valid)) {
             if constexpr (KB) {
-                unit_store<BKIND, BN, EB, H>(xb[i], cb, u);
+                unit_store<BKIND, BN, EB, H, WITH_A>(xb[i], cb, u);
             } else {
                 convert_unit<BKIND, BN, EB, H>(rb, rsb, cb, u);
             }
