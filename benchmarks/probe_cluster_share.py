@@ -28,27 +28,9 @@ import argparse
 
 import numpy as np
 
-SOURCE = r"""
-__device__ __forceinline__ unsigned long long desc(unsigned addr) {
-    unsigned long long d = (unsigned long long)((addr & 0x3FFFF) >> 4);
-    d |= (unsigned long long)(128 >> 4) << 16;   // leading byte offset (K direction)
-    d |= (unsigned long long)(256 >> 4) << 32;   // stride byte offset (8-row groups)
-    return d;
-}
-#define R8(i) "+f"(p[i]), "+f"(p[i + 1]), "+f"(p[i + 2]), "+f"(p[i + 3]), \
-              "+f"(p[i + 4]), "+f"(p[i + 5]), "+f"(p[i + 6]), "+f"(p[i + 7])
-#define D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-__device__ __forceinline__ void mma(float* p, unsigned long long da, unsigned long long db) {
-    asm volatile("{\n.reg .pred q;\nsetp.ne.b32 q, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " D64
-                 ", %64, %65, q, 1, 1, 0, 0;\n}\n"
-                 : R8(0), R8(8), R8(16), R8(24), R8(32), R8(40), R8(48), R8(56)
-                 : "l"(da), "l"(db));
-}
+from _wgmma_probe import PRELUDE
 
+SOURCE = PRELUDE + r"""
 // Shared memory: A 16 KiB (two warpgroups x 4 k16 steps x 2 KiB), B buffers 2 x 32 KiB
 // (4 k16 steps x 8 KiB: 256 rows in 32 groups of 256 bytes).
 template <int MODE>
@@ -83,13 +65,13 @@ __device__ __forceinline__ void body(int iters, float* __restrict__ out, long lo
             __syncthreads();
         }
         const unsigned bb = b0 + (kt & 1) * 32768;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        fence();
 #pragma unroll
         for (int ks = 0; ks < 4; ++ks) {
-            mma(acc, desc(a0 + ks * 2048), desc(bb + ks * 8192));
-            mma(acc + 64, desc(a0 + ks * 2048), desc(bb + ks * 8192 + 4096));
+            mma_bf16<1>(acc, desc(a0 + ks * 2048, 256), desc(bb + ks * 8192, 256));
+            mma_bf16<1>(acc + 64, desc(a0 + ks * 2048, 256), desc(bb + ks * 8192 + 4096, 256));
         }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        commit();
         // the next buffer: 32 KiB = 2048 x 16 bytes; thread t owns 8 (local) or 4 (+4 remote)
         const unsigned nb = b0 + ((kt + 1) & 1) * 32768;
         if (MODE == 1) {
@@ -117,7 +99,7 @@ __device__ __forceinline__ void body(int iters, float* __restrict__ out, long lo
         } else {
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         }
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        wait<0>();
     }
     if (MODE == 2) {
         asm volatile("barrier.cluster.arrive.release.aligned;\n"

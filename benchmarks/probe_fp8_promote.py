@@ -27,16 +27,10 @@ import argparse
 
 import numpy as np
 
-SOURCE = r"""
-// no-swizzle K-major canonical layout: core matrix (row / 8, k / 16) at
-// (row / 8) * SBO + (k / 16) * LBO, 8 rows of 16 bytes inside, LBO = 128.
-__device__ __forceinline__ unsigned long long desc(unsigned addr, unsigned sbo) {
-    unsigned long long d = 0;
-    d |= (unsigned long long)((addr & 0x3FFFF) >> 4);
-    d |= (unsigned long long)(128 >> 4) << 16;
-    d |= (unsigned long long)(sbo >> 4) << 32;
-    return d;
-}
+from _wgmma_probe import PRELUDE
+
+SOURCE = PRELUDE + r"""
+// the no-swizzle K-major layout of desc(): byte (row, k) of a tile
 __device__ __forceinline__ int canon(int row, int k, int sbo) {
     return (row >> 3) * sbo + (k >> 4) * 128 + (row & 7) * 16 + (k & 15);
 }
@@ -57,47 +51,15 @@ extern "C" __global__ void acc_probe(const unsigned char* __restrict__ a, unsign
     float d0 = c_init[r0], d1 = c_init[r0], d2 = c_init[r0 + 8], d3 = c_init[r0 + 8];
     const unsigned long long da = desc((unsigned)__cvta_generic_to_shared(sa), 256);
     const unsigned long long db = desc((unsigned)__cvta_generic_to_shared(sb), 256);
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    fence();
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0, %1, %2, %3}, %4, %5, p, 1, 1;\n}\n"
         : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
         : "l"(da), "l"(db), "r"(accumulate));
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    commit();
+    wait<0>();
     if ((lane & 3) == 0) { out[r0] = d0; out[r0 + 8] = d2; }
-}
-
-#define R8(i) "+f"(p[i]), "+f"(p[i + 1]), "+f"(p[i + 2]), "+f"(p[i + 3]), \
-              "+f"(p[i + 4]), "+f"(p[i + 5]), "+f"(p[i + 6]), "+f"(p[i + 7])
-#define D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-            "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-            "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-            "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
-
-template <int SCALE_D>
-__device__ __forceinline__ void mma_fp8(float (&p)[64], unsigned long long da,
-                                        unsigned long long db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 " D64
-                 ", %64, %65, p, 1, 1;\n}\n"
-                 : R8(0), R8(8), R8(16), R8(24), R8(32), R8(40), R8(48), R8(56)
-                 : "l"(da), "l"(db), "n"(SCALE_D));
-}
-__device__ __forceinline__ void mma_bf16(float (&p)[64], unsigned long long da,
-                                         unsigned long long db) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " D64
-                 ", %64, %65, p, 1, 1, 0, 0;\n}\n"
-                 : R8(0), R8(8), R8(16), R8(24), R8(32), R8(40), R8(48), R8(56)
-                 : "l"(da), "l"(db));
-}
-__device__ __forceinline__ void fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void commit() {
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
 // acc[i] += p[i] * (sa[row] * sb[col]) for the m64n128 accumulator layout.
@@ -142,7 +104,7 @@ __device__ __forceinline__ void loop_body(int iters, float* __restrict__ out) {
         for (int it = 0; it < iters; ++it) { fence(); mma_fp8<1>(acc, da, db); commit(); wait<1>(); }
     } else if (MODE == 3) {
         for (int it = 0; it < iters; ++it) {
-            fence(); mma_bf16(acc, da, db); mma_bf16(acc, da + 2, db + 2); commit(); wait<1>();
+            fence(); mma_bf16<1>(acc, da, db); mma_bf16<1>(acc, da + 2, db + 2); commit(); wait<1>();
         }
     } else if (MODE == 1) {
         for (int it = 0; it < iters; ++it) {

@@ -247,11 +247,11 @@ __device__ __forceinline__ void unit_store(const UnitRaw<KIND>& x, unsigned char
     // Chunks 4h .. 4h+3 of row r: k_canon_off(r, 4h + j) == k_canon_off(r, 4h) ^ (j << 4) (see
     // canon_chunk4), so one address and three XORs place all four.
     const unsigned o0 = static_cast<unsigned>(k_canon_off(r, 4 * h));
-    const unsigned a0 = smem_u32(canon) + o0;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
         if constexpr (S32) {
-            sts_v4(canon_chunk4(a0, j), o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
+            sts_v4(canon_chunk4(smem_u32(canon) + o0, j), o[4 * j], o[4 * j + 1], o[4 * j + 2],
+                   o[4 * j + 3]);
         } else {
             *reinterpret_cast<uint4*>(canon + canon_chunk4(o0, j)) =
                 make_uint4(o[4 * j], o[4 * j + 1], o[4 * j + 2], o[4 * j + 3]);
