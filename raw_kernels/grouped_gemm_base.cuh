@@ -151,7 +151,7 @@ __host__ __device__ constexpr int gemm_smem_bytes(int akind, int bkind, int bm, 
 // kSwapCols output columns per CTA; swap_stages raw stages, then 2 canonical buffers -- NVFP4:
 // the token tile only (the weights go from the raw stage to registers), MXFP8: both tiles --
 // plus the 1024-byte alignment (the transposed fp32 epilogue tile fits in the raw ring).
-// NVFP4: 6 stages, 43 KiB; MXFP8: 4 stages, 86 KiB.
+// NVFP4: 6 stages, 43 KiB (the wide build: 70 KiB); MXFP8: 4 stages, 86 KiB.
 constexpr int kSwapCols = 128;
 constexpr int kSwapTokens = 32;
 __host__ __device__ constexpr bool swap_rs(int xkind, int wkind) {
@@ -160,9 +160,11 @@ __host__ __device__ constexpr bool swap_rs(int xkind, int wkind) {
 __host__ __device__ constexpr int swap_stages(int xkind, int wkind) {
     return swap_rs(xkind, wkind) ? 6 : 4;
 }
-__host__ __device__ constexpr int swap_smem_bytes(int xkind, int wkind) {
-    return raw_ring_bytes(wkind, xkind, kSwapCols, kSwapTokens, swap_stages(xkind, wkind)) +
-           2 * ((swap_rs(xkind, wkind) ? 0 : canon_bytes(kSwapCols)) + canon_bytes(kSwapTokens)) +
+// mw: 2 for the wide NVFP4 build (kSwapCols * 2 weight rows per CTA), else 1.
+__host__ __device__ constexpr int swap_smem_bytes(int xkind, int wkind, int mw = 1) {
+    return raw_ring_bytes(wkind, xkind, kSwapCols * mw, kSwapTokens, swap_stages(xkind, wkind)) +
+           2 * ((swap_rs(xkind, wkind) ? 0 : canon_bytes(kSwapCols * mw)) +
+                canon_bytes(kSwapTokens)) +
            1024;
 }
 

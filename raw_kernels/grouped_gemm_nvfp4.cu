@@ -31,3 +31,5 @@ LPM_GG_DEFINE_SWAP(lpm_gg_nvfp4_kk_t8, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, t
 // The same with TMA loads of the data tiles (uniform row strides, whole k-tiles; the launcher
 // checks).
 LPM_GG_DEFINE_SWAP_TMA(lpm_gg_nvfp4_kk_u, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 3)
+// ... and the wide build: 32 tokens x 256 output columns, two CTAs per SM (many column tiles).
+LPM_GG_DEFINE_SWAP_TMA_WIDE(lpm_gg_nvfp4_kk_r, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true)

@@ -100,9 +100,15 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float* d, const unsigned (&a)
 //   the array): like the rows issue_split skips, they only reach outputs that are never stored.
 //   The launcher guarantees uniform row strides, expert offsets that are whole rows and a
 //   contraction that is a multiple of the k-tile (whole k-tiles only).
-template <int XKIND, int WKIND, bool F16, int CH, bool TMA>
+// MW: m64 weight blocks per warpgroup -- 1 (128 weight rows per CTA), or 2 for the wide NVFP4
+//   TMA build (256 weight rows per CTA, lpm_gg_nvfp4_kk_r): a warpgroup decodes and multiplies
+//   two 64-row halves per k-tile (the second half decoded while the first half's wgmma run), so
+//   the per-k-tile work that does not grow with the weight rows -- the barrier, the copy issue,
+//   the token-tile expansion, the mbarrier waits -- is spread over twice the weights.
+template <int XKIND, int WKIND, bool F16, int CH, bool TMA, int MW = 1>
 __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, const TmaMap* tmw) {
-    constexpr int BW = kSwapCols, BT = kSwapTokens;
+    constexpr int BW = kSwapCols * MW, BT = kSwapTokens;
+    static_assert(MW == 1 || (MW == 2 && TMA), "the wide tile is an NVFP4 TMA build only");
     static_assert(XKIND == KIND_FP4_K || XKIND == KIND_FP8_K, "K-major quantized token side");
     static_assert(WKIND == KIND_FP4_K || WKIND == KIND_FP8_K, "K-major quantized weight side");
     constexpr bool RS = swap_rs(XKIND, WKIND);
@@ -116,7 +122,7 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
     constexpr int NST = swap_stages(XKIND, WKIND), NCB = 2;
     constexpr int CANON_OFF = raw_ring_bytes(WKIND, XKIND, BW, BT, NST);
     constexpr int EPI_LD = BW + 4;  // conflict-free transposed staging, 16-byte aligned rows
-    constexpr int SMEM = swap_smem_bytes(XKIND, WKIND);
+    constexpr int SMEM = swap_smem_bytes(XKIND, WKIND, MW);
     static_assert(CANON_OFF + NCB * (CANON_W + CANON_X) + 1024 == SMEM, "shared memory");
     static_assert(BT * EPI_LD * 4 + 1024 <= SMEM, "epilogue staging");
     static_assert(NST >= 3, "pipeline depth");
@@ -139,23 +145,34 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
     constexpr int W_SC = round16(raw_data_bytes(WKIND, BW));            // in a stage
     constexpr int X_SC = RAW_W + round16(raw_data_bytes(XKIND, BT));    // in a stage
 
-    float acc[NACC];
+    float acc[MW][NACC];
 #pragma unroll
-    for (int i = 0; i < NACC; ++i) acc[i] = 0.0f;
+    for (int h = 0; h < MW; ++h)
+#pragma unroll
+        for (int i = 0; i < NACC; ++i) acc[h][i] = 0.0f;
 
     if (RS && threadIdx.x == 0 &&
         ((d[D_A_SLD] | d[D_B_SLD] | reinterpret_cast<long long>(x_sbase) |
           reinterpret_cast<long long>(w_sbase)) & 3) != 0)
         __trap();  // the launcher's alignment check was bypassed
-    // RS: thread t < BW copies weight row t's scale word, BW <= t < BW + BT token row t - BW's,
-    // into the stage's scale areas (the ScaleRegs layout: row r at 4r).
-    const bool sc_w = threadIdx.x < BW;
-    const int sc_row = sc_w ? threadIdx.x : threadIdx.x - BW;
-    const bool sc_on = RS && threadIdx.x < BW + BT;
-    const unsigned char* sc_src =
-        (sc_w ? w_sbase + sc_row * d[D_B_SLD] : x_sbase + sc_row * d[D_A_SLD]);
-    const unsigned sc_dst = (sc_w ? W_SC : X_SC) + 4u * static_cast<unsigned>(sc_row);
-    const bool sc_live = sc_row < (sc_w ? col_valid : tok_valid);
+    // RS: scale row q < BW + BT (weight row q, then token row q - BW) is copied by thread
+    // q % kThreads in pass q / kThreads into the stage's scale areas (the ScaleRegs layout: row r
+    // at 4r). One pass for 128 weight rows, two for 256 (the second: token rows only).
+    constexpr int SCP = (BW + BT + kThreads - 1) / kThreads;
+    static_assert(SCP == 1 || (SCP == 2 && BW == kThreads), "scale-copy passes");
+    bool sc_on[SCP], sc_live[SCP];
+    const unsigned char* sc_src[SCP];
+    unsigned sc_dst[SCP];
+#pragma unroll
+    for (int j = 0; j < SCP; ++j) {
+        const int q = static_cast<int>(threadIdx.x) + j * kThreads;
+        const bool sc_w = q < BW;
+        const int sc_row = sc_w ? q : q - BW;
+        sc_on[j] = RS && q < BW + BT;
+        sc_src[j] = sc_w ? w_sbase + sc_row * d[D_B_SLD] : x_sbase + sc_row * d[D_A_SLD];
+        sc_dst[j] = (sc_w ? W_SC : X_SC) + 4u * static_cast<unsigned>(sc_row);
+        sc_live[j] = sc_row < (sc_w ? col_valid : tok_valid);
+    }
 
     // TMA: the stages' mbarriers and the tensor-map rows of the tile's first weight / token
     // row (thread 0 only).
@@ -190,15 +207,19 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
             copy_w.issue_split(sb, k0, col_valid, len - k0, b_data);
             copy_x.issue_split(sb + RAW_W, k0, tok_valid, len - k0, a_data);
         }
-        if (RS && sc_on) {
+#pragma unroll
+        for (int j = 0; j < SCP; ++j) {
+            if (!(RS && sc_on[j])) continue;
             constexpr int NB = kBK / LPM_NVFP4_BLOCK;  // scale bytes of a row and k-tile
             // whole k-tile (always with TMA): as OperandCopy, rows past the extent skip
             if (TMA || len - k0 >= kBK) {
-                if (sc_live) cp_async_full<NB>(sb + sc_dst, sc_src + k0 / LPM_NVFP4_BLOCK);
+                if (sc_live[j])
+                    cp_async_full<NB>(sb + sc_dst[j], sc_src[j] + k0 / LPM_NVFP4_BLOCK);
             } else {
                 const long long blocks = (len - k0 + LPM_NVFP4_BLOCK - 1) / LPM_NVFP4_BLOCK;
-                const int bytes = sc_live ? static_cast<int>(blocks < NB ? blocks : NB) : 0;
-                cp_async<NB>(sb + sc_dst, bytes ? sc_src + k0 / LPM_NVFP4_BLOCK : sc_src, bytes);
+                const int bytes = sc_live[j] ? static_cast<int>(blocks < NB ? blocks : NB) : 0;
+                cp_async<NB>(sb + sc_dst[j], bytes ? sc_src[j] + k0 / LPM_NVFP4_BLOCK : sc_src[j],
+                             bytes);
             }
         }
     };
@@ -236,32 +257,38 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
     auto convert_all = [&](int stage, int cb) {
         with_e5m2(e5w, e5x, [&](auto ew, auto ex) { convert_tile(stage, cb, ew, ex); });
     };
-    // Weight rows of this thread's fragments (RS): wr, wr + 8.
-    const int wr = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
-    // One 64-deep k-tile of this warpgroup's 64 weight rows x 32 tokens (raw stage `stage`,
-    // canonical buffer `cb`).
+    // Weight rows of this thread's fragments (RS), half h < MW: wr + 64h, wr + 64h + 8.
+    const int wr = 64 * MW * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
+    // One 64-deep k-tile of this warpgroup's 64 MW weight rows x 32 tokens (raw stage `stage`,
+    // canonical buffer `cb`); RS: one commit group per 64-row half, so that the second half is
+    // decoded while the first half's wgmma run.
     auto mma_tile = [&](int stage, int cb) {
         const unsigned sc = s0 + CANON_OFF + cb * (CANON_W + CANON_X);
         const unsigned long long dx = wg_desc(sc + CANON_W, 16, 1024);
         if constexpr (RS) {
-            unsigned af[4][4];
             const unsigned char* rs = smem + stage * STAGE;
-            fp4_a_frags<0, kBK / 16>(rs, rs + W_SC, wr, lane & 3, af);
-            wg_fence_acc<NACC>(acc);
-            wg_fence();
 #pragma unroll
-            for (int ks = 0; ks < kBK / 16; ++ks)
-                wgmma_m64n32k16_rs(acc, af[ks], dx + ((ks * 32) >> 4));
+            for (int h = 0; h < MW; ++h) {
+                unsigned af[4][4];
+                fp4_a_frags<0, kBK / 16>(rs, rs + W_SC, wr + 64 * h, lane & 3, af);
+                wg_fence_acc<NACC>(acc[h]);
+                wg_fence();
+#pragma unroll
+                for (int ks = 0; ks < kBK / 16; ++ks)
+                    wgmma_m64n32k16_rs(acc[h], af[ks], dx + ((ks * 32) >> 4));
+                wg_commit();
+                wg_fence_acc<NACC>(acc[h]);
+            }
         } else {
             const unsigned long long dw = wg_desc(sc + (warp >> 2) * (64 * 128), 16, 1024);
-            wg_fence_acc<NACC>(acc);
+            wg_fence_acc<NACC>(acc[0]);
             wg_fence();
 #pragma unroll
             for (int ks = 0; ks < kBK / 16; ++ks)
-                wgmma_m64n32k16<F16>(acc, dw + ((ks * 32) >> 4), dx + ((ks * 32) >> 4));
+                wgmma_m64n32k16<F16>(acc[0], dw + ((ks * 32) >> 4), dx + ((ks * 32) >> 4));
+            wg_commit();
+            wg_fence_acc<NACC>(acc[0]);
         }
-        wg_commit();
-        wg_fence_acc<NACC>(acc);
     };
 
     // gemm_mma's wgmma CONVERT pipeline with two canonical buffers: tile kt's MMAs run while
@@ -308,7 +335,8 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
         if (++st1 == NST) st1 = 0, ph1 ^= 1u;
         if (!RS && nt + 1 < KT) load_scales(nt + 1);
         wg_wait0();  // canonical buffer kt%2 (and RS: the fragment registers) reused next
-        wg_fence_acc<NACC>(acc);
+#pragma unroll
+        for (int h = 0; h < MW; ++h) wg_fence_acc<NACC>(acc[h]);
         cp_async_wait<NST - 3>();  // raw tile kt+2 landed (this thread's copies)
         if constexpr (TMA) {
             if (kt + 2 < KT) mbar_wait(bar0 + 8 * st1, ph1);  // and its TMA data (stage st1)
@@ -317,16 +345,20 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
     cp_async_wait<0>();
     __syncthreads();  // every warp is done with the operand tiles: reuse shared memory
 
-    // Epilogue: thread (warp, lane) holds D^T rows (output columns) wr, wr + 8 and, per n8
-    // block j, columns (tokens) t, t + 1; staged as cs[token][column].
+    // Epilogue: thread (warp, lane) holds D^T rows (output columns) wr + 64h, wr + 64h + 8
+    // and, per n8 block j, columns (tokens) t, t + 1; staged as cs[token][column].
     float* cs = reinterpret_cast<float*>(smem);
 #pragma unroll
-    for (int j = 0; j < BT / 8; ++j) {
-        const int t = 8 * j + 2 * (lane & 3);
-        cs[t * EPI_LD + wr] = acc[4 * j + 0];
-        cs[(t + 1) * EPI_LD + wr] = acc[4 * j + 1];
-        cs[t * EPI_LD + wr + 8] = acc[4 * j + 2];
-        cs[(t + 1) * EPI_LD + wr + 8] = acc[4 * j + 3];
+    for (int h = 0; h < MW; ++h) {
+        const int c = wr + 64 * h;
+#pragma unroll
+        for (int j = 0; j < BT / 8; ++j) {
+            const int t = 8 * j + 2 * (lane & 3);
+            cs[t * EPI_LD + c] = acc[h][4 * j + 0];
+            cs[(t + 1) * EPI_LD + c] = acc[h][4 * j + 1];
+            cs[t * EPI_LD + c + 8] = acc[h][4 * j + 2];
+            cs[(t + 1) * EPI_LD + c + 8] = acc[h][4 * j + 3];
+        }
     }
     __syncthreads();
     ep.tile<BW, EPI_LD>(cs, r0, c0, tok_valid, col_valid);
@@ -349,6 +381,13 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
         NAME(LPM_GG_PARAMS, const __grid_constant__ lpm_gg::TmaMap tma_a,                      \
              const __grid_constant__ lpm_gg::TmaMap tma_b) {                                   \
         lpm_gg::gemm_swap<XKIND, WKIND, F16, 16, true>(LPM_GG_ARGS, &tma_a, &tma_b);            \
+    }
+// The wide TMA build (NVFP4): 32 tokens x 256 output columns per CTA, two CTAs per SM.
+#define LPM_GG_DEFINE_SWAP_TMA_WIDE(NAME, XKIND, WKIND, F16)                                   \
+    extern "C" __global__ void __launch_bounds__(lpm_gg::kThreads, 2)                          \
+        NAME(LPM_GG_PARAMS, const __grid_constant__ lpm_gg::TmaMap tma_a,                      \
+             const __grid_constant__ lpm_gg::TmaMap tma_b) {                                   \
+        lpm_gg::gemm_swap<XKIND, WKIND, F16, 16, true, 2>(LPM_GG_ARGS, &tma_a, &tma_b);         \
     }
 
 #endif  // LPM_GROUPED_GEMM_SWAP_CUH

@@ -190,8 +190,8 @@ def test_kernel_constants_match_sources():
     # every kernel name the launcher can pick exists in its module
     for prefix in ("bf16", "fp16", "nvfp4", "mxfp8"):
         text = (kernels.kernel_dir() / f"grouped_gemm_{prefix}.cu").read_text()
-        defined = set(re.findall(r"LPM_GG_DEFINE(?:_WG|_WS|_WS_TMA|_SWAP|_SWAP_TMA)?\((\w+),",
-                                 text))
+        defined = set(re.findall(
+            r"LPM_GG_DEFINE(?:_WG|_WS|_WS_TMA|_SWAP|_SWAP_TMA|_SWAP_TMA_WIDE)?\((\w+),", text))
         layouts = {"nvfp4": ["kk"]}.get(prefix, ["kk", "kn", "nn"])
         quantized = prefix == "nvfp4"  # the warp-specialised kernel
         for lay in layouts:
@@ -203,7 +203,7 @@ def test_kernel_constants_match_sources():
             for suf in ("", "8") if prefix == "nvfp4" else ("",):
                 assert f"lpm_gg_{prefix}_kk_t{suf}" in defined, prefix
         if prefix == "nvfp4":  # the TMA builds (swapped-operand, warp-specialised)
-            assert "lpm_gg_nvfp4_kk_u" in defined and "lpm_gg_nvfp4_kk_y" in defined
+            assert {"lpm_gg_nvfp4_kk_u", "lpm_gg_nvfp4_kk_r", "lpm_gg_nvfp4_kk_y"} <= defined
     # the swapped-operand kernel's tile and stage counts
     for name, value in (("kSwapTokens", C.CONFIGS["t"][0]), ("kSwapCols", C.CONFIGS["t"][1])):
         assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == value, name
@@ -215,7 +215,7 @@ def test_kernel_constants_match_sources():
 # ============================================================================================
 # Kernel choice (host policy; the device capabilities are passed in, no GPU needed)
 
-H200_CAPS = ((9, 0), 227 * 1024)
+H200_CAPS = ((9, 0), 227 * 1024, 132)  # capability, opt-in shared memory, SMs
 
 
 def _policy_problem(mode, fmt, splits, n=128, k=256):
@@ -441,6 +441,57 @@ def test_swap_smem_formula():
     assert nv == 34 * 1024 + 2 * 32 * 128 + 1024
     assert mx == 45 * 1024 + 2 * 160 * 128 + 1024
     assert 4 * (nv + 1024) <= 228 * 1024 and 2 * (mx + 1024) <= 228 * 1024
+    # the wide NVFP4 TMA build: 256 weight rows per stage, two CTAs per SM
+    wide = C._swap_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K, wide=True)
+    assert wide == 61 * 1024 + 2 * 32 * 128 + 1024
+    assert 2 * (wide + 1024) <= 228 * 1024
+
+
+@pytest.mark.parametrize("mode", ["fprop", "dgrad"])
+def test_choose_kernel_swap_wide(mode, monkeypatch):
+    """sm_90, few tokens per expert, NVFP4 in the default family: the wide swapped-operand TMA
+    build (``_kk_r``: 32 tokens x 256 columns, its own shared-memory formula) once its grid
+    gives every SM at least four CTAs, the 128-column ``_kk_u`` below that;
+    ``LOWPREC_MOE_GEMM_SWAP_WIDE`` forces either and rejects other values; the cp.async and
+    ``wgmma`` paths never take it."""
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)
+    sms = H200_CAPS[2]
+    # 64 experts x 16 tokens x 2 columns tiles of 256 = 128 CTAs: below 4 per SM
+    small = _policy_problem(mode, "nvfp4", [16] * 64, n=512, k=512)
+    ln = C.choose_kernel(small, C.plan(small), caps=H200_CAPS)
+    assert ln.kernel == "lpm_gg_nvfp4_kk_u" and (ln.bm, ln.bn) == (32, 128), ln
+    # the same with a grid of exactly 4 CTAs per SM (the threshold) takes the wide build
+    assert not C._swap_wide(C.plan(small), 1 + 128 // C.SWAP_WIDE_MIN_CTAS_PER_SM)
+    assert C._swap_wide(C.plan(small), 128 // C.SWAP_WIDE_MIN_CTAS_PER_SM)
+    for fmt in ("nvfp4", "nvfp4-row-scaled"):
+        if fmt == "nvfp4-row-scaled" and mode == "dgrad":
+            continue
+        # 2 x 264 token tiles x 2 column tiles of 256 (partial second tile) = 1056 CTAs
+        big = _policy_problem(mode, fmt, [16] * 263 + [0, 3, 32], n=320, k=320)
+        pl = C.plan(big)
+        assert int(np.sum(C._cdiv(pl.rows[pl.rows > 0], 32))) * 2 >= 4 * sms
+        ln = C.choose_kernel(big, pl, caps=H200_CAPS)
+        assert ln.kernel == "lpm_gg_nvfp4_kk_r" and ln.tma and ln.wgmma, ln
+        assert (ln.bm, ln.bn) == C.CONFIGS["r"] == (32, 256) and ln.threads == C.THREADS, ln
+        assert ln.smem == C._swap_smem_bytes(pl.a.kind, pl.b.kind, wide=True), ln
+        monkeypatch.setenv(C.SWAP_WIDE_ENV, "off")
+        assert C.choose_kernel(big, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_u"
+        monkeypatch.setenv(C.SWAP_WIDE_ENV, "on")
+        assert C.choose_kernel(small, C.plan(small), caps=H200_CAPS).kernel == \
+            "lpm_gg_nvfp4_kk_r"
+        monkeypatch.setenv(C.SWAP_WIDE_ENV, "wider")
+        with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_SWAP_WIDE='wider'"):
+            C.choose_kernel(big, pl, caps=H200_CAPS)
+        monkeypatch.setenv(C.SWAP_WIDE_ENV, "on")
+        monkeypatch.setenv(C.TMA_ENV, "off")  # the cp.async build has no wide form
+        assert C.choose_kernel(big, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_t"
+        monkeypatch.delenv(C.TMA_ENV)
+        monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
+        assert C.choose_kernel(big, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_t"
+        monkeypatch.delenv(C.KERNEL_ENV)
+        monkeypatch.delenv(C.SWAP_WIDE_ENV)
 
 
 def test_mxfp8_mma_env(monkeypatch):

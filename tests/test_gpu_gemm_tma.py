@@ -46,6 +46,55 @@ def test_gpu_swap_tma_contraction_lengths(mode, contraction, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
+@pytest.mark.parametrize("contraction", [64, 448, 1600])
+@pytest.mark.parametrize("mode", ["fprop", "dgrad"])
+def test_gpu_swap_wide_equals_narrow(mode, contraction, fmt, monkeypatch):
+    """The wide TMA build of the NVFP4 swapped-operand kernel (``_kk_r``: 256 weight rows per
+    CTA, two 64-row halves per warpgroup) over 1, 7 and 25 k-tiles, with a partial second
+    column tile (320 columns), token tiles that straddle experts and empty experts: against
+    float64, and bit for bit against the 128-column TMA build and the cp.async build, fp32 and
+    bf16 outputs (fprop: with bias and probs)."""
+    from lowprec_moe.cuda import gemm as C
+
+    if "wgmma" not in _families():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    if mode == "dgrad" and fmt != "nvfp4":
+        pytest.skip("dgrad operands are never row-scaled")
+    splits = [5, 0, 32, 17, 1, 31, 16, 0, 9]
+    n, k = (320, contraction) if mode == "fprop" else (contraction, 320)
+    a, b = _host_operands(mode, fmt, seed=31, splits=splits, n=n, k=k)
+    ga, gb = gpu(a), gpu(b)
+    rng = np.random.default_rng(32)
+    kw = {}
+    if mode == "fprop":
+        kw = dict(bias=rng.standard_normal((len(splits), n)).astype(np.float32),
+                  probs=rng.random(sum(splits)).astype(np.float32))
+
+    def launch():
+        p = _validate(mode, ga, gb, splits, bias=None, probs=None, out_dtype="float32",
+                      out=None, accumulate=False)
+        return C.choose_kernel(p, C.plan(p))
+
+    monkeypatch.setenv(C.SWAP_WIDE_ENV, "on")
+    assert launch().kernel == "lpm_gg_nvfp4_kk_r", launch()
+    wide = _run(mode, a, b, splits, out_dtype="float32")
+    wide16 = _run(mode, a, b, splits, out_dtype="bfloat16", **kw)
+    exp, mag = _expected(mode, a, b, splits)
+    assert_gemm_close(wide, exp, mag, f"wide swap {mode} {fmt} contraction {contraction}")
+    exp16, mag16 = _expected(mode, a, b, splits, **kw)
+    assert_gemm_close(wide16, exp16, mag16, f"wide swap bf16 {mode} {fmt} {contraction}")
+    assert_bytes_equal(wide, _run(mode, a, b, splits, out_dtype="float32"),
+                       f"wide swap run to run {mode} {fmt} {contraction}")
+    for env, kernel in ((C.SWAP_WIDE_ENV, "_kk_u"), (C.TMA_ENV, "_kk_t")):
+        monkeypatch.setenv(env, "off")
+        assert launch().kernel.endswith(kernel), launch()
+        assert_bytes_equal(wide, _run(mode, a, b, splits, out_dtype="float32"),
+                           f"wide vs {kernel} swap {mode} {fmt} {contraction}")
+        assert_bytes_equal(wide16, _run(mode, a, b, splits, out_dtype="bfloat16", **kw),
+                           f"wide vs {kernel} swap, bf16 epilogue {mode} {fmt} {contraction}")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
 @pytest.mark.parametrize("tiles", [4, 12, 28])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_ws_tma_equals_cp_async(mode, tiles, fmt, monkeypatch):

@@ -61,7 +61,13 @@ Kernel choice
   tensor map per operand passed by value, :mod:`lowprec_moe.cuda.tma`; the block scales stay
   on cp.async) whenever every expert shares one row stride (a multiple of 16 bytes), starts at
   a whole row and contracts the same whole number of k-tiles -- true for every layout the
-  library produces; bitwise the cp.async build's results.
+  library produces; bitwise the cp.async build's results. When its grid would fill every SM
+  with at least four CTAs of 256 columns, the wide TMA build ``_kk_r`` runs instead: 32 tokens
+  x 256 output columns per CTA, each warpgroup decoding and multiplying two 64-row halves of
+  the weights per k-tile, two CTAs per SM -- the per-k-tile work that does not grow with the
+  weight rows (barrier, copy issue, token-tile expansion, waits) is shared by twice the
+  weights; the same products in the same order, so the same bits.
+  ``LOWPREC_MOE_GEMM_SWAP_WIDE`` = ``auto`` (default) | ``on`` | ``off`` overrides that choice.
 * On sm_90, the plain wgmma kernel multiplies an MXFP8 tile on fp16 instead of bf16 when every
   row and column of the tile keeps its block codes within the fp16 window (E4M3: 21 codes,
   E5M2: 8, no NaN scale), its scale rows are 16-byte aligned and it contracts at least 32
@@ -116,7 +122,7 @@ from .gemm_tma import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>
     _use_ws_tma)
 
 __all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV",
-           "TMA_ENV"]
+           "TMA_ENV", "SWAP_WIDE_ENV"]
 
 #: Environment variable selecting the kernel family: "auto" (default) or "simt".
 KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
@@ -124,6 +130,14 @@ KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
 #: "off" (the cp.async builds; A/B comparisons and cross-checks).
 TMA_ENV = "LOWPREC_MOE_GEMM_TMA"
 _TMA_MODES = ("auto", "off")
+#: Environment variable for the wide NVFP4 swapped-operand TMA build (``_kk_r``): "auto"
+#: (default: when its grid gives every SM at least SWAP_WIDE_MIN_CTAS_PER_SM CTAs), "on"
+#: (wherever ``_kk_u`` would run) or "off".
+SWAP_WIDE_ENV = "LOWPREC_MOE_GEMM_SWAP_WIDE"
+_SWAP_WIDE_MODES = ("auto", "on", "off")
+#: CTAs of the wide build per SM (two resident, two waves) from which "auto" takes it: below
+#: that, the 128-column build's twice as many CTAs fill the GPU better.
+SWAP_WIDE_MIN_CTAS_PER_SM = 4
 #: Environment variable for the MXFP8 wgmma kernels' tensor-core type: "auto" (default: fp16
 #: for every tile whose block scales fit the fp16 window, bf16 otherwise; same results, see
 #: raw_kernels/grouped_gemm_mxf16.cuh) or "bf16" (every tile on bf16).
@@ -212,8 +226,9 @@ class Launch:
 _FAMILIES = ("auto", "wgmma", "mma", "simt")
 
 
-def _device_caps() -> tuple[tuple[int, int], int]:
-    """(compute capability, opt-in shared memory per block) of the current device (cached)."""
+def _device_caps() -> tuple[tuple[int, int], int, int]:
+    """(compute capability, opt-in shared memory per block, multiprocessors) of the current
+    device (cached)."""
     cp = _cupy()
     dev = int(cp.cuda.runtime.getDevice())
     hit = _caps.get(dev)
@@ -221,15 +236,31 @@ def _device_caps() -> tuple[tuple[int, int], int]:
         cc = str(cp.cuda.Device(dev).compute_capability)
         optin = int(cp.cuda.runtime.deviceGetAttribute(
             97, dev))  # cudaDevAttrMaxSharedMemoryPerBlockOptin
-        hit = _caps[dev] = ((int(cc[:-1]), int(cc[-1])), optin)
+        sms = int(cp.cuda.runtime.deviceGetAttribute(16, dev))  # cudaDevAttrMultiProcessorCount
+        hit = _caps[dev] = ((int(cc[:-1]), int(cc[-1])), optin, sms)
     return hit
+
+
+def _swap_wide(pl: Plan, sms: int) -> bool:
+    """Whether the NVFP4 swapped-operand TMA launch takes the wide build ``_kk_r`` (see
+    SWAP_WIDE_ENV): in "auto", when its grid (token tiles x 256-column tiles) gives each of the
+    ``sms`` multiprocessors at least SWAP_WIDE_MIN_CTAS_PER_SM CTAs."""
+    mode = os.environ.get(SWAP_WIDE_ENV, "auto").strip().lower() or "auto"
+    if mode not in _SWAP_WIDE_MODES:
+        raise ValueError(f"{SWAP_WIDE_ENV}={mode!r} must be one of {_SWAP_WIDE_MODES}")
+    if mode != "auto":
+        return mode == "on"
+    bt, bw = CONFIGS["r"]
+    rows = pl.rows[pl.rows > 0]
+    ctas = int(np.sum(_cdiv(rows, bt))) * int(_cdiv(pl.n_cols, bw))
+    return ctas >= SWAP_WIDE_MIN_CTAS_PER_SM * sms
 
 
 def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     """Pick the kernel (module, name, tile, copy chunk, shared memory) for a plan.
 
-    ``caps``: (compute capability, opt-in shared memory bytes); queried from the device when
-    omitted. The family comes from ``LOWPREC_MOE_GEMM_KERNEL`` (default ``auto``: wgmma for the
+    ``caps``: (compute capability, opt-in shared memory bytes, multiprocessors); queried from
+    the device when omitted. The family comes from ``LOWPREC_MOE_GEMM_KERNEL`` (default ``auto``: wgmma for the
     128x256 tile on sm_90, mma.sync otherwise; ``simt`` for float32 operands).
     """
     family = (os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto")
@@ -247,7 +278,7 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     ch = min(_chunk(pl.a, a_ext), _chunk(pl.b, b_ext))
     if ch == 0 or (ch == 8 and p.fmt != "nvfp4"):
         return simt
-    cc, optin = caps if caps is not None else _device_caps()
+    cc, optin, sms = caps if caps is not None else _device_caps()
     prefix = {"hp": "bf16" if p.hp_dtype == "bfloat16" else "fp16", "nvfp4": "nvfp4",
               "mxfp8": "mxfp8"}[p.fmt]
     layout = ("n" if pl.a.mn else "k") + ("n" if pl.b.mn else "k")
@@ -274,13 +305,17 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     # NVFP4 swapped-operand tiles load their data with TMA where one tensor map per operand
     # covers every expert (the default family only)
     use_tma = cfg == "t" and p.fmt == "nvfp4" and ch == 16 and tma_ok and _use_tma(pl)
+    # ... in the wide build when the grid is large enough
+    if use_tma and _swap_wide(pl, sms) and _use_tma(pl, wide=True):
+        cfg = "r"
+        bm, bn = CONFIGS[cfg]
     # ... and so does the warp-specialised kernel, block scales included (the _kk_y build)
     ws_tma = ws and ch == 16 and tma_ok and _use_ws_tma(pl)
-    suffix = "u" if use_tma else "y" if ws_tma else cfg
+    suffix = "r" if cfg == "r" else "u" if use_tma else "y" if ws_tma else cfg
     use_tma = use_tma or ws_tma
     name = f"lpm_gg_{prefix}_{layout}_{suffix}" + ("8" if ch == 8 else "")
-    if cfg == "t":
-        smem = _swap_smem_bytes(pl.a.kind, pl.b.kind)
+    if cfg in ("t", "r"):
+        smem = _swap_smem_bytes(pl.a.kind, pl.b.kind, wide=cfg == "r")
     elif ws_tma:
         smem = _ws_tma_smem_bytes()
     elif ws:
@@ -303,7 +338,7 @@ def kernel_info(p) -> dict:
         mma_type = "f16" if p.fmt == "nvfp4" or p.hp_dtype == "float16" else "bf16"
         # the warp-specialised kernel issues m64n128k16 with A from registers; the
         # swapped-operand kernel multiplies 64 weight rows by 32 tokens
-        shape = ("m64n32k16" if ln.kernel.endswith(("_t", "_t8", "_u")) else
+        shape = ("m64n32k16" if ln.kernel.endswith(("_t", "_t8", "_u", "_r")) else
                  "m64n256k16" if ln.bm == 128 and ln.threads != WS_THREADS else "m64n128k16")
         instr = (f"wgmma.{shape}.{mma_type}" if ln.wgmma
                  else f"mma.sync.m16n8k16.{mma_type}")
@@ -390,6 +425,7 @@ def _signature(p, arrays) -> tuple:
     residues = tuple(None if arr is None else int(arr.data.ptr) % 16 for arr in arrays)
     return (int(_cupy().cuda.runtime.getDevice()), p.mode, p.fmt, p.hp_dtype, p.splits, p.n, p.k,
             bool(p.accumulate), os.environ.get(KERNEL_ENV, "auto"), os.environ.get(TMA_ENV, "auto"),
+            os.environ.get(SWAP_WIDE_ENV, "auto"),
             gt_sig(p.a), gt_sig(p.b), residues)
 
 

@@ -88,11 +88,11 @@ def _ws_tma_smem_bytes() -> int:
     return max(stages + WS_CANON_BUFFERS * _canon(bn) + slots, _epi_bytes(bm, bn)) + 1024
 
 
-def _swap_smem_bytes(x_kind: int, w_kind: int) -> int:
+def _swap_smem_bytes(x_kind: int, w_kind: int, wide: bool = False) -> int:
     """Dynamic shared memory of the swapped-operand kernel (swap_smem_bytes in
     raw_kernels/grouped_gemm_base.cuh): raw ring, two canonical buffers (NVFP4: the token tile
-    only), alignment."""
-    tokens, cols = CONFIGS["t"]
+    only), alignment. ``wide``: the 256-column NVFP4 TMA build (``_kk_r``)."""
+    tokens, cols = CONFIGS["r" if wide else "t"]
     rs = x_kind == w_kind == KIND_FP4_K  # NVFP4: weights decoded into registers
     nst = SWAP_STAGES["nvfp4" if rs else "mxfp8"]
     ring = _raw_ring_bytes(w_kind, x_kind, cols, tokens, nst)

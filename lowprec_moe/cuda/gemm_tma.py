@@ -52,10 +52,11 @@ def _one_length(pl: Plan) -> bool:
     return bool(length.size) and bool(np.all(length == length[0])) and int(length[0]) % BK == 0
 
 
-def _use_tma(pl: Plan) -> bool:
+def _use_tma(pl: Plan, wide: bool = False) -> bool:
     """Whether the NVFP4 swapped-operand kernel can load its data tiles with TMA (the
-    ``_kk_u`` build): both operands mapped by :func:`_tma_rows_ok` and :func:`_one_length`."""
-    bt, bw = CONFIGS["t"]
+    ``_kk_u`` build; ``wide``: the 256-column ``_kk_r`` build): both operands mapped by
+    :func:`_tma_rows_ok` and :func:`_one_length`."""
+    bt, bw = CONFIGS["r" if wide else "t"]
     return _one_length(pl) and _tma_rows_ok(pl.a, bt) and _tma_rows_ok(pl.b, bw)
 
 
@@ -79,12 +80,13 @@ def _use_ws_tma(pl: Plan) -> bool:
 
 def _tma_maps(kernel: str, geom: tuple, a_data, a_scale, b_data, b_scale) -> tuple:
     """The tensor maps of a TMA build, each data box one k-tile deep (``BK / 2`` bytes of
-    NVFP4): ``_kk_u`` A (tokens) in boxes of 32 rows, B (weights) of 128 rows; ``_kk_y`` A in
+    NVFP4): ``_kk_u`` A (tokens) in boxes of 32 rows, B (weights) of 128 rows (``_kk_r``:
+    256 rows); ``_kk_y`` A in
     boxes of 128 rows, B of 256, then the two block-scale maps, ``WS_SCALE_TILES`` k-tiles
     (16 bytes) per box row."""
     a_ld, b_ld, inner, a_sld, b_sld = geom
     ws = kernel.endswith("_y")
-    box_a, box_b = CONFIGS["x"] if ws else CONFIGS["t"]
+    box_a, box_b = CONFIGS["x" if ws else "r" if kernel.endswith("_r") else "t"]
     parts = [(a_data, a_ld, inner, BK // 2, box_a), (b_data, b_ld, inner, BK // 2, box_b)]
     if ws:
         s_inner = inner * 2 // F.NVFP4_BLOCK  # scale bytes of a row (contraction / 16)
