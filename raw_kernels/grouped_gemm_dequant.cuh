@@ -124,29 +124,6 @@ __device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsi
                    af[i]);
 }
 
-// fp4_a_frags for all four 16-deep steps of a k-tile, reading through 32-bit shared addresses
-// computed once per thread: ra = row r's data in the raw stage, rsc = row r's scale word (row
-// r + 8 lies 8 rows further: 8 * kBK / 2 data bytes, 8 * SLD scale bytes). Same loads, values
-// and places as fp4_a_frags<0, 4>.
-template <int SLD = 4>
-__device__ __forceinline__ void fp4_a_frags_s(unsigned ra, unsigned rsc, int q,
-                                              unsigned (&af)[kBK / 16][4]) {
-    unsigned wa[kBK / 8], wb[kBK / 8];
-#pragma unroll
-    for (int i = 0; i < kBK / 32; ++i) {
-        const uint4 a = lds_v4(ra + i * 16);
-        const uint4 b = lds_v4(ra + 8 * (kBK / 2) + i * 16);
-        wa[4 * i] = a.x, wa[4 * i + 1] = a.y, wa[4 * i + 2] = a.z, wa[4 * i + 3] = a.w;
-        wb[4 * i] = b.x, wb[4 * i + 1] = b.y, wb[4 * i + 2] = b.z, wb[4 * i + 3] = b.w;
-    }
-    const unsigned sa = lds_u32(rsc);
-    const unsigned sb = lds_u32(rsc + 8 * SLD);
-    const unsigned sel = static_cast<unsigned>(q) | (static_cast<unsigned>(q + 4) << 4);
-#pragma unroll
-    for (int s = 0; s < kBK / 16; ++s)
-        fp4_a_step(s, wa[2 * s], wa[2 * s + 1], wb[2 * s], wb[2 * s + 1], sa, sb, sel, af[s]);
-}
-
 // Expand 8-element word v of a K-major NVFP4 raw tile (row v / 8, contraction 8(v%8)..+7: one
 // 16-byte chunk of the canonical row) into the canonical tile: the values and places
 // unit_store gives them, at an eighth of a unit's work per thread (the swapped-operand kernel's
@@ -164,17 +141,6 @@ __device__ __forceinline__ void fp4_convert_word(const unsigned char* raw,
     fp4_decode8<false, false>(w, sc, o);
     *reinterpret_cast<uint4*>(canon + k_canon_off(r, c)) =
         make_uint4(o[0], o[1], o[2], o[3]);
-}
-// The same through 32-bit shared addresses computed once per thread: w_addr = the word, s_addr =
-// its row's scale word, c_addr = its canonical chunk, b = its block (c / 2).
-__device__ __forceinline__ void fp4_convert_word_s(unsigned w_addr, unsigned s_addr,
-                                                   unsigned c_addr, unsigned b) {
-    const unsigned w = lds_u32(w_addr);
-    const unsigned sw = lds_u32(s_addr);
-    const unsigned sc = fp4_scales_x64(static_cast<unsigned short>(__byte_perm(sw, 0u, b) & 0xFFu));
-    unsigned o[4];
-    fp4_decode8<false, false>(w, sc, o);
-    sts_v4(c_addr, o[0], o[1], o[2], o[3]);
 }
 
 // Shared address (or byte offset) of chunk c0 + j (j < 4, c0 a multiple of 4) of a canonical

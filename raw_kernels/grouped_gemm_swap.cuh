@@ -155,23 +155,20 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
         ((d[D_A_SLD] | d[D_B_SLD] | reinterpret_cast<long long>(x_sbase) |
           reinterpret_cast<long long>(w_sbase)) & 3) != 0)
         __trap();  // the launcher's alignment check was bypassed
-    // RS: scale row q < BW + BT (weight row q, then token row q - BW) is copied in pass
-    // q / kThreads into the stage's scale areas (the ScaleRegs layout: row r at 4r), by thread
-    // q % kThreads -- except the wide build's second pass (token rows only), which warp 1 copies
-    // (warp 0 issues the TMA copies).
+    // RS: scale row q < BW + BT (weight row q, then token row q - BW) is copied by thread
+    // q % kThreads in pass q / kThreads into the stage's scale areas (the ScaleRegs layout: row r
+    // at 4r). One pass for 128 weight rows, two for 256 (the second: token rows only).
     constexpr int SCP = (BW + BT + kThreads - 1) / kThreads;
-    static_assert(SCP == 1 || (SCP == 2 && BW == kThreads && BT <= 32), "scale-copy passes");
+    static_assert(SCP == 1 || (SCP == 2 && BW == kThreads), "scale-copy passes");
     bool sc_on[SCP], sc_live[SCP];
     const unsigned char* sc_src[SCP];
     unsigned sc_dst[SCP];
 #pragma unroll
     for (int j = 0; j < SCP; ++j) {
-        // pass 1 (wide build): thread 32 + i copies token row i
-        const int t = static_cast<int>(threadIdx.x);
-        const int q = j == 0 ? t : (t >= 32 && t < 32 + BT ? BW + t - 32 : -1);
+        const int q = static_cast<int>(threadIdx.x) + j * kThreads;
         const bool sc_w = q < BW;
         const int sc_row = sc_w ? q : q - BW;
-        sc_on[j] = RS && q >= 0 && q < BW + BT;
+        sc_on[j] = RS && q < BW + BT;
         sc_src[j] = sc_w ? w_sbase + sc_row * d[D_B_SLD] : x_sbase + sc_row * d[D_A_SLD];
         sc_dst[j] = (sc_w ? W_SC : X_SC) + 4u * static_cast<unsigned>(sc_row);
         sc_live[j] = sc_row < (sc_w ? col_valid : tok_valid);
@@ -240,24 +237,8 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
         srw.store(sb + W_SC, threadIdx.x);
         srx.store(sb + X_SC, threadIdx.x);
     };
-    // Wide build: thread t expands word v = (t + 128) % 256 of the token tile (row v / 8, chunk
-    // v % 8), so that with at most 16 tokens per expert warps 4-7 do it (warp 0 issues the
-    // copies); its shared offsets are computed once.
-    const int cv_v = static_cast<int>((threadIdx.x + kThreads / 2) % kThreads);
-    const bool cv_live = (cv_v >> 3) < tok_valid;
-    const unsigned cv_raw = static_cast<unsigned>(RAW_W + (cv_v >> 3) * (kBK / 2) + (cv_v & 7) * 4);
-    const unsigned cv_sc = static_cast<unsigned>(X_SC + (cv_v >> 3) * 4);
-    const unsigned cv_cn = static_cast<unsigned>(CANON_W + k_canon_off(cv_v >> 3, cv_v & 7));
-    const unsigned cv_b = static_cast<unsigned>((cv_v & 7) >> 1);
-    static_assert(!(RS && MW == 2) || BT * (kBK / 8) == kThreads, "one word per thread");
     // Expand raw stage `stage` into canonical buffer `cb`: SS both operands, RS the tokens only.
     auto convert_tile = [&](int stage, int cb, auto ew, auto ex) {
-        if constexpr (RS && MW == 2) {  // precomputed shared addresses (cv_*)
-            if (cv_live)
-                fp4_convert_word_s(s0 + stage * STAGE + cv_raw, s0 + stage * STAGE + cv_sc,
-                                   s0 + CANON_OFF + cb * (CANON_W + CANON_X) + cv_cn, cv_b);
-            return;
-        }
         unsigned char* const rs = smem + stage * STAGE;
         unsigned char* const cs = smem + CANON_OFF + cb * (CANON_W + CANON_X);
         if constexpr (RS) {  // one 8-element word per thread
@@ -276,11 +257,8 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
     auto convert_all = [&](int stage, int cb) {
         with_e5m2(e5w, e5x, [&](auto ew, auto ex) { convert_tile(stage, cb, ew, ex); });
     };
-    // Weight rows of this thread's fragments (RS), half h < MW: wr + 64h, wr + 64h + 8; the wide
-    // build's offsets of row wr's data and scale word in a stage.
+    // Weight rows of this thread's fragments (RS), half h < MW: wr + 64h, wr + 64h + 8.
     const int wr = 64 * MW * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
-    const unsigned fr_raw = static_cast<unsigned>(wr * (kBK / 2));
-    const unsigned fr_sc = static_cast<unsigned>(W_SC + wr * 4);
     // One 64-deep k-tile of this warpgroup's 64 MW weight rows x 32 tokens (raw stage `stage`,
     // canonical buffer `cb`); RS: one commit group per 64-row half, so that the second half is
     // decoded while the first half's wgmma run.
@@ -289,15 +267,10 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
         const unsigned long long dx = wg_desc(sc + CANON_W, 16, 1024);
         if constexpr (RS) {
             const unsigned char* rs = smem + stage * STAGE;
-            const unsigned rsa = s0 + stage * STAGE;
 #pragma unroll
             for (int h = 0; h < MW; ++h) {
                 unsigned af[4][4];
-                if constexpr (MW == 2)
-                    fp4_a_frags_s(rsa + fr_raw + h * (64 * (kBK / 2)), rsa + fr_sc + h * 256,
-                                  lane & 3, af);
-                else
-                    fp4_a_frags<0, kBK / 16>(rs, rs + W_SC, wr + 64 * h, lane & 3, af);
+                fp4_a_frags<0, kBK / 16>(rs, rs + W_SC, wr + 64 * h, lane & 3, af);
                 wg_fence_acc<NACC>(acc[h]);
                 wg_fence();
 #pragma unroll
