@@ -33,3 +33,5 @@ LPM_GG_DEFINE_SWAP(lpm_gg_nvfp4_kk_t8, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, t
 LPM_GG_DEFINE_SWAP_TMA(lpm_gg_nvfp4_kk_u, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 3)
 // ... and the wide build: 32 tokens x 256 output columns, two CTAs per SM (many column tiles).
 LPM_GG_DEFINE_SWAP_TMA_WIDE(lpm_gg_nvfp4_kk_r, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true)
+// ... and its 16-token form (wgmma m64n16k16) when no expert has more than 16 tokens.
+LPM_GG_DEFINE_SWAP_TMA_WIDE16(lpm_gg_nvfp4_kk_p, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true)

@@ -65,6 +65,22 @@ __device__ __forceinline__ void wgmma_m64n32k16(float* d, unsigned long long da,
 }
 #undef LPM_GG_WGMMA_M64N32K16_SS
 
+// D(64x16, fp32) += A(64x16 f16, registers as below) * B(16x16 f16, K-major in shared memory).
+__device__ __forceinline__ void wgmma_m64n16k16_rs(float* d, const unsigned (&a)[4],
+                                                   unsigned long long db) {
+#if LPM_GG_HAS_WGMMA
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+#else
+    __trap();
+#endif
+}
+
 // The same with A (64x16 f16) from registers: a[0..3] = the m16n8k16 A fragment of this warp's
 // 16 rows (rows g, g+8 x contraction 2q, 2q+1 and 2q+8, 2q+9; g = lane/4, q = lane%4).
 __device__ __forceinline__ void wgmma_m64n32k16_rs(float* d, const unsigned (&a)[4],
@@ -105,28 +121,32 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float* d, const unsigned (&a)
 //   two 64-row halves per k-tile (the second half decoded while the first half's wgmma run), so
 //   the per-k-tile work that does not grow with the weight rows -- the barrier, the copy issue,
 //   the token-tile expansion, the mbarrier waits -- is spread over twice the weights.
-template <int XKIND, int WKIND, bool F16, int CH, bool TMA, int MW = 1>
+// NTOK: token rows per tile, the wgmma N -- kSwapTokens (32), or 16 for the wide build when no
+//   expert has more than 16 tokens (lpm_gg_nvfp4_kk_p: m64n16k16, half the MMA work of a 32-row
+//   tile of which 16 rows are valid); the shared-memory layout stays that of 32 token rows.
+template <int XKIND, int WKIND, bool F16, int CH, bool TMA, int MW = 1, int NTOK = kSwapTokens>
 __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, const TmaMap* tmw) {
-    constexpr int BW = kSwapCols * MW, BT = kSwapTokens;
+    constexpr int BW = kSwapCols * MW, BT = NTOK, BTS = kSwapTokens;
     static_assert(MW == 1 || (MW == 2 && TMA), "the wide tile is an NVFP4 TMA build only");
+    static_assert(BT == BTS || (BT == 16 && MW == 2), "16-token tiles: the wide build only");
     static_assert(XKIND == KIND_FP4_K || XKIND == KIND_FP8_K, "K-major quantized token side");
     static_assert(WKIND == KIND_FP4_K || WKIND == KIND_FP8_K, "K-major quantized weight side");
     constexpr bool RS = swap_rs(XKIND, WKIND);
     static_assert(!RS || F16, "NVFP4 expands to fp16");
     static_assert(!TMA || RS, "TMA loads: NVFP4 only");
-    constexpr int CANON_W = RS ? 0 : canon_bytes(BW), CANON_X = canon_bytes(BT);
-    constexpr int RAW_W = raw_bytes(WKIND, BW), RAW_X = raw_bytes(XKIND, BT);
+    constexpr int CANON_W = RS ? 0 : canon_bytes(BW), CANON_X = canon_bytes(BTS);
+    constexpr int RAW_W = raw_bytes(WKIND, BW), RAW_X = raw_bytes(XKIND, BTS);
     constexpr int STAGE = RAW_W + RAW_X;
     static_assert(!TMA || (STAGE % 128 == 0 && RAW_W % 128 == 0),
                   "TMA destinations must be 128-byte aligned");
     constexpr int NST = swap_stages(XKIND, WKIND), NCB = 2;
-    constexpr int CANON_OFF = raw_ring_bytes(WKIND, XKIND, BW, BT, NST);
+    constexpr int CANON_OFF = raw_ring_bytes(WKIND, XKIND, BW, BTS, NST);
     constexpr int EPI_LD = BW + 4;  // conflict-free transposed staging, 16-byte aligned rows
     constexpr int SMEM = swap_smem_bytes(XKIND, WKIND, MW);
     static_assert(CANON_OFF + NCB * (CANON_W + CANON_X) + 1024 == SMEM, "shared memory");
     static_assert(BT * EPI_LD * 4 + 1024 <= SMEM, "epilogue staging");
     static_assert(NST >= 3, "pipeline depth");
-    constexpr int NACC = BT / 2;  // m64n32 accumulators per thread
+    constexpr int NACC = BT / 2;  // m64nBT accumulators per thread (per 64-row half)
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned s0;
@@ -143,7 +163,7 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
     const int KT = static_cast<int>((len + kBK - 1) / kBK);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     constexpr int W_SC = round16(raw_data_bytes(WKIND, BW));            // in a stage
-    constexpr int X_SC = RAW_W + round16(raw_data_bytes(XKIND, BT));    // in a stage
+    constexpr int X_SC = RAW_W + round16(raw_data_bytes(XKIND, BTS));   // in a stage
 
     float acc[MW][NACC];
 #pragma unroll
@@ -274,8 +294,12 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
                 wg_fence_acc<NACC>(acc[h]);
                 wg_fence();
 #pragma unroll
-                for (int ks = 0; ks < kBK / 16; ++ks)
-                    wgmma_m64n32k16_rs(acc[h], af[ks], dx + ((ks * 32) >> 4));
+                for (int ks = 0; ks < kBK / 16; ++ks) {
+                    if constexpr (BT == 16)
+                        wgmma_m64n16k16_rs(acc[h], af[ks], dx + ((ks * 32) >> 4));
+                    else
+                        wgmma_m64n32k16_rs(acc[h], af[ks], dx + ((ks * 32) >> 4));
+                }
                 wg_commit();
                 wg_fence_acc<NACC>(acc[h]);
             }
@@ -388,6 +412,13 @@ __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, cons
         NAME(LPM_GG_PARAMS, const __grid_constant__ lpm_gg::TmaMap tma_a,                      \
              const __grid_constant__ lpm_gg::TmaMap tma_b) {                                   \
         lpm_gg::gemm_swap<XKIND, WKIND, F16, 16, true, 2>(LPM_GG_ARGS, &tma_a, &tma_b);         \
+    }
+// ... with 16 token rows per tile (wgmma m64n16k16; at most 16 tokens per expert).
+#define LPM_GG_DEFINE_SWAP_TMA_WIDE16(NAME, XKIND, WKIND, F16)                                 \
+    extern "C" __global__ void __launch_bounds__(lpm_gg::kThreads, 2)                          \
+        NAME(LPM_GG_PARAMS, const __grid_constant__ lpm_gg::TmaMap tma_a,                      \
+             const __grid_constant__ lpm_gg::TmaMap tma_b) {                                   \
+        lpm_gg::gemm_swap<XKIND, WKIND, F16, 16, true, 2, 16>(LPM_GG_ARGS, &tma_a, &tma_b);     \
     }
 
 #endif  // LPM_GROUPED_GEMM_SWAP_CUH

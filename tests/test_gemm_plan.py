@@ -450,8 +450,9 @@ def test_swap_smem_formula():
 @pytest.mark.parametrize("mode", ["fprop", "dgrad"])
 def test_choose_kernel_swap_wide(mode, monkeypatch):
     """sm_90, few tokens per expert, NVFP4 in the default family: the wide swapped-operand TMA
-    build (``_kk_r``: 32 tokens x 256 columns, its own shared-memory formula) once its grid
-    gives every SM at least four CTAs, the 128-column ``_kk_u`` below that;
+    build (``_kk_r``: 32 tokens x 256 columns, its own shared-memory formula; ``_kk_p``, 16
+    tokens, when no expert has more) once its grid gives every SM at least four CTAs, the
+    128-column ``_kk_u`` below that;
     ``LOWPREC_MOE_GEMM_SWAP_WIDE`` forces either and rejects other values; the cp.async and
     ``wgmma`` paths never take it."""
     from lowprec_moe.cuda import gemm as C
@@ -478,9 +479,22 @@ def test_choose_kernel_swap_wide(mode, monkeypatch):
         assert ln.smem == C._swap_smem_bytes(pl.a.kind, pl.b.kind, wide=True), ln
         monkeypatch.setenv(C.SWAP_WIDE_ENV, "off")
         assert C.choose_kernel(big, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_u"
+        # at most 16 tokens per expert: the 16-token tile, same shared memory
+        monkeypatch.delenv(C.SWAP_WIDE_ENV)
+        p16 = _policy_problem(mode, fmt, [16] * 265 + [0, 3], n=320, k=320)
+        ln = C.choose_kernel(p16, C.plan(p16), caps=H200_CAPS)
+        assert ln.kernel == "lpm_gg_nvfp4_kk_p" and ln.tma, ln
+        assert (ln.bm, ln.bn) == C.CONFIGS["p"] == (16, 256), ln
+        assert ln.smem == C._swap_smem_bytes(pl.a.kind, pl.b.kind, wide=True), ln
+        monkeypatch.setenv(C.SWAP_N16_ENV, "off")
+        assert C.choose_kernel(p16, C.plan(p16), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_r"
+        monkeypatch.setenv(C.SWAP_N16_ENV, "sometimes")
+        with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_SWAP_N16='sometimes'"):
+            C.choose_kernel(p16, C.plan(p16), caps=H200_CAPS)
+        monkeypatch.delenv(C.SWAP_N16_ENV)
         monkeypatch.setenv(C.SWAP_WIDE_ENV, "on")
         assert C.choose_kernel(small, C.plan(small), caps=H200_CAPS).kernel == \
-            "lpm_gg_nvfp4_kk_r"
+            "lpm_gg_nvfp4_kk_p"
         monkeypatch.setenv(C.SWAP_WIDE_ENV, "wider")
         with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_SWAP_WIDE='wider'"):
             C.choose_kernel(big, pl, caps=H200_CAPS)

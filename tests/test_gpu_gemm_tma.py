@@ -95,6 +95,54 @@ def test_gpu_swap_wide_equals_narrow(mode, contraction, fmt, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
+@pytest.mark.parametrize("contraction", [64, 1600])
+@pytest.mark.parametrize("mode", ["fprop", "dgrad"])
+def test_gpu_swap_wide16_equals_wide(mode, contraction, fmt, monkeypatch):
+    """The 16-token form of the wide swapped-operand build (``_kk_p``, wgmma m64n16k16) when no
+    expert has more than 16 tokens: against float64, and bit for bit against the 32-token wide
+    build (m64n32k16) and the 128-column build, fp32 and bf16 outputs (fprop: bias, probs)."""
+    from lowprec_moe.cuda import gemm as C
+
+    if "wgmma" not in _families():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    if mode == "dgrad" and fmt != "nvfp4":
+        pytest.skip("dgrad operands are never row-scaled")
+    splits = [5, 0, 16, 16, 1, 9, 16, 0, 12, 16]
+    n, k = (320, contraction) if mode == "fprop" else (contraction, 320)
+    a, b = _host_operands(mode, fmt, seed=33, splits=splits, n=n, k=k)
+    ga, gb = gpu(a), gpu(b)
+    rng = np.random.default_rng(34)
+    kw = {}
+    if mode == "fprop":
+        kw = dict(bias=rng.standard_normal((len(splits), n)).astype(np.float32),
+                  probs=rng.random(sum(splits)).astype(np.float32))
+
+    def launch():
+        p = _validate(mode, ga, gb, splits, bias=None, probs=None, out_dtype="float32",
+                      out=None, accumulate=False)
+        return C.choose_kernel(p, C.plan(p))
+
+    monkeypatch.setenv(C.SWAP_WIDE_ENV, "on")
+    assert launch().kernel == "lpm_gg_nvfp4_kk_p", launch()
+    got = _run(mode, a, b, splits, out_dtype="float32")
+    got16 = _run(mode, a, b, splits, out_dtype="bfloat16", **kw)
+    exp, mag = _expected(mode, a, b, splits)
+    assert_gemm_close(got, exp, mag, f"16-token wide swap {mode} {fmt} {contraction}")
+    exp16, mag16 = _expected(mode, a, b, splits, **kw)
+    assert_gemm_close(got16, exp16, mag16, f"16-token wide swap bf16 {mode} {fmt} {contraction}")
+    monkeypatch.setenv(C.SWAP_N16_ENV, "off")
+    assert launch().kernel == "lpm_gg_nvfp4_kk_r", launch()
+    assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32"),
+                       f"16- vs 32-token wide swap {mode} {fmt} {contraction}")
+    assert_bytes_equal(got16, _run(mode, a, b, splits, out_dtype="bfloat16", **kw),
+                       f"16- vs 32-token wide swap, bf16 epilogue {mode} {fmt} {contraction}")
+    monkeypatch.setenv(C.SWAP_WIDE_ENV, "off")
+    assert launch().kernel == "lpm_gg_nvfp4_kk_u", launch()
+    assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32"),
+                       f"16-token wide vs 128-column swap {mode} {fmt} {contraction}")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
 @pytest.mark.parametrize("tiles", [4, 12, 28])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_ws_tma_equals_cp_async(mode, tiles, fmt, monkeypatch):

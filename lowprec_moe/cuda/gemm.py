@@ -66,8 +66,10 @@ Kernel choice
   x 256 output columns per CTA, each warpgroup decoding and multiplying two 64-row halves of
   the weights per k-tile, two CTAs per SM -- the per-k-tile work that does not grow with the
   weight rows (barrier, copy issue, token-tile expansion, waits) is shared by twice the
-  weights; the same products in the same order, so the same bits.
-  ``LOWPREC_MOE_GEMM_SWAP_WIDE`` = ``auto`` (default) | ``on`` | ``off`` overrides that choice.
+  weights; the same products in the same order, so the same bits. When no expert has more than
+  16 tokens its 16-token form ``_kk_p`` (``m64n16k16``) halves the MMA work.
+  ``LOWPREC_MOE_GEMM_SWAP_WIDE`` = ``auto`` (default) | ``on`` | ``off`` overrides that choice,
+  ``LOWPREC_MOE_GEMM_SWAP_N16`` = ``auto`` (default) | ``off`` the 16-token form.
 * On sm_90, the plain wgmma kernel multiplies an MXFP8 tile on fp16 instead of bf16 when every
   row and column of the tile keeps its block codes within the fp16 window (E4M3: 21 codes,
   E5M2: 8, no NaN scale), its scale rows are 16-byte aligned and it contracts at least 32
@@ -122,7 +124,7 @@ from .gemm_tma import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>
     _use_ws_tma)
 
 __all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV",
-           "TMA_ENV", "SWAP_WIDE_ENV"]
+           "TMA_ENV", "SWAP_WIDE_ENV", "SWAP_N16_ENV"]
 
 #: Environment variable selecting the kernel family: "auto" (default) or "simt".
 KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
@@ -135,6 +137,9 @@ _TMA_MODES = ("auto", "off")
 #: (wherever ``_kk_u`` would run) or "off".
 SWAP_WIDE_ENV = "LOWPREC_MOE_GEMM_SWAP_WIDE"
 _SWAP_WIDE_MODES = ("auto", "on", "off")
+#: Environment variable for the 16-token form of the wide build (``_kk_p``): "auto" (default:
+#: when no expert has more than 16 tokens) or "off" (the 32-token ``_kk_r``).
+SWAP_N16_ENV = "LOWPREC_MOE_GEMM_SWAP_N16"
 #: CTAs of the wide build per SM (two resident, two waves) from which "auto" takes it: below
 #: that, the 128-column build's twice as many CTAs fill the GPU better.
 SWAP_WIDE_MIN_CTAS_PER_SM = 4
@@ -307,15 +312,19 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     use_tma = cfg == "t" and p.fmt == "nvfp4" and ch == 16 and tma_ok and _use_tma(pl)
     # ... in the wide build when the grid is large enough
     if use_tma and _swap_wide(pl, sms) and _use_tma(pl, wide=True):
-        cfg = "r"
+        # ... with 16-token tiles when no expert has more
+        n16 = os.environ.get(SWAP_N16_ENV, "auto").strip().lower() or "auto"
+        if n16 not in _TMA_MODES:
+            raise ValueError(f"{SWAP_N16_ENV}={n16!r} must be one of {_TMA_MODES}")
+        cfg = "p" if n16 == "auto" and int(pl.rows.max()) <= CONFIGS["p"][0] else "r"
         bm, bn = CONFIGS[cfg]
     # ... and so does the warp-specialised kernel, block scales included (the _kk_y build)
     ws_tma = ws and ch == 16 and tma_ok and _use_ws_tma(pl)
-    suffix = "r" if cfg == "r" else "u" if use_tma else "y" if ws_tma else cfg
+    suffix = cfg if cfg in ("r", "p") else "u" if use_tma else "y" if ws_tma else cfg
     use_tma = use_tma or ws_tma
     name = f"lpm_gg_{prefix}_{layout}_{suffix}" + ("8" if ch == 8 else "")
-    if cfg in ("t", "r"):
-        smem = _swap_smem_bytes(pl.a.kind, pl.b.kind, wide=cfg == "r")
+    if cfg in ("t", "r", "p"):
+        smem = _swap_smem_bytes(pl.a.kind, pl.b.kind, wide=cfg != "t")
     elif ws_tma:
         smem = _ws_tma_smem_bytes()
     elif ws:
@@ -338,7 +347,8 @@ def kernel_info(p) -> dict:
         mma_type = "f16" if p.fmt == "nvfp4" or p.hp_dtype == "float16" else "bf16"
         # the warp-specialised kernel issues m64n128k16 with A from registers; the
         # swapped-operand kernel multiplies 64 weight rows by 32 tokens
-        shape = ("m64n32k16" if ln.kernel.endswith(("_t", "_t8", "_u", "_r")) else
+        shape = ("m64n16k16" if ln.kernel.endswith("_p") else
+                 "m64n32k16" if ln.kernel.endswith(("_t", "_t8", "_u", "_r")) else
                  "m64n256k16" if ln.bm == 128 and ln.threads != WS_THREADS else "m64n128k16")
         instr = (f"wgmma.{shape}.{mma_type}" if ln.wgmma
                  else f"mma.sync.m16n8k16.{mma_type}")
@@ -425,7 +435,7 @@ def _signature(p, arrays) -> tuple:
     residues = tuple(None if arr is None else int(arr.data.ptr) % 16 for arr in arrays)
     return (int(_cupy().cuda.runtime.getDevice()), p.mode, p.fmt, p.hp_dtype, p.splits, p.n, p.k,
             bool(p.accumulate), os.environ.get(KERNEL_ENV, "auto"), os.environ.get(TMA_ENV, "auto"),
-            os.environ.get(SWAP_WIDE_ENV, "auto"),
+            os.environ.get(SWAP_WIDE_ENV, "auto"), os.environ.get(SWAP_N16_ENV, "auto"),
             gt_sig(p.a), gt_sig(p.b), residues)
 
 

@@ -39,13 +39,13 @@ WS_CANON_BUFFERS = 3
 #: CTA tiles of the tensor-core kernels: name suffix -> (BM, BN). mma.sync: l, s; wgmma (sm_90):
 #: w, v, x (the warp-specialised NVFP4 kernel, the tile of w), t (the
 #: swapped-operand kernel for few tokens per expert: 32 token rows x 128 output columns;
-#: kSwapTokens / kSwapCols in grouped_gemm_base.cuh) and r (its wide NVFP4 TMA build: 32 token
-#: rows x 256 output columns, two CTAs per SM).
+#: kSwapTokens / kSwapCols in grouped_gemm_base.cuh), r (its wide NVFP4 TMA build: 32 token
+#: rows x 256 output columns, two CTAs per SM) and p (the same with 16 token rows, m64n16k16).
 #: Within a family every tile uses the same MMA instruction on the same canonical values, so the
 #: choice (made from the splits) never changes the arithmetic: grouped calls equal per-expert
 #: calls bit for bit.
 CONFIGS = {"l": (128, 256), "s": (32, 256), "w": (128, 256), "v": (64, 256), "x": (128, 256),
-           "t": (32, 128), "r": (32, 256)}
+           "t": (32, 128), "r": (32, 256), "p": (16, 256)}
 #: raw stages of the swapped-operand kernel per format (swap_stages in grouped_gemm_base.cuh)
 SWAP_STAGES = {"nvfp4": 6, "mxfp8": 4}
 #: Parameter names, in order, of the tensor-core kernels (LPM_GG_PARAMS in

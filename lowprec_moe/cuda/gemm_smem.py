@@ -91,7 +91,8 @@ def _ws_tma_smem_bytes() -> int:
 def _swap_smem_bytes(x_kind: int, w_kind: int, wide: bool = False) -> int:
     """Dynamic shared memory of the swapped-operand kernel (swap_smem_bytes in
     raw_kernels/grouped_gemm_base.cuh): raw ring, two canonical buffers (NVFP4: the token tile
-    only), alignment. ``wide``: the 256-column NVFP4 TMA build (``_kk_r``)."""
+    only), alignment. ``wide``: the 256-column NVFP4 TMA builds (``_kk_r``, and ``_kk_p``,
+    whose 16-token tiles keep the 32-row layout)."""
     tokens, cols = CONFIGS["r" if wide else "t"]
     rs = x_kind == w_kind == KIND_FP4_K  # NVFP4: weights decoded into registers
     nst = SWAP_STAGES["nvfp4" if rs else "mxfp8"]

@@ -81,12 +81,12 @@ def _use_ws_tma(pl: Plan) -> bool:
 def _tma_maps(kernel: str, geom: tuple, a_data, a_scale, b_data, b_scale) -> tuple:
     """The tensor maps of a TMA build, each data box one k-tile deep (``BK / 2`` bytes of
     NVFP4): ``_kk_u`` A (tokens) in boxes of 32 rows, B (weights) of 128 rows (``_kk_r``:
-    256 rows); ``_kk_y`` A in
+    256 rows; ``_kk_p``: 16 and 256); ``_kk_y`` A in
     boxes of 128 rows, B of 256, then the two block-scale maps, ``WS_SCALE_TILES`` k-tiles
     (16 bytes) per box row."""
     a_ld, b_ld, inner, a_sld, b_sld = geom
     ws = kernel.endswith("_y")
-    box_a, box_b = CONFIGS["x" if ws else "r" if kernel.endswith("_r") else "t"]
+    box_a, box_b = CONFIGS["x" if ws else kernel[-1] if kernel.endswith(("_r", "_p")) else "t"]
     parts = [(a_data, a_ld, inner, BK // 2, box_a), (b_data, b_ld, inner, BK // 2, box_b)]
     if ws:
         s_inner = inner * 2 // F.NVFP4_BLOCK  # scale bytes of a row (contraction / 16)
