@@ -67,6 +67,8 @@ def main() -> None:
     ap.add_argument("--formats", nargs="+", choices=B.FORMATS, default=["nvfp4"])
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--no-hold", action="store_true",
+                    help="no GPU hold before each sample (bench_gemm._burst)")
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variants]
 
@@ -77,6 +79,7 @@ def main() -> None:
     from lowprec_moe.cuda import gemm as C
     from lowprec_moe.gemm import _validate, grouped_gemm
 
+    B._HOLD = None if args.no_hold else B._gpu_hold(cp)
     rng = np.random.default_rng(0)
     names = [n for n, _ in variants]
     print("case                      " + " ".join(f"{n:>14s}" for n in names) +

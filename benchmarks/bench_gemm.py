@@ -16,7 +16,11 @@ clock drift between runs does not enter it. Random data (never zeros); quantizat
 the timed region (GPU quantizers, falling back to the NumPy reference plus an upload when they are
 unavailable); CUDA events, warm-up, medians; each timed sample spans enough back-to-back calls for
 ~2 ms (ours and torch alike), so a call's host work overlaps the previous kernel, and the host
-enqueue time per call is printed beside it. Outputs are bf16 (``out=`` buffers preallocated).
+enqueue time per call is printed beside it. Before each sample a one-thread kernel holds the GPU
+for longer than the host needs to enqueue the sample's calls (``--no-hold`` turns it off), so the
+events time the kernels back to back even where the Python launch path (~100-500 us per call,
+depending on the host) is slower than the kernel -- without it, the memory-bound shape times the
+host on slow hosts. Outputs are bf16 (``out=`` buffers preallocated).
 ``nvfp4-rs`` = row-scaled activations (fprop and wgrad; dgrad is never row-scaled). The compact
 table is printed last. ``--quick`` runs a reduced set (< 60 s).
 
@@ -69,12 +73,34 @@ def _reps(single_ms: float) -> int:
     return max(1, min(50, int(2.0 / max(single_ms, 1e-3))))
 
 
+#: GPU hold (main() sets it on the GPU; None: no hold): a function enqueuing a kernel that keeps
+#: the GPU busy for the given microseconds, and the host enqueue us per call seen so far per fn.
+_HOLD = None
+_HOST_US: dict = {}
+
+
+def _gpu_hold(cp):
+    """A function us -> None enqueuing a one-thread kernel on the default stream that spins on
+    the global timer for `us` microseconds (CuPy and torch both time on that stream)."""
+    kern = cp.RawKernel(r'''
+extern "C" __global__ void lpm_bench_hold(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}''', "lpm_bench_hold")
+    return lambda us: kern((1,), (1,), (np.uint64(int(us * 1e3)),))
+
+
 def _burst(event, elapsed, fn, reps) -> tuple[float, float]:
     """One timed sample: (ms per call, host enqueue us per call) over `reps` back-to-back calls
     between two events, so a call's host work overlaps the previous call's kernel (a single
-    call between two events would also time the host's enqueue while the GPU idles). When the
-    host is slower than the kernel the GPU starves and the sample shows the host time."""
+    call between two events would also time the host's enqueue while the GPU idles). With a
+    GPU hold (_HOLD), the GPU spins for 1.5x the host time the calls took last time before the
+    first event, so the host enqueues ahead of the kernels and the sample times the GPU alone;
+    without one, a host slower than the kernel starves the GPU and the sample shows the host."""
     start, end = event(), event()
+    if _HOLD is not None and fn in _HOST_US:
+        _HOLD(1.5 * reps * _HOST_US[fn] + 50.0)
     start.record()
     t0 = time.perf_counter()
     for _ in range(reps):
@@ -82,6 +108,7 @@ def _burst(event, elapsed, fn, reps) -> tuple[float, float]:
     host = (time.perf_counter() - t0) / reps * 1e6
     end.record()
     end.synchronize()
+    _HOST_US[fn] = max(host, _HOST_US.get(fn, 0.0))
     return elapsed(start, end) / reps, host
 
 
@@ -233,6 +260,8 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=None)
     ap.add_argument("--warmup", type=int, default=None)
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--no-hold", action="store_true",
+                    help="no GPU hold before each sample (time host-bound calls as they run)")
     args = ap.parse_args()
     shapes = args.shapes or (QUICK["shapes"] if args.quick else list(SHAPES))
     formats = args.formats or (QUICK["formats"] if args.quick else list(FORMATS))
@@ -246,11 +275,13 @@ def main() -> None:
     from lowprec_moe.cuda import gemm as C
     from lowprec_moe.gemm import _validate, grouped_gemm
 
+    global _HOLD
+    _HOLD = None if args.no_hold else _gpu_hold(cp)
     t_start = time.time()
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
     print(f"device: {props['name'].decode()}  (cc {dev.compute_capability}), "
-          f"iters {iters}, warm-up {warmup}")
+          f"iters {iters}, warm-up {warmup}, GPU hold {'off' if args.no_hold else 'on'}")
     rows = []
     rng = np.random.default_rng(0)
     for shape in shapes:

@@ -78,6 +78,27 @@ def test_burst_median_ms_per_call(bench):
     assert len(c.log) == 2 + 1 + 5 * 8
 
 
+def test_hold_precedes_each_timed_sample(bench, monkeypatch):
+    """With a GPU hold, every sample after the first (which measures the host time) starts
+    with a hold of 1.5x the calls' host time plus 50 us, enqueued before the first event, so
+    the sample itself still times only the calls."""
+    c = _Clock()
+    holds = []
+
+    def hold(us):
+        holds.append(us)
+        c.now += us * 1e-3  # the device spins before the start event is recorded
+
+    monkeypatch.setattr(bench, "_HOLD", hold)
+    monkeypatch.setattr(bench, "_HOST_US", {})
+    fn = c.call("a", [0.25])
+    ms, host = bench._burst_median_ms(c.event, c.sync, c.elapsed, fn, 2, 5)
+    assert ms == pytest.approx(0.25)
+    assert len(holds) == 5  # not before the calibration sample: no host time known yet
+    assert all(us >= 1.5 * 8 * 0.0 + 50.0 for us in holds)
+    assert holds[-1] == pytest.approx(1.5 * 8 * bench._HOST_US[fn] + 50.0)
+
+
 def test_paired_alternates_and_takes_median_ratio(bench):
     c = _Clock()
     # the device slows down by 20 % halfway: per-round ratios stay 0.5
