@@ -95,7 +95,6 @@ def test_hold_precedes_each_timed_sample(bench, monkeypatch):
     ms, host = bench._burst_median_ms(c.event, c.sync, c.elapsed, fn, 2, 5)
     assert ms == pytest.approx(0.25)
     assert len(holds) == 5  # not before the calibration sample: no host time known yet
-    assert all(us >= 1.5 * 8 * 0.0 + 50.0 for us in holds)
     assert holds[-1] == pytest.approx(1.5 * 8 * bench._HOST_US[fn] + 50.0)
 
 
