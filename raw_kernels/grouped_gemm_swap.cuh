@@ -35,6 +35,18 @@
 // would hide the latter; in the form tried, ptxas serialized the wgmma (C7513). The
 // warp-specialised kernel decodes with one commit group per 16-deep step, which ptxas does not
 // serialize (grouped_gemm_ws.cuh); not tried here.
+//
+// The wide NVFP4 TMA builds (MW = 2; sixteenth session): lpm_gg_nvfp4_kk_r, 256 weight rows x
+// 32 tokens per CTA, and lpm_gg_nvfp4_kk_p, the same with 16 token rows (m64n16k16) for experts
+// of at most 16 tokens. Each warpgroup decodes and multiplies two 64-row halves per k-tile, one
+// commit group each (the second half is decoded while the first half's wgmma run; ptxas does
+// not serialize this form), two CTAs per SM at 117 registers. The k-loop is 420 SASS
+// instructions per 256 weight rows against 289 per 128 (-27 % per weight row). GPU time on the
+// membound shape (E = 128 x 16 tokens, 2048 -> 1536, interleaved A/B): fprop 0.177 ms (_kk_u)
+// -> 0.159 (_kk_r) -> 0.153 (_kk_p), 1.40x -> 1.62x torch bf16; dgrad 0.172 -> 0.145 ms.
+// Tried and reverted: moving the token-tile expansion to warps 4-7 and precomputing the
+// fragment / token-word shared offsets (6244301); it measured 12-15 % slower than _kk_r, but on
+// host-bound timing (before the benchmarks' GPU hold), so the question is open.
 
 #ifndef LPM_GROUPED_GEMM_SWAP_CUH
 #define LPM_GROUPED_GEMM_SWAP_CUH

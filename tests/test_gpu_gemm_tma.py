@@ -45,26 +45,14 @@ def test_gpu_swap_tma_contraction_lengths(mode, contraction, monkeypatch):
                        f"TMA vs cp.async swap {mode} contraction {contraction}")
 
 
-@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
-@pytest.mark.parametrize("contraction", [64, 448, 1600])
-@pytest.mark.parametrize("mode", ["fprop", "dgrad"])
-def test_gpu_swap_wide_equals_narrow(mode, contraction, fmt, monkeypatch):
-    """The wide TMA build of the NVFP4 swapped-operand kernel (``_kk_r``: 256 weight rows per
-    CTA, two 64-row halves per warpgroup) over 1, 7 and 25 k-tiles, with a partial second
-    column tile (320 columns), token tiles that straddle experts and empty experts: against
-    float64, and bit for bit against the 128-column TMA build and the cp.async build, fp32 and
-    bf16 outputs (fprop: with bias and probs)."""
+def _setup(mode, fmt, splits, n, k, seed, rng_seed):
+    """(a, b, kw, launch) of a GEMM case: host operands, fprop's bias and probs (kw; empty for
+    the other modes) and a function returning the kernel the launcher picks for them now."""
     from lowprec_moe.cuda import gemm as C
 
-    if "wgmma" not in _families():
-        pytest.skip("wgmma needs an sm_90 GPU")
-    if mode == "dgrad" and fmt != "nvfp4":
-        pytest.skip("dgrad operands are never row-scaled")
-    splits = [5, 0, 32, 17, 1, 31, 16, 0, 9]
-    n, k = (320, contraction) if mode == "fprop" else (contraction, 320)
-    a, b = _host_operands(mode, fmt, seed=31, splits=splits, n=n, k=k)
+    a, b = _host_operands(mode, fmt, seed=seed, splits=splits, n=n, k=k)
     ga, gb = gpu(a), gpu(b)
-    rng = np.random.default_rng(32)
+    rng = np.random.default_rng(rng_seed)
     kw = {}
     if mode == "fprop":
         kw = dict(bias=rng.standard_normal((len(splits), n)).astype(np.float32),
@@ -75,23 +63,51 @@ def test_gpu_swap_wide_equals_narrow(mode, contraction, fmt, monkeypatch):
                       out=None, accumulate=False)
         return C.choose_kernel(p, C.plan(p))
 
+    return a, b, kw, launch
+
+
+def _check_wide_swap(mode, contraction, fmt, monkeypatch, splits, seed, kernel, fallbacks):
+    """A wide swapped-operand build, forced on (``kernel``), against float64 (fp32 and bf16
+    outputs; fprop with bias and probs) and run to run; then, turning the environment switches
+    of ``fallbacks`` off one after the other (names of cuda.gemm constants, with the kernel each
+    leaves), bit for bit against each fallback kernel."""
+    from lowprec_moe.cuda import gemm as C
+
+    if "wgmma" not in _families():
+        pytest.skip("wgmma needs an sm_90 GPU")
+    if mode == "dgrad" and fmt != "nvfp4":
+        pytest.skip("dgrad operands are never row-scaled")
+    n, k = (320, contraction) if mode == "fprop" else (contraction, 320)
+    a, b, kw, launch = _setup(mode, fmt, splits, n, k, seed, seed + 1)
+    what = f"{kernel} {mode} {fmt} contraction {contraction}"
     monkeypatch.setenv(C.SWAP_WIDE_ENV, "on")
-    assert launch().kernel == "lpm_gg_nvfp4_kk_r", launch()
-    wide = _run(mode, a, b, splits, out_dtype="float32")
-    wide16 = _run(mode, a, b, splits, out_dtype="bfloat16", **kw)
+    assert launch().kernel == kernel, launch()
+    got = _run(mode, a, b, splits, out_dtype="float32")
+    got16 = _run(mode, a, b, splits, out_dtype="bfloat16", **kw)
     exp, mag = _expected(mode, a, b, splits)
-    assert_gemm_close(wide, exp, mag, f"wide swap {mode} {fmt} contraction {contraction}")
+    assert_gemm_close(got, exp, mag, what)
     exp16, mag16 = _expected(mode, a, b, splits, **kw)
-    assert_gemm_close(wide16, exp16, mag16, f"wide swap bf16 {mode} {fmt} {contraction}")
-    assert_bytes_equal(wide, _run(mode, a, b, splits, out_dtype="float32"),
-                       f"wide swap run to run {mode} {fmt} {contraction}")
-    for env, kernel in ((C.SWAP_WIDE_ENV, "_kk_u"), (C.TMA_ENV, "_kk_t")):
-        monkeypatch.setenv(env, "off")
-        assert launch().kernel.endswith(kernel), launch()
-        assert_bytes_equal(wide, _run(mode, a, b, splits, out_dtype="float32"),
-                           f"wide vs {kernel} swap {mode} {fmt} {contraction}")
-        assert_bytes_equal(wide16, _run(mode, a, b, splits, out_dtype="bfloat16", **kw),
-                           f"wide vs {kernel} swap, bf16 epilogue {mode} {fmt} {contraction}")
+    assert_gemm_close(got16, exp16, mag16, f"{what}, bf16 epilogue")
+    assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32"), f"{what} run to run")
+    for env, other in fallbacks:
+        monkeypatch.setenv(getattr(C, env), "off")
+        assert launch().kernel.endswith(other), launch()
+        assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32"),
+                           f"{what} vs {other}")
+        assert_bytes_equal(got16, _run(mode, a, b, splits, out_dtype="bfloat16", **kw),
+                           f"{what} vs {other}, bf16 epilogue")
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
+@pytest.mark.parametrize("contraction", [64, 448, 1600])
+@pytest.mark.parametrize("mode", ["fprop", "dgrad"])
+def test_gpu_swap_wide_equals_narrow(mode, contraction, fmt, monkeypatch):
+    """The wide TMA build of the NVFP4 swapped-operand kernel (``_kk_r``: 256 weight rows per
+    CTA, two 64-row halves per warpgroup) over 1, 7 and 25 k-tiles, with a partial second
+    column tile (320 columns), token tiles that straddle experts and empty experts: against
+    float64, and bit for bit against the 128-column TMA build and the cp.async build."""
+    _check_wide_swap(mode, contraction, fmt, monkeypatch, [5, 0, 32, 17, 1, 31, 16, 0, 9], 31,
+                     "lpm_gg_nvfp4_kk_r", [("SWAP_WIDE_ENV", "_kk_u"), ("TMA_ENV", "_kk_t")])
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
@@ -100,46 +116,9 @@ def test_gpu_swap_wide_equals_narrow(mode, contraction, fmt, monkeypatch):
 def test_gpu_swap_wide16_equals_wide(mode, contraction, fmt, monkeypatch):
     """The 16-token form of the wide swapped-operand build (``_kk_p``, wgmma m64n16k16) when no
     expert has more than 16 tokens: against float64, and bit for bit against the 32-token wide
-    build (m64n32k16) and the 128-column build, fp32 and bf16 outputs (fprop: bias, probs)."""
-    from lowprec_moe.cuda import gemm as C
-
-    if "wgmma" not in _families():
-        pytest.skip("wgmma needs an sm_90 GPU")
-    if mode == "dgrad" and fmt != "nvfp4":
-        pytest.skip("dgrad operands are never row-scaled")
-    splits = [5, 0, 16, 16, 1, 9, 16, 0, 12, 16]
-    n, k = (320, contraction) if mode == "fprop" else (contraction, 320)
-    a, b = _host_operands(mode, fmt, seed=33, splits=splits, n=n, k=k)
-    ga, gb = gpu(a), gpu(b)
-    rng = np.random.default_rng(34)
-    kw = {}
-    if mode == "fprop":
-        kw = dict(bias=rng.standard_normal((len(splits), n)).astype(np.float32),
-                  probs=rng.random(sum(splits)).astype(np.float32))
-
-    def launch():
-        p = _validate(mode, ga, gb, splits, bias=None, probs=None, out_dtype="float32",
-                      out=None, accumulate=False)
-        return C.choose_kernel(p, C.plan(p))
-
-    monkeypatch.setenv(C.SWAP_WIDE_ENV, "on")
-    assert launch().kernel == "lpm_gg_nvfp4_kk_p", launch()
-    got = _run(mode, a, b, splits, out_dtype="float32")
-    got16 = _run(mode, a, b, splits, out_dtype="bfloat16", **kw)
-    exp, mag = _expected(mode, a, b, splits)
-    assert_gemm_close(got, exp, mag, f"16-token wide swap {mode} {fmt} {contraction}")
-    exp16, mag16 = _expected(mode, a, b, splits, **kw)
-    assert_gemm_close(got16, exp16, mag16, f"16-token wide swap bf16 {mode} {fmt} {contraction}")
-    monkeypatch.setenv(C.SWAP_N16_ENV, "off")
-    assert launch().kernel == "lpm_gg_nvfp4_kk_r", launch()
-    assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32"),
-                       f"16- vs 32-token wide swap {mode} {fmt} {contraction}")
-    assert_bytes_equal(got16, _run(mode, a, b, splits, out_dtype="bfloat16", **kw),
-                       f"16- vs 32-token wide swap, bf16 epilogue {mode} {fmt} {contraction}")
-    monkeypatch.setenv(C.SWAP_WIDE_ENV, "off")
-    assert launch().kernel == "lpm_gg_nvfp4_kk_u", launch()
-    assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32"),
-                       f"16-token wide vs 128-column swap {mode} {fmt} {contraction}")
+    build (m64n32k16) and the 128-column build."""
+    _check_wide_swap(mode, contraction, fmt, monkeypatch, [5, 0, 16, 16, 1, 9, 16, 0, 12, 16], 33,
+                     "lpm_gg_nvfp4_kk_p", [("SWAP_N16_ENV", "_kk_r"), ("SWAP_WIDE_ENV", "_kk_u")])
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
@@ -161,19 +140,7 @@ def test_gpu_ws_tma_equals_cp_async(mode, tiles, fmt, monkeypatch):
     else:
         splits = [0, 300, 37, 260, 5, 129]
         n, k = (320, contraction) if mode == "fprop" else (contraction, 320)
-    a, b = _host_operands(mode, fmt, seed=29 + tiles, splits=splits, n=n, k=k)
-    ga, gb = gpu(a), gpu(b)
-    rng = np.random.default_rng(tiles)
-    kw = {}
-    if mode == "fprop":
-        kw = dict(bias=rng.standard_normal((len(splits), n)).astype(np.float32),
-                  probs=rng.random(sum(splits)).astype(np.float32))
-
-    def launch():
-        p = _validate(mode, ga, gb, splits, bias=None, probs=None, out_dtype="float32",
-                      out=None, accumulate=False)
-        return C.choose_kernel(p, C.plan(p))
-
+    a, b, kw, launch = _setup(mode, fmt, splits, n, k, 29 + tiles, tiles)
     assert launch().kernel == "lpm_gg_nvfp4_kk_y", launch()
     got = _run(mode, a, b, splits, out_dtype="float32", **kw)
     got16 = _run(mode, a, b, splits, out_dtype="bfloat16", **kw)

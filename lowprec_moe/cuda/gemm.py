@@ -241,7 +241,7 @@ def _device_caps() -> tuple[tuple[int, int], int, int]:
         cc = str(cp.cuda.Device(dev).compute_capability)
         optin = int(cp.cuda.runtime.deviceGetAttribute(
             97, dev))  # cudaDevAttrMaxSharedMemoryPerBlockOptin
-        sms = int(cp.cuda.runtime.deviceGetAttribute(16, dev))  # cudaDevAttrMultiProcessorCount
+        sms = int(cp.cuda.runtime.deviceGetAttribute(16, dev))  # multiprocessor count
         hit = _caps[dev] = ((int(cc[:-1]), int(cc[-1])), optin, sms)
     return hit
 
@@ -265,8 +265,9 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     """Pick the kernel (module, name, tile, copy chunk, shared memory) for a plan.
 
     ``caps``: (compute capability, opt-in shared memory bytes, multiprocessors); queried from
-    the device when omitted. The family comes from ``LOWPREC_MOE_GEMM_KERNEL`` (default ``auto``: wgmma for the
-    128x256 tile on sm_90, mma.sync otherwise; ``simt`` for float32 operands).
+    the device when omitted. The family comes from ``LOWPREC_MOE_GEMM_KERNEL`` (default
+    ``auto``: wgmma for the 128x256 tile on sm_90, mma.sync otherwise; ``simt`` for float32
+    operands).
     """
     family = (os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto")
     if family not in _FAMILIES:
