@@ -140,6 +140,7 @@ _SWAP_WIDE_MODES = ("auto", "on", "off")
 #: Environment variable for the 16-token form of the wide build (``_kk_p``): "auto" (default:
 #: when no expert has more than 16 tokens) or "off" (the 32-token ``_kk_r``).
 SWAP_N16_ENV = "LOWPREC_MOE_GEMM_SWAP_N16"
+_SWAP_N16_MODES = ("auto", "off")
 #: CTAs of the wide build per SM (two resident, two waves) from which "auto" takes it: below
 #: that, the 128-column build's twice as many CTAs fill the GPU better.
 SWAP_WIDE_MIN_CTAS_PER_SM = 4
@@ -150,12 +151,18 @@ MXFP8_MMA_ENV = "LOWPREC_MOE_MXFP8_MMA"
 _MXFP8_MMA = ("auto", "bf16")
 
 
+def _env_mode(name: str, modes: tuple) -> str:
+    """The value of environment variable `name` (lower case; unset or empty: "auto"), or a
+    ValueError naming it when it is not one of `modes`."""
+    v = os.environ.get(name, "auto").strip().lower() or "auto"
+    if v not in modes:
+        raise ValueError(f"{name}={v!r} must be one of {modes}")
+    return v
+
+
 def _mx_bf16() -> int:
     """1 when MXFP8_MMA_ENV asks for bf16 MXFP8 tensor cores, else 0."""
-    v = os.environ.get(MXFP8_MMA_ENV, "auto").strip().lower() or "auto"
-    if v not in _MXFP8_MMA:
-        raise ValueError(f"{MXFP8_MMA_ENV}={v!r} must be one of {_MXFP8_MMA}")
-    return int(v == "bf16")
+    return int(_env_mode(MXFP8_MMA_ENV, _MXFP8_MMA) == "bf16")
 
 _MAX_CACHED = 64
 _lock = threading.Lock()
@@ -250,9 +257,7 @@ def _swap_wide(pl: Plan, sms: int) -> bool:
     """Whether the NVFP4 swapped-operand TMA launch takes the wide build ``_kk_r`` (see
     SWAP_WIDE_ENV): in "auto", when its grid (token tiles x 256-column tiles) gives each of the
     ``sms`` multiprocessors at least SWAP_WIDE_MIN_CTAS_PER_SM CTAs."""
-    mode = os.environ.get(SWAP_WIDE_ENV, "auto").strip().lower() or "auto"
-    if mode not in _SWAP_WIDE_MODES:
-        raise ValueError(f"{SWAP_WIDE_ENV}={mode!r} must be one of {_SWAP_WIDE_MODES}")
+    mode = _env_mode(SWAP_WIDE_ENV, _SWAP_WIDE_MODES)
     if mode != "auto":
         return mode == "on"
     bt, bw = CONFIGS["r"]
@@ -269,12 +274,7 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     ``auto``: wgmma for the 128x256 tile on sm_90, mma.sync otherwise; ``simt`` for float32
     operands).
     """
-    family = (os.environ.get(KERNEL_ENV, "auto").strip().lower() or "auto")
-    if family not in _FAMILIES:
-        raise ValueError(f"{KERNEL_ENV}={family!r} must be one of {_FAMILIES}")
-    tma_mode = (os.environ.get(TMA_ENV, "auto").strip().lower() or "auto")
-    if tma_mode not in _TMA_MODES:
-        raise ValueError(f"{TMA_ENV}={tma_mode!r} must be one of {_TMA_MODES}")
+    family, tma_mode = _env_mode(KERNEL_ENV, _FAMILIES), _env_mode(TMA_ENV, _TMA_MODES)
     tma_ok = family == "auto" and tma_mode == "auto"
     simt = Launch("grouped_gemm_simt", "lpm_gg_simt", True, SIMT_TILE, SIMT_TILE, 0, 0)
     if family == "simt" or (p.fmt == "hp" and p.hp_dtype == "float32"):
@@ -314,10 +314,8 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     # ... in the wide build when the grid is large enough
     if use_tma and _swap_wide(pl, sms) and _use_tma(pl, wide=True):
         # ... with 16-token tiles when no expert has more
-        n16 = os.environ.get(SWAP_N16_ENV, "auto").strip().lower() or "auto"
-        if n16 not in _TMA_MODES:
-            raise ValueError(f"{SWAP_N16_ENV}={n16!r} must be one of {_TMA_MODES}")
-        cfg = "p" if n16 == "auto" and int(pl.rows.max()) <= CONFIGS["p"][0] else "r"
+        n16 = _env_mode(SWAP_N16_ENV, _SWAP_N16_MODES) == "auto"
+        cfg = "p" if n16 and int(pl.rows.max()) <= CONFIGS["p"][0] else "r"
         bm, bn = CONFIGS[cfg]
     # ... and so does the warp-specialised kernel, block scales included (the _kk_y build)
     ws_tma = ws and ch == 16 and tma_ok and _use_ws_tma(pl)
