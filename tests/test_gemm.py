@@ -6,7 +6,8 @@ factors, plus bias. Tolerances (SPEC 7): relative error <= 1e-5 for float32 outp
 ulp for bf16 / fp16, relative to ``|A| |B|^T`` (the accumulation-order error bound) so that
 cancellation does not make the check meaningless.
 
-The GPU launch plan is checked on the CPU in ``test_gemm_plan.py``.
+The GPU launch plan is checked on the CPU in ``test_gemm_plan.py``, the kernel choice in
+``test_gemm_choice.py``.
 """
 
 from __future__ import annotations

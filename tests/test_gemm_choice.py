@@ -1,0 +1,337 @@
+"""The GPU GEMM kernel choice (``lowprec_moe.cuda.gemm.choose_kernel``) and the shared-memory
+formulas it relies on, checked on the CPU: the device capabilities are passed in, so no GPU is
+needed. Which kernel, tile, copy chunk and shared memory each problem takes; TMA eligibility; the
+environment overrides.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from test_gemm import HP_DTYPES, MODES, _quantize
+
+H200_CAPS = ((9, 0), 227 * 1024, 132)  # capability, opt-in shared memory, SMs
+
+
+def _policy_problem(mode, fmt, splits, n=128, k=256):
+    from lowprec_moe.gemm import _validate
+
+    rng = np.random.default_rng(4)
+    m = sum(splits)
+    dtype = HP_DTYPES.get(fmt, np.float32)
+    x = rng.standard_normal((m, k)).astype(dtype)
+    w = rng.standard_normal((len(splits), n, k)).astype(dtype)
+    dy = rng.standard_normal((m, n)).astype(dtype)
+    if fmt in HP_DTYPES:
+        a, b = {"fprop": (x, w), "dgrad": (dy, w), "wgrad": (dy, x)}[mode]
+    else:
+        xq, wq, dq = _quantize(fmt, x, w, dy, splits)
+        a, b = {"fprop": (xq, wq), "dgrad": (dq, wq), "wgrad": (dq, xq)}[mode]
+    return _validate(mode, a, b, splits, bias=None, probs=None, out_dtype="float32", out=None,
+                     accumulate=False)
+
+
+@pytest.mark.parametrize("family", ["auto", "wgmma", "mma"])
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp8-hybrid", "nvfp4", "nvfp4-row-scaled"])
+@pytest.mark.parametrize("mode", MODES)
+def test_choose_kernel_policy(mode, fmt, family, monkeypatch):
+    """sm_90: NVFP4 with the 128-row tile takes the warp-specialised kernel (512 threads) by
+    default; MXFP8 and bf16 take the plain wgmma kernel; forcing ``wgmma`` / ``mma`` selects
+    those families. The shared memory equals the kernel's formula for the tile."""
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setenv(C.KERNEL_ENV, family)
+    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)  # host arrays have no device pointer
+    # the 128-row tile for every mode
+    p = _policy_problem(mode, fmt, [0, 300, 37, 260, 5, 129], n=96, k=160)
+    pl = C.plan(p)
+    ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+    assert not ln.simt and (ln.bm, ln.bn) == (128, 256), ln
+    ws = family == "auto" and fmt.startswith("nvfp4")
+    cfg = "x" if ws else "w" if family in ("auto", "wgmma") else "l"
+    assert ln.kernel.endswith(f"_{cfg}"), ln
+    assert ln.wgmma == (family != "mma"), ln
+    assert ln.threads == (C.WS_THREADS if ws else C.THREADS), ln
+    if ws:
+        assert ln.smem == C._ws_smem_bytes(pl.a.kind, pl.b.kind), ln
+    else:
+        assert ln.smem == C._smem_bytes(pl.a.kind, pl.b.kind, 128, 256, family != "mma"), ln
+
+
+@pytest.mark.parametrize("family", ["auto", "wgmma", "mma"])
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp8-e4m3", "mxfp8-hybrid", "nvfp4",
+                                 "nvfp4-row-scaled"])
+@pytest.mark.parametrize("mode", MODES)
+def test_choose_kernel_few_tokens_swap(mode, fmt, family, monkeypatch):
+    """sm_90, at most 32 tokens per expert: M-grouped GEMMs on K-major quantized operands
+    (NVFP4 fprop / dgrad, MXFP8 fprop) take the swapped-operand kernel (32 tokens x 128 output
+    columns, its own shared-memory formula); bf16, MXFP8 dgrad (MN-major W), wgrad and the
+    mma.sync family do not. One expert above 32 tokens turns it off. NVFP4 in the default family
+    loads its data tiles with TMA (the ``_kk_u`` build)."""
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setenv(C.KERNEL_ENV, family)
+    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)
+    p = _policy_problem(mode, fmt, [16, 0, 32, 3, 16])
+    pl = C.plan(p)
+    ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+    swap = (family != "mma" and mode != "wgrad" and fmt != "bf16"
+            and not (mode == "dgrad" and fmt.startswith("mxfp8")))
+    assert ln.kernel.endswith(("_kk_t", "_kk_u")) == swap, ln
+    tma = swap and family == "auto" and fmt.startswith("nvfp4")
+    assert ln.tma == tma and ln.kernel.endswith("_kk_u") == tma, ln
+    if swap:
+        assert (ln.bm, ln.bn) == C.CONFIGS["t"] == (32, 128) and ln.threads == C.THREADS, ln
+        assert ln.wgmma and not ln.simt, ln
+        assert ln.smem == C._swap_smem_bytes(pl.a.kind, pl.b.kind), ln
+        p2 = _policy_problem(mode, fmt, [16, 0, 33, 3, 16])
+        assert not C.choose_kernel(p2, C.plan(p2), caps=H200_CAPS).kernel.endswith(
+            ("_t", "_u"))
+        # NVFP4 copies each row's 4 block-scale bytes of a k-tile as one word: a contraction
+        # that is not a multiple of 64 (scale rows of K/16 bytes) keeps the other kernels
+        p3 = _policy_problem(mode, fmt, [16, 0, 32, 3, 16], n=160, k=160)
+        ln3 = C.choose_kernel(p3, C.plan(p3), caps=H200_CAPS)
+        assert ln3.kernel.endswith("_t") == (not fmt.startswith("nvfp4")), ln3
+
+
+def test_tma_eligibility():
+    """The TMA build needs one tensor map per operand: a uniform row stride that is a multiple
+    of 16 bytes, experts starting at whole rows, int32 row coordinates, one contraction length
+    that is a multiple of the k-tile."""
+    from lowprec_moe.cuda import gemm as C
+
+    p = _policy_problem("fprop", "nvfp4", [16, 0, 32, 3, 16])
+    pl = C.plan(p)
+    assert C._use_tma(pl)
+    a = pl.a
+    a.ld = a.ld.copy()
+    a.ld[1] += 16
+    assert not C._tma_rows_ok(a, 32) and not C._use_tma(pl)  # strides differ
+    a.ld[:] = 136
+    assert not C._tma_rows_ok(a, 32)  # not a multiple of 16
+    a.ld[:] = 128
+    assert C._tma_rows_ok(a, 32)
+    assert not C._tma_rows_ok(a, 2**31)  # row coordinates past int32
+    a.off = a.off + 64
+    assert not C._tma_rows_ok(a, 32)  # expert offsets not whole rows
+    pl = C.plan(p)
+    pl.length = pl.length.copy()
+    pl.length[0] += C.BK
+    assert not C._use_tma(pl)  # contraction lengths differ
+    pl.length[:] = 3 * C.BK + 16
+    assert not C._use_tma(pl)  # a ragged last k-tile
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_choose_kernel_ws_tma(mode, monkeypatch):
+    """sm_90, NVFP4 with the 128-row tile: the warp-specialised kernel's TMA build (``_kk_y``,
+    its own shared-memory formula) when data and scales of both operands have uniform strides
+    that are multiples of 16 bytes (K and N multiples of 256; wgrad: equal splits, multiples of
+    256) and one contraction length; the cp.async build ``_kk_x`` otherwise, with
+    ``LOWPREC_MOE_GEMM_TMA=off`` and outside the default family."""
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)
+    ok = [256, 256, 256] if mode == "wgrad" else [0, 300, 37, 260, 5, 129]
+    for fmt in ("nvfp4", "nvfp4-row-scaled"):
+        p = _policy_problem(mode, fmt, ok, n=512, k=768)
+        pl = C.plan(p)
+        assert C._use_ws_tma(pl)
+        ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+        assert ln.kernel == "lpm_gg_nvfp4_kk_y" and ln.tma and ln.threads == C.WS_THREADS, ln
+        assert ln.smem == C._ws_tma_smem_bytes(), ln
+        monkeypatch.setenv(C.TMA_ENV, "off")
+        ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+        assert ln.kernel == "lpm_gg_nvfp4_kk_x" and not ln.tma, ln
+        monkeypatch.setenv(C.TMA_ENV, "sometimes")
+        with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_TMA"):
+            C.choose_kernel(p, pl, caps=H200_CAPS)
+        monkeypatch.delenv(C.TMA_ENV)
+        monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
+        assert not C.choose_kernel(p, pl, caps=H200_CAPS).tma
+        monkeypatch.delenv(C.KERNEL_ENV)
+    # scale rows of K/16 (or N/16, tokens/16) bytes that are not 16-byte multiples
+    bad = [128, 128, 128] if mode == "wgrad" else ok
+    p = _policy_problem(mode, "nvfp4", bad, n=512 if mode != "dgrad" else 640,
+                        k=640 if mode != "dgrad" else 512)
+    assert C.choose_kernel(p, C.plan(p), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_x"
+    if mode == "wgrad":  # unequal splits: per-expert strides differ
+        p = _policy_problem(mode, "nvfp4", [256, 512, 256], n=512, k=768)
+        assert C.choose_kernel(p, C.plan(p), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_x"
+        # every expert empty: columnwise rows of stride 0 get no tensor map
+        p = _policy_problem(mode, "nvfp4", [0, 0, 0], n=512, k=768)
+        assert not C._use_ws_tma(C.plan(p))
+
+
+def test_ws_tma_scale_eligibility():
+    """The scale maps of the ``_kk_y`` build: one scale row stride (a multiple of 16 bytes),
+    experts starting at whole scale rows, int32 row coordinates."""
+    from lowprec_moe.cuda import gemm as C
+
+    p = _policy_problem("fprop", "nvfp4", [0, 300, 37, 260, 5, 129], n=512, k=768)
+    pl = C.plan(p)
+    a = pl.a
+    assert C._tma_scale_rows_ok(a, 128)
+    assert not C._tma_scale_rows_ok(a, 2**31)  # row coordinates past int32
+    a.soff = a.soff + 16
+    assert not C._tma_scale_rows_ok(a, 128)  # experts not at whole scale rows
+    a.soff = a.soff - 16
+    a.sld = a.sld.copy()
+    a.sld[1] += 16
+    assert not C._tma_scale_rows_ok(a, 128)  # strides differ
+    a.sld[:] = 40
+    assert not C._tma_scale_rows_ok(a, 128)  # not a multiple of 16
+    assert not C._use_ws_tma(pl)
+
+
+def test_tma_map_limits():
+    """The tensor-map argument checks name the violated limit."""
+    from lowprec_moe.cuda import tma
+
+    assert tma.check_2d_u8(256, 128, 1000, 128, 32, 128) is None
+    assert "aligned" in tma.check_2d_u8(8, 128, 1000, 128, 32, 128)
+    assert "stride" in tma.check_2d_u8(256, 120, 1000, 120, 32, 128)
+    assert "extents" in tma.check_2d_u8(256, 256, 1000, 128, 32, 128)
+    assert "box" in tma.check_2d_u8(256, 128, 1000, 128, 8, 128)
+    assert "box" in tma.check_2d_u8(256, 128, 1000, 128, 32, 512)
+    with pytest.raises(ValueError, match="no tensor map"):
+        tma.map_2d_u8(8, 128, 1000, 128, 32, 128)
+
+
+def test_ws_smem_formula():
+    """The warp-specialised NVFP4 kernel's shared memory (mirrors ws_smem_bytes): 6 raw stages
+    of a 128-row A and a 256-row B tile, 3 canonical B buffers (no canonical A: it is decoded
+    into registers), 1 KiB alignment; the fp32 epilogue tile fits in it, and so does the whole
+    under the 227 KiB opt-in limit."""
+    from lowprec_moe.cuda import gemm as C
+
+    nv = C._ws_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K)
+    stage = (128 * 32 + 128 * 4) + (256 * 32 + 256 * 4)  # nibbles + E4M3 scale bytes
+    ring = -(-6 * stage // 1024) * 1024  # rounded up to 1 KiB
+    assert nv == ring + 3 * 256 * 128 + 1024 == 81 * 1024 + 96 * 1024 + 1024
+    assert 128 * (256 + 8) * 4 + 1024 <= nv <= 227 * 1024
+
+
+def test_ws_tma_smem_formula():
+    """The TMA build of the warp-specialised kernel (mirrors ws_tma_smem_bytes): 6 raw stages
+    of data only, 3 canonical B buffers, 3 scale slots of 16 bytes (4 k-tiles) per row (128 + 256
+    rows), 1 KiB alignment; under the opt-in limit with the 1 KiB of static mbarrier space."""
+    from lowprec_moe.cuda import gemm as C
+
+    nv = C._ws_tma_smem_bytes()
+    assert nv == 6 * (128 + 256) * 32 + 3 * 256 * 128 + 3 * (128 + 256) * 16 + 1024
+    assert nv + 1024 <= 227 * 1024
+
+
+def test_swap_smem_formula():
+    """The swapped-operand kernel's shared memory (mirrors swap_smem_bytes): NVFP4 leaves room
+    for four CTAs per SM (1 KiB reserved per CTA; its 80-register bound allows three), MXFP8
+    two."""
+    from lowprec_moe.cuda import gemm as C
+
+    nv = C._swap_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K)
+    mx = C._swap_smem_bytes(C.KIND_FP8_K, C.KIND_FP8_K)
+    # ring: 6 (NVFP4) / 4 (MXFP8) x (128 weight rows + 32 token rows) raw, rounded to 1 KiB;
+    # 2 x canonical rows of 128 B: NVFP4 the 32 token rows (weights go to registers), MXFP8 160
+    assert nv == 34 * 1024 + 2 * 32 * 128 + 1024
+    assert mx == 45 * 1024 + 2 * 160 * 128 + 1024
+    assert 4 * (nv + 1024) <= 228 * 1024 and 2 * (mx + 1024) <= 228 * 1024
+    # the wide NVFP4 TMA build: 256 weight rows per stage, two CTAs per SM
+    wide = C._swap_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K, wide=True)
+    assert wide == 61 * 1024 + 2 * 32 * 128 + 1024
+    assert 2 * (wide + 1024) <= 228 * 1024
+
+
+@pytest.mark.parametrize("mode", ["fprop", "dgrad"])
+def test_choose_kernel_swap_wide(mode, monkeypatch):
+    """sm_90, few tokens per expert, NVFP4 in the default family: the wide swapped-operand TMA
+    build (``_kk_r``: 32 tokens x 256 columns, its own shared-memory formula; ``_kk_p``, 16
+    tokens, when no expert has more) once its grid gives every SM at least four CTAs, the
+    128-column ``_kk_u`` below that;
+    ``LOWPREC_MOE_GEMM_SWAP_WIDE`` forces either and rejects other values; the cp.async and
+    ``wgmma`` paths never take it."""
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)
+    sms = H200_CAPS[2]
+    # 64 experts x 16 tokens x 2 columns tiles of 256 = 128 CTAs: below 4 per SM
+    small = _policy_problem(mode, "nvfp4", [16] * 64, n=512, k=512)
+    ln = C.choose_kernel(small, C.plan(small), caps=H200_CAPS)
+    assert ln.kernel == "lpm_gg_nvfp4_kk_u" and (ln.bm, ln.bn) == (32, 128), ln
+    # the same with a grid of exactly 4 CTAs per SM (the threshold) takes the wide build
+    assert not C._swap_wide(C.plan(small), 1 + 128 // C.SWAP_WIDE_MIN_CTAS_PER_SM)
+    assert C._swap_wide(C.plan(small), 128 // C.SWAP_WIDE_MIN_CTAS_PER_SM)
+    for fmt in ("nvfp4", "nvfp4-row-scaled"):
+        if fmt == "nvfp4-row-scaled" and mode == "dgrad":
+            continue
+        # 2 x 264 token tiles x 2 column tiles of 256 (partial second tile) = 1056 CTAs
+        big = _policy_problem(mode, fmt, [16] * 263 + [0, 3, 32], n=320, k=320)
+        pl = C.plan(big)
+        assert int(np.sum(C._cdiv(pl.rows[pl.rows > 0], 32))) * 2 >= 4 * sms
+        ln = C.choose_kernel(big, pl, caps=H200_CAPS)
+        assert ln.kernel == "lpm_gg_nvfp4_kk_r" and ln.tma and ln.wgmma, ln
+        assert (ln.bm, ln.bn) == C.CONFIGS["r"] == (32, 256) and ln.threads == C.THREADS, ln
+        assert ln.smem == C._swap_smem_bytes(pl.a.kind, pl.b.kind, wide=True), ln
+        monkeypatch.setenv(C.SWAP_WIDE_ENV, "off")
+        assert C.choose_kernel(big, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_u"
+        # at most 16 tokens per expert: the 16-token tile, same shared memory
+        monkeypatch.delenv(C.SWAP_WIDE_ENV)
+        p16 = _policy_problem(mode, fmt, [16] * 265 + [0, 3], n=320, k=320)
+        ln = C.choose_kernel(p16, C.plan(p16), caps=H200_CAPS)
+        assert ln.kernel == "lpm_gg_nvfp4_kk_p" and ln.tma, ln
+        assert (ln.bm, ln.bn) == C.CONFIGS["p"] == (16, 256), ln
+        assert ln.smem == C._swap_smem_bytes(pl.a.kind, pl.b.kind, wide=True), ln
+        monkeypatch.setenv(C.SWAP_N16_ENV, "off")
+        assert C.choose_kernel(p16, C.plan(p16), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_r"
+        monkeypatch.setenv(C.SWAP_N16_ENV, "sometimes")
+        with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_SWAP_N16='sometimes'"):
+            C.choose_kernel(p16, C.plan(p16), caps=H200_CAPS)
+        monkeypatch.delenv(C.SWAP_N16_ENV)
+        monkeypatch.setenv(C.SWAP_WIDE_ENV, "on")
+        assert C.choose_kernel(small, C.plan(small), caps=H200_CAPS).kernel == \
+            "lpm_gg_nvfp4_kk_p"
+        monkeypatch.setenv(C.SWAP_WIDE_ENV, "wider")
+        with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_SWAP_WIDE='wider'"):
+            C.choose_kernel(big, pl, caps=H200_CAPS)
+        monkeypatch.setenv(C.SWAP_WIDE_ENV, "on")
+        monkeypatch.setenv(C.TMA_ENV, "off")  # the cp.async build has no wide form
+        assert C.choose_kernel(big, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_t"
+        monkeypatch.delenv(C.TMA_ENV)
+        monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
+        assert C.choose_kernel(big, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_t"
+        monkeypatch.delenv(C.KERNEL_ENV)
+        monkeypatch.delenv(C.SWAP_WIDE_ENV)
+
+
+def test_mxfp8_mma_env(monkeypatch):
+    """LOWPREC_MOE_MXFP8_MMA: "auto" (default) lets MXFP8 tiles use the fp16 window, "bf16"
+    forbids it (the kernel's mx_bf16 argument); anything else is an error naming the value."""
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.delenv(C.MXFP8_MMA_ENV, raising=False)
+    assert C._mx_bf16() == 0
+    monkeypatch.setenv(C.MXFP8_MMA_ENV, " BF16 ")
+    assert C._mx_bf16() == 1
+    monkeypatch.setenv(C.MXFP8_MMA_ENV, "fp16")
+    with pytest.raises(ValueError, match="LOWPREC_MOE_MXFP8_MMA='fp16'"):
+        C._mx_bf16()
+
+
+def test_mxfp8_wgmma_smem_has_exponent_bytes():
+    """The MXFP8 wgmma kernels keep one byte per tile row and column (the fp16 window's largest
+    block codes) after their canonical buffers; NVFP4 and mma.sync kernels do not."""
+    from lowprec_moe.cuda import gemm as C
+
+    def formula(ak, bk, bm, wg, extra):
+        ring = C._raw_ring_bytes(ak, bk, bm, 256)
+        canon = C._canon(bm) + C._canon(256)
+        ncb = 3 if wg and ring + 3 * canon + 1024 <= C.MAX_SMEM else 2
+        return max(ring + ncb * canon + extra, C._epi_bytes(bm, 256)) + 1024
+
+    fp8k, fp8mn, fp4 = C.KIND_FP8_K, C.KIND_FP8_MN, C.KIND_FP4_K
+    for bm in (64, 128):
+        for bk in (fp8k, fp8mn):
+            assert C._smem_bytes(fp8k, bk, bm, 256, True) == formula(fp8k, bk, bm, True, bm + 256)
+            assert C._smem_bytes(fp8k, bk, bm, 256, False) == formula(fp8k, bk, bm, False, 0)
+        assert C._smem_bytes(fp4, fp4, bm, 256, True) == formula(fp4, fp4, bm, True, 0)
