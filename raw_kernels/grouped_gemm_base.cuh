@@ -196,6 +196,26 @@ __host__ __device__ constexpr int ws_tma_smem_bytes() {
     const int epi = epi_bytes(128, 256);
     return (main > epi ? main : epi) + 1024;
 }
+// The warp-specialised MXFP8 kernel (grouped_gemm_ws_mx.cuh, TMA only): an fp8 tile is twice an
+// NVFP4 one, so six raw stages and three canonical buffers do not fit; it keeps kWmxAhead tiles
+// in flight ahead of the expansion and kWmxCanonBuffers canonical B buffers (kWmxStages raw
+// stages), block scales in kWmxScaleSlots slots of kWmxScaleTiles k-tiles (16 bytes per row:
+// two E8M0 codes per k-tile), then the rows' and columns' largest block codes (fp16 window).
+constexpr int kWmxAhead = 3;
+constexpr int kWmxCanonBuffers = 2;
+constexpr int kWmxStages = kWmxAhead + kWmxCanonBuffers;
+constexpr int kWmxScaleTiles = 8;
+constexpr int kWmxScaleSlots = 2;
+__host__ __device__ constexpr int ws_mx_scale_slot_bytes() {
+    return (128 + 256) * kWmxScaleTiles * (kBK / LPM_MXFP8_BLOCK);
+}
+__host__ __device__ constexpr int ws_mx_smem_bytes() {
+    const int main = kWmxStages * (raw_data_bytes(KIND_FP8_K, 128) + raw_data_bytes(KIND_FP8_K, 256)) +
+                     kWmxCanonBuffers * canon_bytes(256) + kWmxScaleSlots * ws_mx_scale_slot_bytes() +
+                     (128 + 256);
+    const int epi = epi_bytes(128, 256);
+    return (main > epi ? main : epi) + 1024;
+}
 
 // ==========================================================================================
 // PTX wrappers

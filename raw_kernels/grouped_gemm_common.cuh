@@ -81,6 +81,8 @@
 //                             for NVFP4: two producer warpgroups copy and expand B, two
 //                             consumer warpgroups decode A into registers and multiply)
 //                             and LPM_GG_DEFINE_WS
+//   grouped_gemm_ws_mx.cuh    the warp-specialised MXFP8 kernel gemm_ws_mx (fprop, TMA loads,
+//                             fp16 window or bf16 per tile) and LPM_GG_DEFINE_WS_MX
 //   grouped_gemm_tma.cuh      TMA tile loads: the tensor-map parameter type, mbarrier and
 //                             cp.async.bulk.tensor wrappers
 //   grouped_gemm_swap.cuh     the swapped-operand wgmma kernel body gemm_swap for few tokens
@@ -98,6 +100,7 @@
 #include "grouped_gemm_mxf16.cuh"
 #include "grouped_gemm_kernel.cuh"
 #include "grouped_gemm_ws.cuh"
+#include "grouped_gemm_ws_mx.cuh"
 #include "grouped_gemm_tma.cuh"
 #include "grouped_gemm_swap.cuh"
 

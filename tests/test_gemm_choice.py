@@ -164,6 +164,42 @@ def test_choose_kernel_ws_tma(mode, monkeypatch):
         assert not C._use_ws_tma(C.plan(p))
 
 
+@pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-hybrid"])
+def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
+    """sm_90, MXFP8 fprop with the 128-row tile: the warp-specialised kernel ``_kk_y`` (its own
+    shared-memory formula, TMA loads) when data and scales map (K a multiple of 512: scale rows
+    of 16-byte multiples) and every expert contracts the same whole k-tiles; the plain wgmma
+    kernel otherwise, for dgrad / wgrad, with ``LOWPREC_MOE_GEMM_MXFP8_WS=off``,
+    ``LOWPREC_MOE_GEMM_TMA=off`` and outside the default family."""
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)
+    splits = [0, 300, 37, 260, 5, 129]
+    p = _policy_problem("fprop", fmt, splits, n=512, k=1024)
+    pl = C.plan(p)
+    ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+    assert ln.kernel == "lpm_gg_mxfp8_kk_y" and ln.tma and ln.threads == C.WS_THREADS, ln
+    assert (ln.bm, ln.bn) == (128, 256) and ln.smem == C._ws_mx_smem_bytes(), ln
+    for env, value in ((C.MXFP8_WS_ENV, "off"), (C.TMA_ENV, "off"), (C.KERNEL_ENV, "wgmma")):
+        monkeypatch.setenv(env, value)
+        ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+        assert ln.kernel == "lpm_gg_mxfp8_kk_w" and not ln.tma, (env, ln)
+        assert ln.threads == C.THREADS, (env, ln)
+        monkeypatch.delenv(env)
+    monkeypatch.setenv(C.MXFP8_WS_ENV, "never")
+    with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_MXFP8_WS"):
+        C.choose_kernel(p, pl, caps=H200_CAPS)
+    monkeypatch.delenv(C.MXFP8_WS_ENV)
+    # scale rows of K / 32 = 24 bytes: no scale map
+    p = _policy_problem("fprop", fmt, splits, n=512, k=768)
+    assert C.choose_kernel(p, C.plan(p), caps=H200_CAPS).kernel == "lpm_gg_mxfp8_kk_w"
+    # dgrad and wgrad (MN-major operands) keep the plain kernel
+    for mode, sp in (("dgrad", splits), ("wgrad", [256, 256, 256])):
+        p = _policy_problem(mode, fmt, sp, n=512, k=1024)
+        ln = C.choose_kernel(p, C.plan(p), caps=H200_CAPS)
+        assert ln.kernel.endswith("_w") and ln.threads == C.THREADS, (mode, ln)
+
+
 def test_ws_tma_scale_eligibility():
     """The scale maps of the ``_kk_y`` build: one scale row stride (a multiple of 16 bytes),
     experts starting at whole scale rows, int32 row coordinates."""
@@ -197,6 +233,9 @@ def test_tma_map_limits():
     assert "box" in tma.check_2d_u8(256, 128, 1000, 128, 32, 512)
     with pytest.raises(ValueError, match="no tensor map"):
         tma.map_2d_u8(8, 128, 1000, 128, 32, 128)
+    assert tma.check_2d_u8(256, 128, 1000, 128, 64, 128, swizzle=64) is None
+    assert "span" in tma.check_2d_u8(256, 128, 1000, 128, 128, 128, swizzle=64)
+    assert "swizzle" in tma.check_2d_u8(256, 128, 1000, 128, 64, 128, swizzle=48)
 
 
 def test_ws_smem_formula():
@@ -222,6 +261,18 @@ def test_ws_tma_smem_formula():
     nv = C._ws_tma_smem_bytes()
     assert nv == 6 * (128 + 256) * 32 + 3 * 256 * 128 + 3 * (128 + 256) * 16 + 1024
     assert nv + 1024 <= 227 * 1024
+
+
+def test_ws_mx_smem_formula():
+    """The warp-specialised MXFP8 kernel (mirrors ws_mx_smem_bytes): 5 raw stages of fp8 data
+    (128 + 256 rows of 64 bytes), 2 canonical B buffers, 2 scale slots of 16 bytes (8 k-tiles)
+    per row, the rows' and columns' largest codes, 1 KiB alignment; under the opt-in limit with
+    the 1 KiB of static mbarrier space."""
+    from lowprec_moe.cuda import gemm as C
+
+    mx = C._ws_mx_smem_bytes()
+    assert mx == 5 * (128 + 256) * 64 + 2 * 256 * 128 + 2 * (128 + 256) * 16 + 384 + 1024
+    assert mx + 1024 <= 227 * 1024
 
 
 def test_swap_smem_formula():

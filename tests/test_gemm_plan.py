@@ -184,6 +184,10 @@ def test_kernel_constants_match_sources():
         C.WS_SCALE_TILES
     assert int(re.search(r"constexpr int kWsScaleSlots = (\d+);", src).group(1)) == \
         C.WS_SCALE_SLOTS
+    for name, value in (("kWmxAhead", C.WMX_AHEAD), ("kWmxCanonBuffers", C.WMX_CANON_BUFFERS),
+                        ("kWmxScaleTiles", C.WMX_SCALE_TILES),
+                        ("kWmxScaleSlots", C.WMX_SCALE_SLOTS)):
+        assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == value, name
     simt = (kernels.kernel_dir() / "grouped_gemm_simt.cu").read_text()
     for name in ("EK_F32", "EK_BF16", "EK_F16", "EK_FP4", "EK_E4M3", "EK_E5M2"):
         assert int(re.search(rf"\b{name} = (\d+)", simt).group(1)) == getattr(C, name), name
@@ -191,7 +195,8 @@ def test_kernel_constants_match_sources():
     for prefix in ("bf16", "fp16", "nvfp4", "mxfp8"):
         text = (kernels.kernel_dir() / f"grouped_gemm_{prefix}.cu").read_text()
         defined = set(re.findall(
-            r"LPM_GG_DEFINE(?:_WG|_WS|_WS_TMA|_SWAP|_SWAP_TMA|_SWAP_TMA_WIDE)?\((\w+),", text))
+            r"LPM_GG_DEFINE(?:_WG|_WS|_WS_TMA|_WS_MX|_SWAP|_SWAP_TMA|_SWAP_TMA_WIDE)?\((\w+)[,)]",
+            text))
         layouts = {"nvfp4": ["kk"]}.get(prefix, ["kk", "kn", "nn"])
         quantized = prefix == "nvfp4"  # the warp-specialised kernel
         for lay in layouts:
@@ -204,6 +209,8 @@ def test_kernel_constants_match_sources():
                 assert f"lpm_gg_{prefix}_kk_t{suf}" in defined, prefix
         if prefix == "nvfp4":  # the TMA builds (swapped-operand, warp-specialised)
             assert {"lpm_gg_nvfp4_kk_u", "lpm_gg_nvfp4_kk_r", "lpm_gg_nvfp4_kk_y"} <= defined
+        if prefix == "mxfp8":  # the warp-specialised MXFP8 kernel (TMA build only)
+            assert "lpm_gg_mxfp8_kk_y" in defined
     # the swapped-operand kernel's tile and stage counts
     for name, value in (("kSwapTokens", C.CONFIGS["t"][0]), ("kSwapCols", C.CONFIGS["t"][1])):
         assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == value, name

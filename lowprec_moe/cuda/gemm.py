@@ -115,16 +115,16 @@ from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     WS_AHEAD, WS_CANON_BUFFERS, WS_THREADS, _cdiv,
     _flat_amax, descriptors, plan, tile_table)
 from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
-    MAX_SMEM, WS_SCALE_SLOTS, WS_SCALE_TILES, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes,
-    _smem_bytes,
-    _swap_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
+    MAX_SMEM, WMX_AHEAD, WMX_CANON_BUFFERS, WMX_SCALE_SLOTS, WMX_SCALE_TILES, WS_SCALE_SLOTS,
+    WS_SCALE_TILES, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes, _smem_bytes,
+    _swap_smem_bytes, _ws_mx_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
 
 from .gemm_tma import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     _ptr, _scales_word_aligned, _tma_maps, _tma_rows_ok, _tma_scale_rows_ok, _use_tma,
     _use_ws_tma)
 
 __all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV",
-           "TMA_ENV", "SWAP_WIDE_ENV", "SWAP_N16_ENV"]
+           "MXFP8_WS_ENV", "TMA_ENV", "SWAP_WIDE_ENV", "SWAP_N16_ENV"]
 
 #: Environment variable selecting the kernel family: "auto" (default) or "simt".
 KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
@@ -149,6 +149,11 @@ SWAP_WIDE_MIN_CTAS_PER_SM = 4
 #: raw_kernels/grouped_gemm_mxf16.cuh) or "bf16" (every tile on bf16).
 MXFP8_MMA_ENV = "LOWPREC_MOE_MXFP8_MMA"
 _MXFP8_MMA = ("auto", "bf16")
+#: Environment variable for the warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_y``): "auto"
+#: (default: MXFP8 fprop with the 128-row tile wherever its TMA loads apply) or "off" (the
+#: plain wgmma kernel; A/B comparisons and cross-checks).
+MXFP8_WS_ENV = "LOWPREC_MOE_GEMM_MXFP8_WS"
+_MXFP8_WS_MODES = ("auto", "off")
 
 
 def _env_mode(name: str, modes: tuple) -> str:
@@ -303,9 +308,12 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     else:
         cfg = small if _pick_bm(pl.rows, CONFIGS[small][0]) != 128 else big
     # warp-specialised wgmma kernel: NVFP4 (its consumers decode NVFP4 A fragments straight into
-    # registers; there is no MXFP8 build), 128-row tile, the default family
+    # registers), 128-row tile, the default family
     ws = cfg == "w" and p.fmt == "nvfp4" and family == "auto"
-    if ws:
+    # ... and MXFP8 fprop, whose warp-specialised kernel exists as a TMA build only
+    ws_mx = (cfg == "w" and p.fmt == "mxfp8" and layout == "kk" and ch == 16 and tma_ok
+             and _env_mode(MXFP8_WS_ENV, _MXFP8_WS_MODES) == "auto" and _use_ws_tma(pl))
+    if ws or ws_mx:
         cfg = "x"
     bm, bn = CONFIGS[cfg]
     # NVFP4 swapped-operand tiles load their data with TMA where one tensor map per operand
@@ -318,12 +326,15 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
         cfg = "p" if n16 and int(pl.rows.max()) <= CONFIGS["p"][0] else "r"
         bm, bn = CONFIGS[cfg]
     # ... and so does the warp-specialised kernel, block scales included (the _kk_y build)
-    ws_tma = ws and ch == 16 and tma_ok and _use_ws_tma(pl)
+    ws_tma = ws_mx or (ws and ch == 16 and tma_ok and _use_ws_tma(pl))
+    ws = ws or ws_mx
     suffix = cfg if cfg in ("r", "p") else "u" if use_tma else "y" if ws_tma else cfg
     use_tma = use_tma or ws_tma
     name = f"lpm_gg_{prefix}_{layout}_{suffix}" + ("8" if ch == 8 else "")
     if cfg in ("t", "r", "p"):
         smem = _swap_smem_bytes(pl.a.kind, pl.b.kind, wide=cfg != "t")
+    elif ws_mx:
+        smem = _ws_mx_smem_bytes()
     elif ws_tma:
         smem = _ws_tma_smem_bytes()
     elif ws:
@@ -435,6 +446,7 @@ def _signature(p, arrays) -> tuple:
     return (int(_cupy().cuda.runtime.getDevice()), p.mode, p.fmt, p.hp_dtype, p.splits, p.n, p.k,
             bool(p.accumulate), os.environ.get(KERNEL_ENV, "auto"), os.environ.get(TMA_ENV, "auto"),
             os.environ.get(SWAP_WIDE_ENV, "auto"), os.environ.get(SWAP_N16_ENV, "auto"),
+            os.environ.get(MXFP8_WS_ENV, "auto"),
             gt_sig(p.a), gt_sig(p.b), residues)
 
 

@@ -88,6 +88,27 @@ def _ws_tma_smem_bytes() -> int:
     return max(stages + WS_CANON_BUFFERS * _canon(bn) + slots, _epi_bytes(bm, bn)) + 1024
 
 
+#: the warp-specialised MXFP8 kernel (kWmx* in raw_kernels/grouped_gemm_base.cuh): raw tiles in
+#: flight ahead of the expansion, canonical B buffers, k-tiles per scale slot, scale slots
+WMX_AHEAD = 3
+WMX_CANON_BUFFERS = 2
+WMX_SCALE_TILES = 8
+WMX_SCALE_SLOTS = 2
+
+
+def _ws_mx_smem_bytes() -> int:
+    """Dynamic shared memory of the warp-specialised MXFP8 kernel (ws_mx_smem_bytes in
+    raw_kernels/grouped_gemm_base.cuh): WMX_AHEAD + WMX_CANON_BUFFERS raw stages of the two fp8
+    data tiles, the canonical B buffers, WMX_SCALE_SLOTS slots of WMX_SCALE_TILES k-tiles of
+    E8M0 codes (16 bytes per row of A and B), the rows' and columns' largest codes (one byte
+    each), alignment; the fp32 epilogue tile reuses the front."""
+    bm, bn = CONFIGS["x"]
+    stages = (WMX_AHEAD + WMX_CANON_BUFFERS) * (bm + bn) * BK
+    slots = WMX_SCALE_SLOTS * (bm + bn) * WMX_SCALE_TILES * BK // F.MXFP8_BLOCK
+    main = stages + WMX_CANON_BUFFERS * _canon(bn) + slots + bm + bn
+    return max(main, _epi_bytes(bm, bn)) + 1024
+
+
 def _swap_smem_bytes(x_kind: int, w_kind: int, wide: bool = False) -> int:
     """Dynamic shared memory of the swapped-operand kernel (swap_smem_bytes in
     raw_kernels/grouped_gemm_base.cuh): raw ring, two canonical buffers (NVFP4: the token tile

@@ -1,7 +1,7 @@
 """TMA eligibility and tensor maps of the grouped-GEMM TMA builds (host side).
 
-``_kk_u`` (swapped-operand NVFP4 kernel) and ``_kk_y`` (warp-specialised NVFP4 kernel) read
-their operands through 2-D byte tensor maps (:mod:`lowprec_moe.cuda.tma`); these helpers decide
+``_kk_u`` (swapped-operand NVFP4 kernel) and ``_kk_y`` (warp-specialised NVFP4 / MXFP8
+kernels) read their operands through 2-D byte tensor maps (:mod:`lowprec_moe.cuda.tma`); these helpers decide
 whether a plan's operands can be mapped and build the maps of a launch. Re-exported by
 :mod:`lowprec_moe.cuda.gemm`.
 """
@@ -13,7 +13,7 @@ import numpy as np
 from .. import formats as F
 from . import tma
 from .gemm_plan import BK, CONFIGS, Operand, Plan
-from .gemm_smem import WS_SCALE_TILES
+from .gemm_smem import WMX_SCALE_TILES, WS_SCALE_TILES
 
 
 def _scales_word_aligned(op: Operand) -> bool:
@@ -70,8 +70,8 @@ def _tma_scale_rows_ok(op: Operand, box_rows: int) -> bool:
 
 
 def _use_ws_tma(pl: Plan) -> bool:
-    """Whether the warp-specialised NVFP4 kernel can load its data tiles and block scales with
-    TMA (the ``_kk_y`` build): data and scales of both operands mapped by
+    """Whether the warp-specialised NVFP4 / MXFP8 kernel can load its data tiles and block
+    scales with TMA (the ``_kk_y`` builds): data and scales of both operands mapped by
     :func:`_tma_rows_ok` / :func:`_tma_scale_rows_ok` and :func:`_one_length`."""
     bm, bn = CONFIGS["x"]
     return (_one_length(pl) and _tma_rows_ok(pl.a, bm) and _tma_rows_ok(pl.b, bn)
@@ -80,20 +80,26 @@ def _use_ws_tma(pl: Plan) -> bool:
 
 def _tma_maps(kernel: str, geom: tuple, a_data, a_scale, b_data, b_scale) -> tuple:
     """The tensor maps of a TMA build, each data box one k-tile deep (``BK / 2`` bytes of
-    NVFP4): ``_kk_u`` A (tokens) in boxes of 32 rows, B (weights) of 128 rows (``_kk_r``:
-    256 rows; ``_kk_p``: 16 and 256); ``_kk_y`` A in
-    boxes of 128 rows, B of 256, then the two block-scale maps, ``WS_SCALE_TILES`` k-tiles
-    (16 bytes) per box row."""
+    NVFP4, ``BK`` of MXFP8): ``_kk_u`` A (tokens) in boxes of 32 rows, B (weights) of 128 rows
+    (``_kk_r``: 256 rows; ``_kk_p``: 16 and 256); ``_kk_y`` A in boxes of 128 rows, B of 256,
+    then the two block-scale maps, 16 bytes per box row (NVFP4: ``WS_SCALE_TILES`` k-tiles,
+    MXFP8: ``WMX_SCALE_TILES``). The MXFP8 data boxes (64-byte rows) are stored with the 64-byte
+    swizzle, the raw layout of the cp.async kernels."""
     a_ld, b_ld, inner, a_sld, b_sld = geom
     ws = kernel.endswith("_y")
+    mx = "_mxfp8_" in kernel
     box_a, box_b = CONFIGS["x" if ws else kernel[-1] if kernel.endswith(("_r", "_p")) else "t"]
-    parts = [(a_data, a_ld, inner, BK // 2, box_a), (b_data, b_ld, inner, BK // 2, box_b)]
+    d_box, swz = (BK, 64) if mx else (BK // 2, 0)
+    parts = [(a_data, a_ld, inner, d_box, box_a, swz), (b_data, b_ld, inner, d_box, box_b, swz)]
     if ws:
-        s_inner = inner * 2 // F.NVFP4_BLOCK  # scale bytes of a row (contraction / 16)
-        s_box = WS_SCALE_TILES * BK // F.NVFP4_BLOCK
-        parts += [(a_scale, a_sld, s_inner, s_box, box_a), (b_scale, b_sld, s_inner, s_box, box_b)]
+        # scale bytes of a row: contraction / 16 (NVFP4: inner = contraction / 2), / 32 (MXFP8)
+        s_inner = inner // F.MXFP8_BLOCK if mx else inner * 2 // F.NVFP4_BLOCK
+        s_box = (WMX_SCALE_TILES * BK // F.MXFP8_BLOCK if mx
+                 else WS_SCALE_TILES * BK // F.NVFP4_BLOCK)
+        parts += [(a_scale, a_sld, s_inner, s_box, box_a, 0),
+                  (b_scale, b_sld, s_inner, s_box, box_b, 0)]
     maps = []
-    for arr, ld, extent, box_inner, box_rows in parts:
+    for arr, ld, extent, box_inner, box_rows, sw in parts:
         rows = int(arr.nbytes) // ld  # int32 coordinates: checked by _use_tma / _use_ws_tma
-        maps.append(tma.map_2d_u8(int(arr.data.ptr), extent, rows, ld, box_inner, box_rows))
+        maps.append(tma.map_2d_u8(int(arr.data.ptr), extent, rows, ld, box_inner, box_rows, sw))
     return tuple(maps)

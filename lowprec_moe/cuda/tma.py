@@ -23,6 +23,8 @@ MAP_ALIGN = 64
 _U8 = 0
 _INTERLEAVE_NONE = 0
 _SWIZZLE_NONE = 0
+#: CUtensorMapSwizzle of each supported swizzle span in bytes (0: none)
+_SWIZZLE = {0: _SWIZZLE_NONE, 32: 1, 64: 2, 128: 3}
 _L2_PROMOTION_128B = 2
 _OOB_FILL_ZERO = 0
 #: limits of a tiled map (CUDA driver API): box extents, stride granularity and range
@@ -63,8 +65,12 @@ def _encoder():
 
 
 def check_2d_u8(ptr: int, inner: int, rows: int, stride: int, box_inner: int,
-                box_rows: int) -> str | None:
+                box_rows: int, swizzle: int = 0) -> str | None:
     """Why a 2-D byte tensor cannot get a tiled map (see :func:`map_2d_u8`), or None."""
+    if swizzle not in _SWIZZLE:
+        return f"swizzle {swizzle} is not one of {sorted(_SWIZZLE)}"
+    if swizzle and box_inner > swizzle:
+        return f"box inner extent {box_inner} exceeds the {swizzle}-byte swizzle span"
     if ptr % 16:
         return f"global address {ptr:#x} is not 16-byte aligned"
     if stride % STRIDE_ALIGN or not 0 < stride < MAX_STRIDE:
@@ -77,7 +83,7 @@ def check_2d_u8(ptr: int, inner: int, rows: int, stride: int, box_inner: int,
 
 
 def map_2d_u8(ptr: int, inner: int, rows: int, stride: int, box_inner: int,
-              box_rows: int) -> np.void:
+              box_rows: int, swizzle: int = 0) -> np.void:
     """Tiled tensor map of a row-major 2-D byte array (cached).
 
     Parameters
@@ -90,7 +96,12 @@ def map_2d_u8(ptr: int, inner: int, rows: int, stride: int, box_inner: int,
         Bytes between rows (a multiple of 16).
     box_inner, box_rows : int
         The tile one load copies: ``box_rows`` rows of ``box_inner`` bytes, stored densely
-        (row-major, no swizzle) in shared memory.
+        (row-major) in shared memory.
+    swizzle : int
+        0 (default): rows stored as they are; 32, 64 or 128: the TMA swizzle of that span
+        (64: bits 4-5 of the shared address, the 16-byte chunk, XORed with bits 7-8; with
+        64-byte rows, chunk ``c`` of row ``r`` lands at chunk ``c ^ ((r >> 1) & 3)``). The box
+        is at most one span wide.
 
     Returns
     -------
@@ -104,13 +115,13 @@ def map_2d_u8(ptr: int, inner: int, rows: int, stride: int, box_inner: int,
     RuntimeError
         If the driver rejects the map.
     """
-    key = (ptr, inner, rows, stride, box_inner, box_rows)
+    key = (ptr, inner, rows, stride, box_inner, box_rows, swizzle)
     with _lock:
         hit = _cache.get(key)
         if hit is not None:  # only valid maps are cached
             _cache.move_to_end(key)
             return hit
-    why = check_2d_u8(ptr, inner, rows, stride, box_inner, box_rows)
+    why = check_2d_u8(ptr, inner, rows, stride, box_inner, box_rows, swizzle)
     if why is not None:
         raise ValueError(f"no tensor map: {why}")
     raw = (ctypes.c_uint8 * (MAP_BYTES + MAP_ALIGN))()  # CUtensorMap is 64-byte aligned
@@ -120,7 +131,8 @@ def map_2d_u8(ptr: int, inner: int, rows: int, stride: int, box_inner: int,
     box = (ctypes.c_uint32 * 2)(box_inner, box_rows)
     estr = (ctypes.c_uint32 * 2)(1, 1)
     res = _encoder()(addr, _U8, 2, ctypes.c_void_p(ptr), dims, strides, box,
-                     estr, _INTERLEAVE_NONE, _SWIZZLE_NONE, _L2_PROMOTION_128B, _OOB_FILL_ZERO)
+                     estr, _INTERLEAVE_NONE, _SWIZZLE[swizzle], _L2_PROMOTION_128B,
+                     _OOB_FILL_ZERO)
     if res != 0:
         raise RuntimeError(f"cuTensorMapEncodeTiled failed (CUresult {res}) for {key}")
     val = np.zeros((), dtype=map_dtype())

@@ -1,0 +1,340 @@
+// lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
+// warp-specialised MXFP8 kernel gemm_ws_mx (both operands K-major: fprop) with TMA loads, and its
+// entry-point macro LPM_GG_DEFINE_WS_MX. 128 x 256 output tile, 512 threads, the roles of gemm_ws:
+//   * all threads first check the tile against the fp16 window (mx_window_check, while the
+//     first tiles' copies fly): in the window, both operands are widened on fp16 as
+//     q * 2^(e - e_max + S_MAX) and the accumulators rescaled before the epilogue (mx_rescale);
+//     otherwise (or with fewer than kWmxMinKTiles k-tiles, or mx_bf16) on bf16 as q * 2^(e-127)
+//     -- the two staging modes of the plain wgmma kernel, with the same values;
+//   * warpgroups 0-1 ("consumers"): per 16-deep step they widen their A fragments straight from
+//     the raw stage into registers (rows ar, ar + 8; contraction 2q, 2q+1, 2q+8, 2q+9: half-word
+//     q % 2 of words q / 2 and q / 2 + 2 of the step's 16-byte chunk) and issue two m64n128k16
+//     with B from a canonical buffer; then the epilogue;
+//   * warpgroups 2-3 ("producers"): one thread issues the TMA copies (data tiles per k-tile,
+//     64-byte swizzle -- the raw layout of the cp.async kernels, swz<2>; block scales
+//     kWmxScaleTiles k-tiles at a time), all of them widen B into a canonical buffer, two
+//     32-element units (rows ur, ur + 128, contraction half uh) per thread and k-tile.
+// The handshake is gemm_ws's (FULL / EMPTY named barriers, mbarriers for the copies). Every
+// output element gets the same products in the same 16-deep steps and order as in gemm_mma, on
+// the same 16-bit values, so the results are bitwise those of the plain wgmma kernel in the same
+// staging mode (and it chooses the mode by the same rule, except for the k-tile threshold).
+
+#ifndef LPM_GROUPED_GEMM_WS_MX_CUH
+#define LPM_GROUPED_GEMM_WS_MX_CUH
+
+#include "grouped_gemm_ws.cuh"
+#include "grouped_gemm_mxf16.cuh"
+
+namespace lpm_gg {
+
+// Tiles with fewer k-tiles stay on bf16: the window check's fixed cost (a pass over the tile's
+// block scales and three CTA barriers) overlaps the first copies here, so the bar is lower than
+// the plain kernel's kMxMinKTiles.
+constexpr int kWmxMinKTiles = 8;
+
+__device__ __forceinline__ unsigned lds_u8(unsigned addr) {
+    unsigned v;
+    asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+// The multiplier of block code e in a row whose largest code is e_max. H (fp16 window): the
+// f16x2 word (m, m), m = 2^(e - e_max + S_MAX) (mx_factor_bits; code_bias = S_MAX + 15); bf16:
+// the fp32 bits of 2^(e - 127) (NaN for code 255).
+template <bool H>
+__device__ __forceinline__ unsigned mx_block_factor(unsigned e, unsigned e_max, int code_bias) {
+    if constexpr (H) {
+        const unsigned f = mx_factor_bits(e, e_max, code_bias);
+        return f | (f << 16);
+    } else {
+        (void)e_max;
+        (void)code_bias;
+        return __float_as_uint(lpm_e8m0_to_f32(e));
+    }
+}
+
+// 4 fp8 bytes -> 2 words of two 16-bit values times the block factor m (mx_block_factor): fp16
+// (fp8_decode4_f16) or bf16 (fp8_decode4), the values the plain kernel stages.
+template <bool E5M2, bool H>
+__device__ __forceinline__ void mx_decode4(unsigned w, unsigned m, unsigned& o0, unsigned& o1) {
+    if constexpr (H) {
+        fp8_decode4_f16<E5M2>(w, m, m, o0, o1);
+    } else {
+        const float f = __uint_as_float(m);
+        fp8_decode4<E5M2>(w, f, f, f, f, o0, o1);
+    }
+}
+
+// The launcher guarantees what gemm_ws's TMA build needs (uniform row strides, multiples of 16
+// bytes, for data and scales; experts at whole rows; one contraction length, a multiple of the
+// k-tile). Rows past an expert's extent load the next expert's rows (or zeros past the array);
+// they only reach outputs that are never stored.
+__device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
+                                           const TmaMap* tm_as, const TmaMap* tm_bs) {
+    constexpr int BM = 128, BN = 256;
+    constexpr int NST = kWmxStages, NCB = kWmxCanonBuffers, AHEAD = kWmxAhead;
+    constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
+    constexpr int T_DA = raw_data_bytes(KIND_FP8_K, BM);              // 128 rows x 64 bytes
+    constexpr int T_STAGE = T_DA + raw_data_bytes(KIND_FP8_K, BN);   // + 256 rows x 64 bytes
+    constexpr int CANON_B = canon_bytes(BN);
+    constexpr int T_CANON = NST * T_STAGE;
+    constexpr int T_SLD = SGT * (kBK / LPM_MXFP8_BLOCK);  // scale bytes per row in a slot
+    constexpr int T_SC = T_CANON + NCB * CANON_B, T_SLOT = ws_mx_scale_slot_bytes();
+    constexpr int T_SB = BM * T_SLD;  // B's rows in a slot
+    constexpr int T_EXPS = T_SC + NSG * T_SLOT;
+    constexpr int EPI_LD = BN + 8;
+    constexpr int SMEM = ws_mx_smem_bytes();
+    constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
+    static_assert(T_DA % 1024 == 0 && T_STAGE % 1024 == 0 && T_CANON % 1024 == 0 &&
+                      CANON_B % 1024 == 0 && T_SLOT % 128 == 0 && T_SB % 128 == 0 &&
+                      T_SLD == 16,
+                  "TMA destinations (64-byte swizzle: 512-byte aligned) and swizzle atoms");
+    static_assert(T_EXPS + BM + BN + 1024 <= SMEM && SMEM <= kMaxSmem, "shared memory");
+    static_assert(BM * EPI_LD * 4 <= T_EXPS, "the epilogue staging tile spares the exponents");
+    static_assert((BM + BN) * 8 <= CANON_B, "window-check scratch in canonical buffer 0");
+    static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && NST == AHEAD + NCB && kBK == 64,
+                  "pipeline depth");
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned s0;
+    unsigned char* const smem = gemm_smem(smem_raw, SMEM, a_ch != 16 || b_ch != 16, s0);
+
+    LPM_GG_TILE_SETUP(BM, BN, rows_valid, cols_valid, kWsThreads)
+    const int KT = static_cast<int>((len + kBK - 1) / kBK);
+    const int NG = (KT + SGT - 1) / SGT;  // scale groups
+
+    // mbarriers of the raw stages (data) and of the scale slots: one arrival each (the issuing
+    // thread's expect_tx) plus the copies' bytes.
+    __shared__ __align__(8) unsigned long long ws_bar[NST + NSG];
+    const unsigned dbar = smem_u32(ws_bar), sbar = dbar + 8 * NST;
+    const bool leader = threadIdx.x == kWsConsumers;
+    if (leader) {
+#pragma unroll
+        for (int i = 0; i < NST + NSG; ++i) mbar_init(dbar + 8 * i, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    int a_row = 0, b_row = 0, as_row = 0, bs_row = 0;
+    if (leader) {
+        a_row = static_cast<int>(d[D_A_OFF] / d[D_A_LD] + r0);
+        b_row = static_cast<int>(d[D_B_OFF] / d[D_B_LD] + c0);
+        as_row = static_cast<int>(d[D_A_SOFF] / d[D_A_SLD] + r0);
+        bs_row = static_cast<int>(d[D_B_SOFF] / d[D_B_SLD] + c0);
+    }
+    auto issue_data = [&](int kt) {
+        const int st = kt % NST;
+        const unsigned sb = s0 + st * T_STAGE, bar = dbar + 8 * st;
+        mbar_arrive_expect_tx(bar, T_STAGE);
+        tma_load_2d(sb, tm_a, bar, kt * kBK, a_row);
+        tma_load_2d(sb + T_DA, tm_b, bar, kt * kBK, b_row);
+    };
+    auto issue_scales = [&](int g) {
+        const int sl = g % NSG;
+        const unsigned sb = s0 + T_SC + sl * T_SLOT, bar = sbar + 8 * sl;
+        mbar_arrive_expect_tx(bar, T_SLOT);
+        tma_load_2d(sb, tm_as, bar, g * T_SLD, as_row);
+        tma_load_2d(sb + T_SB, tm_bs, bar, g * T_SLD, bs_row);
+    };
+    if (leader) {
+#pragma unroll
+        for (int s = 0; s < AHEAD; ++s)
+            if (s < KT) issue_data(s);
+        for (int g = 0; g < NSG && g < NG; ++g) issue_scales(g);
+    }
+
+    // The window check (all threads; scratch: canonical buffer 0, first written after it).
+    unsigned char* const exps_a = smem + T_EXPS;
+    unsigned char* const exps_b = exps_a + BM;
+    const bool ea5 = a_e5m2 != 0, eb5 = b_e5m2 != 0;
+    const long long a_sld = d[D_A_SLD], b_sld = d[D_B_SLD];
+    const bool f16m = mx_window_check<KIND_FP8_K, KIND_FP8_K, BM, BN, kWsThreads>(
+        a_scale + d[D_A_SOFF] + r0 * a_sld, a_sld, rows_valid,
+        b_scale + d[D_B_SOFF] + c0 * b_sld, b_sld, cols_valid, len, ea5, eb5,
+        mx_bf16 == 0 && KT >= kWmxMinKTiles, reinterpret_cast<unsigned*>(smem + T_CANON),
+        exps_a, exps_b, threadIdx.x);
+
+    if (threadIdx.x >= kWsConsumers) {
+        // ---------------- producer warpgroups ----------------
+        regs_release<kWsTmaProducerRegs>();
+        const int t = static_cast<int>(threadIdx.x) - kWsConsumers;
+        const int ur = t >> 1, uh = t & 1;
+        // unit (ur, uh): raw chunks 2uh and 2uh + 1 of row ur (the second at the first's
+        // address with bit 4 flipped: the swizzle XORs whole chunk indices), its block code,
+        // and canonical chunks 4uh + j (canon_chunk4); row ur + 128 at constant distances.
+        const unsigned o_raw = static_cast<unsigned>(ur * kBK + (((2 * uh) ^ ((ur >> 1) & 3)) << 4));
+        const unsigned o_sc = static_cast<unsigned>(ur * T_SLD + uh);
+        const unsigned o_cn = static_cast<unsigned>(k_canon_off(ur, 4 * uh));
+        constexpr unsigned D_RAW = 128 * kBK, D_SC = 128 * T_SLD, D_CN = 128 * kBK * 2;
+        const bool live0 = ur < cols_valid, live1 = ur + 128 < cols_valid;
+        const unsigned em0 = exps_b[ur], em1 = exps_b[ur + 128];  // fp16 window only
+        const int bias_b = mx_s_max(eb5) + LPM_FP16_EXP_BIAS;
+        auto loop = [&](auto h, auto e5) {
+            constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
+            for (int kt = 0; kt < KT; ++kt) {
+                const int cb = kt % NCB;
+                // Tile kt-NCB retired: its canonical buffer, its raw stage (which tile
+                // kt+AHEAD takes) and, after the last tile of a scale group, its slot are free.
+                if (kt >= NCB) named_sync(WS_BAR_EMPTY + cb, kWsThreads);
+                if (leader) {
+                    if (kt + AHEAD < KT) issue_data(kt + AHEAD);
+                    // group g's slot last held group g - NSG, whose last tile SGT (g - NSG + 1) - 1
+                    // is kt - NCB
+                    const int q = kt - NCB + 1;
+                    if (q > 0 && q % SGT == 0 && q / SGT + NSG - 1 < NG)
+                        issue_scales(q / SGT + NSG - 1);
+                }
+                const int st = kt % NST, g = kt / SGT;
+                mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
+                mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+                const unsigned rb = s0 + st * T_STAGE + T_DA + o_raw;
+                const unsigned rsb = s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 2 + o_sc;
+                const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
+                const uint4 x0 = lds_v4(rb), y0 = lds_v4(rb ^ 16u);
+                const uint4 x1 = lds_v4(rb + D_RAW), y1 = lds_v4((rb + D_RAW) ^ 16u);
+                const unsigned e0 = lds_u8(rsb), e1 = lds_u8(rsb + D_SC);
+                auto unit = [&](const uint4& x, const uint4& y, unsigned m, unsigned dst) {
+                    unsigned o[16];
+                    mx_decode4<E5, H>(x.x, m, o[0], o[1]);
+                    mx_decode4<E5, H>(x.y, m, o[2], o[3]);
+                    mx_decode4<E5, H>(x.z, m, o[4], o[5]);
+                    mx_decode4<E5, H>(x.w, m, o[6], o[7]);
+                    mx_decode4<E5, H>(y.x, m, o[8], o[9]);
+                    mx_decode4<E5, H>(y.y, m, o[10], o[11]);
+                    mx_decode4<E5, H>(y.z, m, o[12], o[13]);
+                    mx_decode4<E5, H>(y.w, m, o[14], o[15]);
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        sts_v4(canon_chunk4(dst, j), o[4 * j], o[4 * j + 1], o[4 * j + 2],
+                               o[4 * j + 3]);
+                };
+                if (live0) unit(x0, y0, mx_block_factor<H>(e0, em0, bias_b), cbb);
+                if (live1) unit(x1, y1, mx_block_factor<H>(e1, em1, bias_b), cbb + D_CN);
+                fence_proxy_async();
+                named_arrive(WS_BAR_FULL + cb, kWsThreads);
+            }
+        };
+        if (f16m) {
+            if (eb5) loop(BoolC<true>{}, BoolC<true>{});
+            else loop(BoolC<true>{}, BoolC<false>{});
+        } else {
+            if (eb5) loop(BoolC<false>{}, BoolC<true>{});
+            else loop(BoolC<false>{}, BoolC<false>{});
+        }
+        return;
+    }
+
+    // ---------------- consumer warpgroups ----------------
+    // Warpgroup w owns rows 64w..64w+63 x all 256 columns: per 16-deep step two m64n128k16 with
+    // A from registers and B from the canonical buffer, one commit group per step (a step's
+    // fragments are widened while the previous step's wgmma run).
+    regs_claim<kWsTmaConsumerRegs>();
+    ep.init_alpha();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
+    const int ar = wm0 + (lane >> 2), aq = lane & 3;
+    float acc[NI * 4];
+#pragma unroll
+    for (int i = 0; i < NI * 4; ++i) acc[i] = 0.0f;
+    float* const accf = acc;
+    // Row ar's words in a raw stage: step s reads 16-byte chunk s, stored at chunk s ^ sw,
+    // words aq / 2 and aq / 2 + 2 of it; row ar + 8 (the same swizzle) 8 rows further on.
+    const unsigned sw = static_cast<unsigned>((ar >> 1) & 3);
+    const unsigned a_off = static_cast<unsigned>(ar * kBK + ((aq >> 1) << 2));
+    const unsigned sel = (aq & 1) ? 0x7632u : 0x5410u;  // the thread's half-word of each word
+    const unsigned s_off = static_cast<unsigned>(ar * T_SLD);
+    const unsigned ema0 = exps_a[ar], ema1 = exps_a[ar + 8];  // fp16 window only
+    const int bias_a = mx_s_max(ea5) + LPM_FP16_EXP_BIAS;
+    auto loop = [&](auto h, auto e5) {
+        constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
+        for (int kt = 0; kt < KT; ++kt) {
+            const int cb = kt % NCB;
+            named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt widened into buffer cb
+            const int st = kt % NST, g = kt / SGT;
+            // the producers waited for these copies before arriving at FULL; waiting here too
+            // makes the TMA writes visible to this thread (already complete: one try_wait)
+            mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
+            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+            const unsigned long long db = wg_desc(s0 + T_CANON + cb * CANON_B, 16, 1024);
+            const unsigned ra = s0 + st * T_STAGE + a_off;
+            const unsigned rsc = s0 + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 2 + s_off;
+            const unsigned ca = lds_u16(rsc), cr = lds_u16(rsc + 8 * T_SLD);  // blocks 0, 1
+            const unsigned ma0 = mx_block_factor<H>(ca & 0xFFu, ema0, bias_a);
+            const unsigned ma1 = mx_block_factor<H>(ca >> 8, ema0, bias_a);
+            const unsigned mb0 = mx_block_factor<H>(cr & 0xFFu, ema1, bias_a);
+            const unsigned mb1 = mx_block_factor<H>(cr >> 8, ema1, bias_a);
+            auto chunk = [&](int s) { return ra + ((static_cast<unsigned>(s) ^ sw) << 4); };
+            // each step's words are loaded one step ahead, before the wgmma wait
+            unsigned wa0 = lds_u32(chunk(0)), wa1 = lds_u32(chunk(0) + 8);
+            unsigned wb0 = lds_u32(chunk(0) + 8 * kBK), wb1 = lds_u32(chunk(0) + 8 * kBK + 8);
+            unsigned af[2][4];
+#pragma unroll
+            for (int s = 0; s < kBK / 16; ++s) {
+                // At most one group (step) pending: step s-2's fragments are free, and at s = 1
+                // the whole of tile kt-1 retired.
+                wg_wait<1>();
+                wg_fence_acc<NI * 4>(accf);
+                if (s == 1 && kt >= 1 && kt - 1 + NCB < KT)
+                    named_arrive(WS_BAR_EMPTY + (kt - 1) % NCB, kWsThreads);
+                unsigned* const f = af[s & 1];
+                mx_decode4<E5, H>(__byte_perm(wa0, wa1, sel), s < 2 ? ma0 : ma1, f[0], f[2]);
+                mx_decode4<E5, H>(__byte_perm(wb0, wb1, sel), s < 2 ? mb0 : mb1, f[1], f[3]);
+                if (s + 1 < kBK / 16) {
+                    const unsigned c = chunk(s + 1);
+                    wa0 = lds_u32(c);
+                    wa1 = lds_u32(c + 8);
+                    wb0 = lds_u32(c + 8 * kBK);
+                    wb1 = lds_u32(c + 8 * kBK + 8);
+                }
+                wg_fence();
+#pragma unroll
+                for (int n = 0; n < 2; ++n)
+                    wgmma_m64n128k16_rs<H>(accf + 64 * n, af[s & 1],
+                                           static_cast<unsigned>(db) +
+                                               ((n * (128 * 128) + s * 32) >> 4),
+                                           static_cast<unsigned>(db >> 32));
+                wg_commit();
+                wg_fence_acc<NI * 4>(accf);
+            }
+        }
+        // retired inside each staging mode's loop: the modes' accumulators meet only after
+        // (ptxas serializes the wgmma when they join with groups in flight)
+        wg_wait0();
+        wg_fence_acc<NI * 4>(accf);
+    };
+    if (f16m) {
+        if (ea5) loop(BoolC<true>{}, BoolC<true>{});
+        else loop(BoolC<true>{}, BoolC<false>{});
+    } else {
+        if (ea5) loop(BoolC<false>{}, BoolC<true>{});
+        else loop(BoolC<false>{}, BoolC<false>{});
+    }
+    if (f16m) {
+        mx_rescale<1, NI>(accf, exps_a, exps_b,
+                          2 * LPM_E8M0_BIAS + mx_s_max(ea5) + mx_s_max(eb5), wm0, 0, lane);
+    }
+    // Every consumer retired its MMAs, and the producers finished their last expansion before
+    // the last FULL (and have no copy in flight): the shared memory below the exponents is free
+    // for the staged accumulators.
+    named_sync(WS_BAR_EPI, kWsConsumers);
+    float* cs = reinterpret_cast<float*>(smem);
+    stage_acc<1, NI, EPI_LD>(cs, accf, wm0, 0, lane);
+    named_sync(WS_BAR_EPI, kWsConsumers);
+    ep.tile<BN, EPI_LD, kWsConsumers>(cs, r0, c0, rows_valid, cols_valid);
+}
+
+}  // namespace lpm_gg
+
+// extern "C" entry point NAME of the warp-specialised MXFP8 kernel (sm_90a; both operands
+// K-major): the tensor maps of A's and B's data (64-byte swizzle) and block scales follow the
+// common parameters. On other architectures the wgmma compile to traps; the launcher never
+// selects it there.
+#define LPM_GG_DEFINE_WS_MX(NAME)                                                              \
+    extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
+        NAME(LPM_GG_PARAMS, const __grid_constant__ lpm_gg::TmaMap tma_a,                      \
+             const __grid_constant__ lpm_gg::TmaMap tma_b,                                     \
+             const __grid_constant__ lpm_gg::TmaMap tma_as,                                    \
+             const __grid_constant__ lpm_gg::TmaMap tma_bs) {                                  \
+        lpm_gg::gemm_ws_mx(LPM_GG_ARGS, &tma_a, &tma_b, &tma_as, &tma_bs);                     \
+    }
+
+#endif  // LPM_GROUPED_GEMM_WS_MX_CUH

@@ -1,0 +1,151 @@
+"""The warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_y``, raw_kernels/grouped_gemm_ws_mx.cuh)
+on the GPU: MXFP8 fprop with the 128-row tile, TMA loads, producers widening B and consumers
+widening A into wgmma registers, each tile on fp16 (fp16 window) or bf16.
+
+Checks, each against the plain wgmma kernel (``LOWPREC_MOE_GEMM_MXFP8_WS=off``) bit for bit and
+against the float64 product of the dequantized operands:
+
+* in-window data with 8, 16 and 32 k-tiles (fp16 in the warp-specialised kernel from 8 k-tiles,
+  in the plain one from 32: the two staging modes give the same bits on such data) and with 4
+  (bf16 in both), E4M3 and E5M2;
+* the bf16 path forced (``LOWPREC_MOE_MXFP8_MMA=bf16``) and rows spanning more than the window;
+* ragged experts (empty, shorter than a tile, partial column tiles), bias and bf16 output;
+* grouped == per-expert calls.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lowprec_moe.gemm import grouped_gemm
+
+from conftest import assert_bytes_equal, requires_gpu, to_host
+from test_gemm import _data, _expected, _quantize, assert_gemm_close
+from test_gpu_gemm import gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+SPLITS = [0, 300, 37, 260, 5, 129]
+N = 320  # two column tiles, the second partial
+
+
+def _require_wgmma():
+    from lowprec_moe.cuda import gemm as C
+
+    if C._device_caps()[0] != (9, 0):
+        pytest.skip("the warp-specialised MXFP8 kernel is a wgmma (sm_90a) kernel")
+
+
+def _problem(fmt, k, seed, *, scale=None, splits=SPLITS, n=N):
+    x, w, _ = _data(seed, sum(splits), n, k)
+    if len(splits) != w.shape[0]:
+        w = np.random.default_rng(seed + 1).standard_normal((len(splits), n, k)).astype(x.dtype)
+    if scale is not None:
+        x *= scale
+        w *= scale
+    dy = np.zeros((sum(splits), n), np.float32)
+    xq, wq, _ = _quantize(fmt, x, w, dy, splits)
+    return xq, wq
+
+
+def _run(a, b, splits, monkeypatch, *, ws, **kw):
+    """One fprop call on the GPU with the warp-specialised kernel on or off; checks which
+    kernel ran."""
+    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.gemm import _validate
+
+    monkeypatch.setenv(C.MXFP8_WS_ENV, "auto" if ws else "off")
+    ga, gb = gpu(a), gpu(b)
+    kw.setdefault("out_dtype", "float32")
+    info = C.kernel_info(_validate("fprop", ga, gb, splits, bias=kw.get("bias"), probs=None,
+                                   out_dtype=kw["out_dtype"], out=None, accumulate=False))
+    assert info["kernel"] == ("lpm_gg_mxfp8_kk_y" if ws else "lpm_gg_mxfp8_kk_w"), info
+    out = to_host(grouped_gemm(ga, gb, splits, mode="fprop", **kw))
+    monkeypatch.delenv(C.MXFP8_WS_ENV)
+    return out
+
+
+@pytest.mark.parametrize("mma", ["auto", "bf16"])
+@pytest.mark.parametrize("k", [256, 512, 1024, 2048])
+@pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-e5m2"])
+def test_gpu_mxfp8_ws_equals_plain(fmt, k, mma, monkeypatch):
+    _require_wgmma()
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setenv(C.MXFP8_MMA_ENV, mma)
+    a, b = _problem(fmt, k, 41 + k)
+    ws = _run(a, b, SPLITS, monkeypatch, ws=True)
+    plain = _run(a, b, SPLITS, monkeypatch, ws=False)
+    exp, mag = _expected("fprop", a, b, SPLITS)
+    assert_gemm_close(ws, exp, mag, f"ws {fmt} k={k} {mma}")
+    assert_bytes_equal(ws, plain, f"ws vs plain {fmt} k={k} {mma}")
+
+
+def test_gpu_mxfp8_ws_wide_rows_fall_back(monkeypatch):
+    """Every 7th block scaled by 2^40: rows span ~40 codes, beyond the E4M3 window, so the
+    tiles take the bf16 path in both kernels."""
+    _require_wgmma()
+    k = 2048
+    wide = np.ones(k, np.float32)
+    wide[::7 * 32] = np.float32(2.0 ** 40)
+    a, b = _problem("mxfp8-e4m3", k, 43, scale=wide)
+    ws = _run(a, b, SPLITS, monkeypatch, ws=True)
+    plain = _run(a, b, SPLITS, monkeypatch, ws=False)
+    exp, mag = _expected("fprop", a, b, SPLITS)
+    assert_gemm_close(ws, exp, mag, "ws wide rows")
+    assert_bytes_equal(ws, plain, "ws vs plain, wide rows")
+
+
+def test_gpu_mxfp8_ws_tiny_blocks_exact(monkeypatch):
+    """x scaled by 2^-128 and W by 2^100 (every product an fp32 normal): the fp16 window of the
+    warp-specialised kernel is exact where the bf16 path truncates."""
+    _require_wgmma()
+    from lowprec_moe.cuda import gemm as C
+
+    k = 1024
+    x, w, _ = _data(44, sum(SPLITS), N, k)
+    x *= np.float32(2.0 ** -128)
+    w *= np.float32(2.0 ** 100)
+    a, b, _ = _quantize("mxfp8-e4m3", x, w, np.zeros((sum(SPLITS), N), np.float32), SPLITS)
+    ws = _run(a, b, SPLITS, monkeypatch, ws=True)
+    exp, mag = _expected("fprop", a, b, SPLITS)
+    assert_gemm_close(ws, exp, mag, "ws tiny blocks")
+    monkeypatch.setenv(C.MXFP8_MMA_ENV, "bf16")
+    bf = _run(a, b, SPLITS, monkeypatch, ws=True)
+    with pytest.raises(AssertionError, match="out of tolerance"):
+        assert_gemm_close(bf, exp, mag, "ws bf16 path, tiny blocks")
+
+
+def test_gpu_mxfp8_ws_epilogue_bf16_out(monkeypatch):
+    """Bias and bf16 output through the warp-specialised kernel: the plain kernel's bits."""
+    _require_wgmma()
+    a, b = _problem("mxfp8-e4m3", 1024, 45)
+    bias = np.random.default_rng(46).standard_normal((len(SPLITS), N)).astype(np.float32)
+    kw = dict(bias=gpu(bias), out_dtype="bfloat16")
+    ws = _run(a, b, SPLITS, monkeypatch, ws=True, **kw)
+    plain = _run(a, b, SPLITS, monkeypatch, ws=False, **kw)
+    assert_bytes_equal(ws, plain, "ws vs plain, bias + bf16 output")
+    exp, mag = _expected("fprop", a, b, SPLITS, bias=bias)
+    assert_gemm_close(ws, exp, mag, "ws bias + bf16 output")
+
+
+def test_gpu_mxfp8_ws_grouped_equals_per_expert(monkeypatch):
+    """Each expert alone (its own launch, its own tiles) gives the grouped call's rows."""
+    _require_wgmma()
+    k = 1024
+    x, w, _ = _data(47, sum(SPLITS), N, k)
+    w = np.random.default_rng(48).standard_normal((len(SPLITS), N, k)).astype(x.dtype)
+    zeros = np.zeros((sum(SPLITS), N), np.float32)
+    a, b, _ = _quantize("mxfp8-e4m3", x, w, zeros, SPLITS)
+    grouped = _run(a, b, SPLITS, monkeypatch, ws=True)
+    offs = np.concatenate([[0], np.cumsum(SPLITS)])
+    for g, t in enumerate(SPLITS):
+        if t == 0:
+            continue
+        one = [0] * len(SPLITS)
+        one[g] = t
+        xg = x[offs[g]:offs[g + 1]]
+        ag, bg, _ = _quantize("mxfp8-e4m3", xg, w, zeros[:t], one)
+        got = _run(ag, bg, one, monkeypatch, ws=True)
+        assert_bytes_equal(got, grouped[offs[g]:offs[g + 1]], f"expert {g} alone vs grouped")
