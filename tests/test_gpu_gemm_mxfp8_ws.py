@@ -6,8 +6,8 @@ Checks, each against the plain wgmma kernel (``LOWPREC_MOE_GEMM_MXFP8_WS=off``) 
 against the float64 product of the dequantized operands:
 
 * in-window data with 8, 16 and 32 k-tiles (fp16 in the warp-specialised kernel from 8 k-tiles,
-  in the plain one from 32: the two staging modes give the same bits on such data) and with 4
-  (bf16 in both), E4M3 and E5M2;
+  in the plain one from 32: the two staging modes give the same bits on such data), E4M3 and
+  E5M2 (the kernel needs K a multiple of 512, so it never sees fewer than 8 k-tiles);
 * the bf16 path forced (``LOWPREC_MOE_MXFP8_MMA=bf16``) and rows spanning more than the window;
 * ragged experts (empty, shorter than a tile, partial column tiles), bias and bf16 output;
 * grouped == per-expert calls.
@@ -67,7 +67,7 @@ def _run(a, b, splits, monkeypatch, *, ws, **kw):
 
 
 @pytest.mark.parametrize("mma", ["auto", "bf16"])
-@pytest.mark.parametrize("k", [256, 512, 1024, 2048])
+@pytest.mark.parametrize("k", [512, 1024, 2048])
 @pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-e5m2"])
 def test_gpu_mxfp8_ws_equals_plain(fmt, k, mma, monkeypatch):
     _require_wgmma()
