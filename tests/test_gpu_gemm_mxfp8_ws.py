@@ -49,9 +49,9 @@ def _problem(fmt, k, seed, *, scale=None, splits=SPLITS, n=N):
     return xq, wq
 
 
-def _run(a, b, splits, monkeypatch, *, ws, **kw):
+def _run(a, b, splits, monkeypatch, *, ws, check=True, **kw):
     """One fprop call on the GPU with the warp-specialised kernel on or off; checks which
-    kernel ran."""
+    kernel ran (``check``)."""
     from lowprec_moe.cuda import gemm as C
     from lowprec_moe.gemm import _validate
 
@@ -60,7 +60,8 @@ def _run(a, b, splits, monkeypatch, *, ws, **kw):
     kw.setdefault("out_dtype", "float32")
     info = C.kernel_info(_validate("fprop", ga, gb, splits, bias=kw.get("bias"), probs=None,
                                    out_dtype=kw["out_dtype"], out=None, accumulate=False))
-    assert info["kernel"] == ("lpm_gg_mxfp8_kk_y" if ws else "lpm_gg_mxfp8_kk_w"), info
+    if check:
+        assert info["kernel"] == ("lpm_gg_mxfp8_kk_y" if ws else "lpm_gg_mxfp8_kk_w"), info
     out = to_host(grouped_gemm(ga, gb, splits, mode="fprop", **kw))
     monkeypatch.delenv(C.MXFP8_WS_ENV)
     return out
@@ -132,7 +133,9 @@ def test_gpu_mxfp8_ws_epilogue_bf16_out(monkeypatch):
 
 
 def test_gpu_mxfp8_ws_grouped_equals_per_expert(monkeypatch):
-    """Each expert alone (its own launch, its own tiles) gives the grouped call's rows."""
+    """Each expert alone gives the grouped call's rows: its own launch, its own tiles, and for
+    the short experts another kernel (the 64-row tile, the swapped-operand kernel), all on the
+    same values."""
     _require_wgmma()
     k = 1024
     x, w, _ = _data(47, sum(SPLITS), N, k)
@@ -148,5 +151,5 @@ def test_gpu_mxfp8_ws_grouped_equals_per_expert(monkeypatch):
         one[g] = t
         xg = x[offs[g]:offs[g + 1]]
         ag, bg, _ = _quantize("mxfp8-e4m3", xg, w, zeros[:t], one)
-        got = _run(ag, bg, one, monkeypatch, ws=True)
+        got = _run(ag, bg, one, monkeypatch, ws=True, check=t >= 128)
         assert_bytes_equal(got, grouped[offs[g]:offs[g + 1]], f"expert {g} alone vs grouped")
