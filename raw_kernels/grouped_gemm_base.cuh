@@ -200,7 +200,8 @@ __host__ __device__ constexpr int ws_tma_smem_bytes() {
 // NVFP4 one, so six raw stages and three canonical buffers do not fit; it keeps kWmxAhead tiles
 // in flight ahead of the expansion and kWmxCanonBuffers canonical B buffers (kWmxStages raw
 // stages), block scales in kWmxScaleSlots slots of kWmxScaleTiles k-tiles (16 bytes per row:
-// two E8M0 codes per k-tile), then the rows' and columns' largest block codes (fp16 window).
+// two E8M0 codes per k-tile), then the rows' and columns' largest block codes (fp16 window) and,
+// for an MN-major B (dgrad), the factor tables.
 constexpr int kWmxAhead = 3;
 constexpr int kWmxCanonBuffers = 2;
 constexpr int kWmxStages = kWmxAhead + kWmxCanonBuffers;
@@ -209,10 +210,14 @@ constexpr int kWmxScaleSlots = 2;
 __host__ __device__ constexpr int ws_mx_scale_slot_bytes() {
     return (128 + 256) * kWmxScaleTiles * (kBK / LPM_MXFP8_BLOCK);
 }
+// MN-major B (dgrad): two tables of a k-tile's per-element factors, [2 blocks][256 rows] of fp32.
+__host__ __device__ constexpr int ws_mx_table_bytes() {
+    return 2 * 2 * 256 * 4;
+}
 __host__ __device__ constexpr int ws_mx_smem_bytes() {
     const int main = kWmxStages * (raw_data_bytes(KIND_FP8_K, 128) + raw_data_bytes(KIND_FP8_K, 256)) +
                      kWmxCanonBuffers * canon_bytes(256) + kWmxScaleSlots * ws_mx_scale_slot_bytes() +
-                     (128 + 256);
+                     (128 + 256) + ws_mx_table_bytes();
     const int epi = epi_bytes(128, 256);
     return (main > epi ? main : epi) + 1024;
 }

@@ -159,9 +159,9 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da
         "{\n.reg .pred p;\n.reg .b64 db;\nsetp.ne.b32 p, %70, 0;\nmov.b64 db, {%68, %69};\n" \
         "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPES " " \
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
-        "{%64, %65, %66, %67}, db, p, 1, 1, 0;\n}\n" \
+        "{%64, %65, %66, %67}, db, p, 1, 1, %71;\n}\n" \
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]) \
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(db_lo), "r"(db_hi), "r"(1))
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(db_lo), "r"(db_hi), "r"(1), "n"(TB))
 
 // D(64x128, fp32) += A(64x16 f16, registers) * B(16x128 f16, K-major shared memory): a[0..3]
 // is the m16n8k16 A fragment of this warp's 16 rows (rows g, g+8 x contraction 2q, 2q+1 and
@@ -170,8 +170,9 @@ __device__ __forceinline__ void wgmma_m64n128k16(float* d, unsigned long long da
 // B's descriptor comes as its two 32-bit words (joined by mov.b64 inside the asm): a loop that
 // steps through a canonical buffer adds to the low word only (the start address field, bits
 // 0-13, never carries: shared addresses / 16 < 2^14), so no 64-bit add per instruction.
-// F16 = false: the same with bf16 operands (the MXFP8 warp-specialised kernel's bf16 tiles).
-template <bool F16 = true>
+// F16 = false: the same with bf16 operands (the MXFP8 warp-specialised kernel's bf16 tiles);
+// TB = 1: B stored MN-major (the canonical MN-major layout, as in wgmma_m64n128k16).
+template <bool F16 = true, int TB = 0>
 __device__ __forceinline__ void wgmma_m64n128k16_rs(float* d, const unsigned (&a)[4],
                                                     unsigned db_lo, unsigned db_hi) {
     LPM_GG_WGMMA_TYPED(F16, LPM_GG_WGMMA_M64N128K16_RS)

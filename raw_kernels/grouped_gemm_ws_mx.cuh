@@ -1,6 +1,7 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
-// warp-specialised MXFP8 kernel gemm_ws_mx (both operands K-major: fprop) with TMA loads, and its
-// entry-point macro LPM_GG_DEFINE_WS_MX. 128 x 256 output tile, 512 threads, the roles of gemm_ws:
+// warp-specialised MXFP8 kernel gemm_ws_mx with TMA loads -- A K-major (x in fprop, dy in dgrad),
+// B K-major (fprop: W's rows) or MN-major (BMN, dgrad: W's columnwise copy) -- and its entry-point
+// macro LPM_GG_DEFINE_WS_MX. 128 x 256 output tile, 512 threads, the roles of gemm_ws:
 //   * all threads first check the tile against the fp16 window (mx_window_check, while the
 //     first tiles' copies fly): in the window, both operands are widened on fp16 as
 //     q * 2^(e - e_max + S_MAX) and the accumulators rescaled before the epilogue (mx_rescale);
@@ -10,10 +11,13 @@
 //     the raw stage into registers (rows ar, ar + 8; contraction 2q, 2q+1, 2q+8, 2q+9: half-word
 //     q % 2 of words q / 2 and q / 2 + 2 of the step's 16-byte chunk) and issue two m64n128k16
 //     with B from a canonical buffer; then the epilogue;
-//   * warpgroups 2-3 ("producers"): one thread issues the TMA copies (data tiles per k-tile,
-//     64-byte swizzle -- the raw layout of the cp.async kernels, swz<2>; block scales
-//     kWmxScaleTiles k-tiles at a time), all of them widen B into a canonical buffer, two
-//     32-element units (rows ur, ur + 128, contraction half uh) per thread and k-tile.
+//   * warpgroups 2-3 ("producers"): one thread issues the TMA copies (data tiles per k-tile --
+//     K-major rows of 64 bytes with the 64-byte swizzle, the raw layout of the cp.async kernels
+//     (swz<2>); MN-major B as two panels of 128 rows with the 128-byte swizzle -- and block
+//     scales kWmxScaleTiles k-tiles at a time); all of them widen B into a canonical buffer, two
+//     32-element units per thread and k-tile (K-major: rows ur, ur + 128, contraction half uh,
+//     one block factor each; MN-major: 32 rows of one contraction line, one factor per row from
+//     a table the producers fill per k-tile).
 // The handshake is gemm_ws's (FULL / EMPTY named barriers, mbarriers for the copies). Every
 // output element gets the same products in the same 16-deep steps and order as in gemm_mma, on
 // the same 16-bit values, so the results are bitwise those of the plain wgmma kernel in the same
@@ -36,6 +40,13 @@ __device__ __forceinline__ unsigned lds_u8(unsigned addr) {
     unsigned v;
     asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
     return v;
+}
+__device__ __forceinline__ void sts_u16(unsigned addr, unsigned v) {
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(static_cast<unsigned short>(v))
+                 : "memory");
+}
+__device__ __forceinline__ void sts_u32(unsigned addr, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 // The multiplier of block code e in a row whose largest code is e_max. H (fp16 window): the
@@ -69,27 +80,35 @@ __device__ __forceinline__ void mx_decode4(unsigned w, unsigned m, unsigned& o0,
 // bytes, for data and scales; experts at whole rows; one contraction length, a multiple of the
 // k-tile). Rows past an expert's extent load the next expert's rows (or zeros past the array);
 // they only reach outputs that are never stored.
+template <bool BMN>
 __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
                                            const TmaMap* tm_as, const TmaMap* tm_bs) {
     constexpr int BM = 128, BN = 256;
+    constexpr int BKIND = BMN ? KIND_FP8_MN : KIND_FP8_K;
     constexpr int NST = kWmxStages, NCB = kWmxCanonBuffers, AHEAD = kWmxAhead;
     constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     constexpr int T_DA = raw_data_bytes(KIND_FP8_K, BM);              // 128 rows x 64 bytes
-    constexpr int T_STAGE = T_DA + raw_data_bytes(KIND_FP8_K, BN);   // + 256 rows x 64 bytes
+    constexpr int T_STAGE = T_DA + raw_data_bytes(BKIND, BN);  // + 256 rows x 64 bytes
     constexpr int CANON_B = canon_bytes(BN);
     constexpr int T_CANON = NST * T_STAGE;
     constexpr int T_SLD = SGT * (kBK / LPM_MXFP8_BLOCK);  // scale bytes per row in a slot
     constexpr int T_SC = T_CANON + NCB * CANON_B, T_SLOT = ws_mx_scale_slot_bytes();
-    constexpr int T_SB = BM * T_SLD;  // B's rows in a slot
+    constexpr int T_SB = BM * T_SLD;  // B's rows (MN-major: 2 SGT block lines of 256) in a slot
     constexpr int T_EXPS = T_SC + NSG * T_SLOT;
+    // MN-major B: two tables of the k-tile's factors, [2 blocks][256 rows] of fp16 / fp32
+    constexpr int T_TAB = T_EXPS + BM + BN, TAB = ws_mx_table_bytes() / 2;
+    constexpr int P_RAW = kBK * 128;  // MN-major B: a raw panel of 128 rows, [64 lines][128 bytes]
     constexpr int EPI_LD = BN + 8;
     constexpr int SMEM = ws_mx_smem_bytes();
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
+    constexpr int B_STEP = BMN ? 16 * 128 : 32;  // bytes of a 16-deep step in a canonical B
     static_assert(T_DA % 1024 == 0 && T_STAGE % 1024 == 0 && T_CANON % 1024 == 0 &&
                       CANON_B % 1024 == 0 && T_SLOT % 128 == 0 && T_SB % 128 == 0 &&
                       T_SLD == 16,
                   "TMA destinations (64-byte swizzle: 512-byte aligned) and swizzle atoms");
-    static_assert(T_EXPS + BM + BN + 1024 <= SMEM && SMEM <= kMaxSmem, "shared memory");
+    static_assert(T_TAB % 16 == 0 && T_TAB + 2 * TAB + 1024 <= SMEM && SMEM <= kMaxSmem &&
+                      TAB == 2 * BN * 4 && BN * 2 * SGT == T_SLOT - T_SB,
+                  "shared memory");
     static_assert(BM * EPI_LD * 4 <= T_EXPS, "the epilogue staging tile spares the exponents");
     static_assert((BM + BN) * 8 <= CANON_B, "window-check scratch in canonical buffer 0");
     static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && NST == AHEAD + NCB && kBK == 64,
@@ -115,25 +134,35 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     }
     __syncthreads();
     int a_row = 0, b_row = 0, as_row = 0, bs_row = 0;
-    if (leader) {
+    if (leader) {  // MN-major B: its first contraction line / block line (columns from c0)
         a_row = static_cast<int>(d[D_A_OFF] / d[D_A_LD] + r0);
-        b_row = static_cast<int>(d[D_B_OFF] / d[D_B_LD] + c0);
+        b_row = static_cast<int>(d[D_B_OFF] / d[D_B_LD] + (BMN ? 0 : c0));
         as_row = static_cast<int>(d[D_A_SOFF] / d[D_A_SLD] + r0);
-        bs_row = static_cast<int>(d[D_B_SOFF] / d[D_B_SLD] + c0);
+        bs_row = static_cast<int>(d[D_B_SOFF] / d[D_B_SLD] + (BMN ? 0 : c0));
     }
+    const int bc = static_cast<int>(c0);  // MN-major B: the tile's first column
     auto issue_data = [&](int kt) {
         const int st = kt % NST;
         const unsigned sb = s0 + st * T_STAGE, bar = dbar + 8 * st;
         mbar_arrive_expect_tx(bar, T_STAGE);
         tma_load_2d(sb, tm_a, bar, kt * kBK, a_row);
-        tma_load_2d(sb + T_DA, tm_b, bar, kt * kBK, b_row);
+        if constexpr (BMN) {  // two 128-row panels
+            tma_load_2d(sb + T_DA, tm_b, bar, bc, b_row + kt * kBK);
+            tma_load_2d(sb + T_DA + P_RAW, tm_b, bar, bc + 128, b_row + kt * kBK);
+        } else {
+            tma_load_2d(sb + T_DA, tm_b, bar, kt * kBK, b_row);
+        }
     };
     auto issue_scales = [&](int g) {
         const int sl = g % NSG;
         const unsigned sb = s0 + T_SC + sl * T_SLOT, bar = sbar + 8 * sl;
         mbar_arrive_expect_tx(bar, T_SLOT);
         tma_load_2d(sb, tm_as, bar, g * T_SLD, as_row);
-        tma_load_2d(sb + T_SB, tm_bs, bar, g * T_SLD, bs_row);
+        if constexpr (BMN) {
+            tma_load_2d(sb + T_SB, tm_bs, bar, bc, bs_row + g * 2 * SGT);
+        } else {
+            tma_load_2d(sb + T_SB, tm_bs, bar, g * T_SLD, bs_row);
+        }
     };
     if (leader) {
 #pragma unroll
@@ -147,9 +176,9 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     unsigned char* const exps_b = exps_a + BM;
     const bool ea5 = a_e5m2 != 0, eb5 = b_e5m2 != 0;
     const long long a_sld = d[D_A_SLD], b_sld = d[D_B_SLD];
-    const bool f16m = mx_window_check<KIND_FP8_K, KIND_FP8_K, BM, BN, kWsThreads>(
+    const bool f16m = mx_window_check<KIND_FP8_K, BKIND, BM, BN, kWsThreads>(
         a_scale + d[D_A_SOFF] + r0 * a_sld, a_sld, rows_valid,
-        b_scale + d[D_B_SOFF] + c0 * b_sld, b_sld, cols_valid, len, ea5, eb5,
+        b_scale + d[D_B_SOFF] + (BMN ? c0 : c0 * b_sld), b_sld, cols_valid, len, ea5, eb5,
         mx_bf16 == 0 && KT >= kWmxMinKTiles, reinterpret_cast<unsigned*>(smem + T_CANON),
         exps_a, exps_b, threadIdx.x);
 
@@ -157,68 +186,150 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
         // ---------------- producer warpgroups ----------------
         regs_release<kWsTmaProducerRegs>();
         const int t = static_cast<int>(threadIdx.x) - kWsConsumers;
-        const int ur = t >> 1, uh = t & 1;
-        // unit (ur, uh): raw chunks 2uh and 2uh + 1 of row ur (the second at the first's
-        // address with bit 4 flipped: the swizzle XORs whole chunk indices), its block code,
-        // and canonical chunks 4uh + j (canon_chunk4); row ur + 128 at constant distances.
-        const unsigned o_raw = static_cast<unsigned>(ur * kBK + (((2 * uh) ^ ((ur >> 1) & 3)) << 4));
-        const unsigned o_sc = static_cast<unsigned>(ur * T_SLD + uh);
-        const unsigned o_cn = static_cast<unsigned>(k_canon_off(ur, 4 * uh));
-        constexpr unsigned D_RAW = 128 * kBK, D_SC = 128 * T_SLD, D_CN = 128 * kBK * 2;
-        const bool live0 = ur < cols_valid, live1 = ur + 128 < cols_valid;
-        const unsigned em0 = exps_b[ur], em1 = exps_b[ur + 128];  // fp16 window only
         const int bias_b = mx_s_max(eb5) + LPM_FP16_EXP_BIAS;
-        auto loop = [&](auto h, auto e5) {
-            constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
-            for (int kt = 0; kt < KT; ++kt) {
-                const int cb = kt % NCB;
-                // Tile kt-NCB retired: its canonical buffer, its raw stage (which tile
-                // kt+AHEAD takes) and, after the last tile of a scale group, its slot are free.
-                if (kt >= NCB) named_sync(WS_BAR_EMPTY + cb, kWsThreads);
-                if (leader) {
-                    if (kt + AHEAD < KT) issue_data(kt + AHEAD);
-                    // group g's slot last held group g - NSG, whose last tile SGT (g - NSG + 1) - 1
-                    // is kt - NCB
-                    const int q = kt - NCB + 1;
-                    if (q > 0 && q % SGT == 0 && q / SGT + NSG - 1 < NG)
-                        issue_scales(q / SGT + NSG - 1);
-                }
-                const int st = kt % NST, g = kt / SGT;
-                mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
-                mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-                const unsigned rb = s0 + st * T_STAGE + T_DA + o_raw;
-                const unsigned rsb = s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 2 + o_sc;
-                const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
-                const uint4 x0 = lds_v4(rb), y0 = lds_v4(rb ^ 16u);
-                const uint4 x1 = lds_v4(rb + D_RAW), y1 = lds_v4((rb + D_RAW) ^ 16u);
-                const unsigned e0 = lds_u8(rsb), e1 = lds_u8(rsb + D_SC);
-                auto unit = [&](const uint4& x, const uint4& y, unsigned m, unsigned dst) {
-                    unsigned o[16];
-                    mx_decode4<E5, H>(x.x, m, o[0], o[1]);
-                    mx_decode4<E5, H>(x.y, m, o[2], o[3]);
-                    mx_decode4<E5, H>(x.z, m, o[4], o[5]);
-                    mx_decode4<E5, H>(x.w, m, o[6], o[7]);
-                    mx_decode4<E5, H>(y.x, m, o[8], o[9]);
-                    mx_decode4<E5, H>(y.y, m, o[10], o[11]);
-                    mx_decode4<E5, H>(y.z, m, o[12], o[13]);
-                    mx_decode4<E5, H>(y.w, m, o[14], o[15]);
-#pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        sts_v4(canon_chunk4(dst, j), o[4 * j], o[4 * j + 1], o[4 * j + 2],
-                               o[4 * j + 3]);
-                };
-                if (live0) unit(x0, y0, mx_block_factor<H>(e0, em0, bias_b), cbb);
-                if (live1) unit(x1, y1, mx_block_factor<H>(e1, em1, bias_b), cbb + D_CN);
-                fence_proxy_async();
-                named_arrive(WS_BAR_FULL + cb, kWsThreads);
+        // Tile kt-NCB retired: its canonical buffer, its raw stage (which tile kt+AHEAD takes)
+        // and, after the last tile of a scale group, its slot are free (both layouts).
+        auto refill = [&](int kt) {
+            if (kt >= NCB) named_sync(WS_BAR_EMPTY + kt % NCB, kWsThreads);
+            if (leader) {
+                if (kt + AHEAD < KT) issue_data(kt + AHEAD);
+                // group g's slot last held group g - NSG, whose last tile SGT (g - NSG + 1) - 1
+                // is kt - NCB
+                const int q = kt - NCB + 1;
+                if (q > 0 && q % SGT == 0 && q / SGT + NSG - 1 < NG)
+                    issue_scales(q / SGT + NSG - 1);
+            }
+            const int st = kt % NST, g = kt / SGT;
+            mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
+            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+        };
+        // one k-loop per staging mode and B format (E5M2 or E4M3)
+        auto run = [&](auto&& loop) {
+            if (f16m) {
+                if (eb5) loop(BoolC<true>{}, BoolC<true>{});
+                else loop(BoolC<true>{}, BoolC<false>{});
+            } else {
+                if (eb5) loop(BoolC<false>{}, BoolC<true>{});
+                else loop(BoolC<false>{}, BoolC<false>{});
             }
         };
-        if (f16m) {
-            if (eb5) loop(BoolC<true>{}, BoolC<true>{});
-            else loop(BoolC<true>{}, BoolC<false>{});
+        if constexpr (BMN) {
+            // unit (line l, row group q) for q = q0 and q0 + 4: raw panel q / 4 ([64 lines][128
+            // bytes], TMA 128-byte swizzle: chunk c of line l at c ^ (l & 7)), chunks 2 (q % 4) and
+            // 2 (q % 4) + 1 (the second at the first's address with bit 4 flipped); canonical
+            // chunks 4q .. 4q + 3 of line l (mn_canon_off, canon_chunk4); the 32 rows' factors of
+            // the line's block from the k-tile's factor table, which the producers fill first (row
+            // t of both blocks) -- one factor per element, computed once per k-tile and row.
+            const int l = t >> 2, q0 = t & 3;
+            const unsigned o_raw = static_cast<unsigned>(l * 128 + (((2 * q0) ^ (l & 7)) << 4));
+            const unsigned o_cn = static_cast<unsigned>(mn_canon_off(l, 4 * q0));
+            constexpr unsigned D_CN = 2 * kBK * 128;  // two canonical 64-row panels
+            const bool live0 = 32 * q0 < cols_valid, live1 = 32 * (q0 + 4) < cols_valid;
+            const unsigned emr = exps_b[t];  // fp16 window only
+            auto loop = [&](auto h, auto e5) {
+                constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
+                constexpr int FS = H ? 2 : 4;  // bytes per table entry
+                for (int kt = 0; kt < KT; ++kt) {
+                    const int cb = kt % NCB, st = kt % NST, g = kt / SGT;
+                    refill(kt);
+                    const unsigned tab = s0 + T_TAB + (kt & 1) * TAB;
+                    const unsigned scl =
+                        s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 2 * BN + t;
+                    const unsigned e0 = lds_u8(scl), e1 = lds_u8(scl + BN);
+                    if constexpr (H) {
+                        sts_u16(tab + 2 * t, mx_factor_bits(e0, emr, bias_b));
+                        sts_u16(tab + 2 * (BN + t), mx_factor_bits(e1, emr, bias_b));
+                    } else {
+                        sts_u32(tab + 4 * t, __float_as_uint(lpm_e8m0_to_f32(e0)));
+                        sts_u32(tab + 4 * (BN + t), __float_as_uint(lpm_e8m0_to_f32(e1)));
+                    }
+                    // the table of tile kt complete (and every producer past tile kt-1's, whose
+                    // buffer tile kt+1 refills)
+                    named_sync(WS_BAR_PROD, kWsProducers);
+                    const unsigned rb = s0 + st * T_STAGE + T_DA + o_raw;
+                    const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
+                    const unsigned fb =
+                        tab + static_cast<unsigned>(((l >> 5) * BN + 32 * q0) * FS);
+                    const uint4 x0 = lds_v4(rb), y0 = lds_v4(rb ^ 16u);
+                    const uint4 x1 = lds_v4(rb + P_RAW), y1 = lds_v4((rb + P_RAW) ^ 16u);
+                    auto unit = [&](const uint4& x, const uint4& y, unsigned f, unsigned dst) {
+                        const unsigned w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+                        unsigned o[16];
+                        if constexpr (H) {  // 32 fp16 factors: one f16x2 word per row pair
+#pragma unroll
+                            for (int i = 0; i < 4; ++i) {
+                                const uint4 m = lds_v4(f + 16 * i);
+                                fp8_decode4_f16<E5>(w[2 * i], m.x, m.y, o[4 * i], o[4 * i + 1]);
+                                fp8_decode4_f16<E5>(w[2 * i + 1], m.z, m.w, o[4 * i + 2],
+                                                    o[4 * i + 3]);
+                            }
+                        } else {  // 32 fp32 factors
+#pragma unroll
+                            for (int i = 0; i < 8; ++i) {
+                                const uint4 m = lds_v4(f + 16 * i);
+                                fp8_decode4<E5>(w[i], __uint_as_float(m.x), __uint_as_float(m.y),
+                                                __uint_as_float(m.z), __uint_as_float(m.w),
+                                                o[2 * i], o[2 * i + 1]);
+                            }
+                        }
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            sts_v4(canon_chunk4(dst, j), o[4 * j], o[4 * j + 1], o[4 * j + 2],
+                                   o[4 * j + 3]);
+                    };
+                    if (live0) unit(x0, y0, fb, cbb);
+                    if (live1) unit(x1, y1, fb + 128 * FS, cbb + D_CN);
+                    fence_proxy_async();
+                    named_arrive(WS_BAR_FULL + cb, kWsThreads);
+                }
+            };
+            run(loop);
         } else {
-            if (eb5) loop(BoolC<false>{}, BoolC<true>{});
-            else loop(BoolC<false>{}, BoolC<false>{});
+            const int ur = t >> 1, uh = t & 1;
+            // unit (ur, uh): raw chunks 2uh and 2uh + 1 of row ur (the second at the first's
+            // address with bit 4 flipped: the swizzle XORs whole chunk indices), its block code,
+            // and canonical chunks 4uh + j (canon_chunk4); row ur + 128 at constant distances.
+            const unsigned o_raw =
+                static_cast<unsigned>(ur * kBK + (((2 * uh) ^ ((ur >> 1) & 3)) << 4));
+            const unsigned o_sc = static_cast<unsigned>(ur * T_SLD + uh);
+            const unsigned o_cn = static_cast<unsigned>(k_canon_off(ur, 4 * uh));
+            constexpr unsigned D_RAW = 128 * kBK, D_SC = 128 * T_SLD, D_CN = 128 * kBK * 2;
+            const bool live0 = ur < cols_valid, live1 = ur + 128 < cols_valid;
+            const unsigned em0 = exps_b[ur], em1 = exps_b[ur + 128];  // fp16 window only
+            auto loop = [&](auto h, auto e5) {
+                constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
+                for (int kt = 0; kt < KT; ++kt) {
+                    const int cb = kt % NCB, st = kt % NST, g = kt / SGT;
+                    refill(kt);
+                    const unsigned rb = s0 + st * T_STAGE + T_DA + o_raw;
+                    const unsigned rsb =
+                        s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 2 + o_sc;
+                    const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
+                    const uint4 x0 = lds_v4(rb), y0 = lds_v4(rb ^ 16u);
+                    const uint4 x1 = lds_v4(rb + D_RAW), y1 = lds_v4((rb + D_RAW) ^ 16u);
+                    const unsigned e0 = lds_u8(rsb), e1 = lds_u8(rsb + D_SC);
+                    auto unit = [&](const uint4& x, const uint4& y, unsigned m, unsigned dst) {
+                        unsigned o[16];
+                        mx_decode4<E5, H>(x.x, m, o[0], o[1]);
+                        mx_decode4<E5, H>(x.y, m, o[2], o[3]);
+                        mx_decode4<E5, H>(x.z, m, o[4], o[5]);
+                        mx_decode4<E5, H>(x.w, m, o[6], o[7]);
+                        mx_decode4<E5, H>(y.x, m, o[8], o[9]);
+                        mx_decode4<E5, H>(y.y, m, o[10], o[11]);
+                        mx_decode4<E5, H>(y.z, m, o[12], o[13]);
+                        mx_decode4<E5, H>(y.w, m, o[14], o[15]);
+#pragma unroll
+                        for (int j = 0; j < 4; ++j)
+                            sts_v4(canon_chunk4(dst, j), o[4 * j], o[4 * j + 1], o[4 * j + 2],
+                                   o[4 * j + 3]);
+                    };
+                    if (live0) unit(x0, y0, mx_block_factor<H>(e0, em0, bias_b), cbb);
+                    if (live1) unit(x1, y1, mx_block_factor<H>(e1, em1, bias_b), cbb + D_CN);
+                    fence_proxy_async();
+                    named_arrive(WS_BAR_FULL + cb, kWsThreads);
+                }
+            };
+            run(loop);
         }
         return;
     }
@@ -254,7 +365,9 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             // makes the TMA writes visible to this thread (already complete: one try_wait)
             mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-            const unsigned long long db = wg_desc(s0 + T_CANON + cb * CANON_B, 16, 1024);
+            // B's canonical buffer (MN-major: 64-row panels 8 KiB apart, a step = 16 lines)
+            const unsigned long long db =
+                wg_desc(s0 + T_CANON + cb * CANON_B, BMN ? kBK * 128 : 16, 1024);
             const unsigned ra = s0 + st * T_STAGE + a_off;
             const unsigned rsc = s0 + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 2 + s_off;
             const unsigned ca = lds_u16(rsc), cr = lds_u16(rsc + 8 * T_SLD);  // blocks 0, 1
@@ -288,10 +401,10 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                 wg_fence();
 #pragma unroll
                 for (int n = 0; n < 2; ++n)
-                    wgmma_m64n128k16_rs<H>(accf + 64 * n, af[s & 1],
-                                           static_cast<unsigned>(db) +
-                                               ((n * (128 * 128) + s * 32) >> 4),
-                                           static_cast<unsigned>(db >> 32));
+                    wgmma_m64n128k16_rs<H, BMN ? 1 : 0>(
+                        accf + 64 * n, af[s & 1],
+                        static_cast<unsigned>(db) + ((n * (128 * 128) + s * B_STEP) >> 4),
+                        static_cast<unsigned>(db >> 32));
                 wg_commit();
                 wg_fence_acc<NI * 4>(accf);
             }
@@ -328,13 +441,13 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
 // K-major): the tensor maps of A's and B's data (64-byte swizzle) and block scales follow the
 // common parameters. On other architectures the wgmma compile to traps; the launcher never
 // selects it there.
-#define LPM_GG_DEFINE_WS_MX(NAME)                                                              \
+#define LPM_GG_DEFINE_WS_MX(NAME, BMN)                                                         \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
         NAME(LPM_GG_PARAMS, const __grid_constant__ lpm_gg::TmaMap tma_a,                      \
              const __grid_constant__ lpm_gg::TmaMap tma_b,                                     \
              const __grid_constant__ lpm_gg::TmaMap tma_as,                                    \
              const __grid_constant__ lpm_gg::TmaMap tma_bs) {                                  \
-        lpm_gg::gemm_ws_mx(LPM_GG_ARGS, &tma_a, &tma_b, &tma_as, &tma_bs);                     \
+        lpm_gg::gemm_ws_mx<BMN>(LPM_GG_ARGS, &tma_a, &tma_b, &tma_as, &tma_bs);                \
     }
 
 #endif  // LPM_GROUPED_GEMM_WS_MX_CUH

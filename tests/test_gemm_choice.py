@@ -166,10 +166,10 @@ def test_choose_kernel_ws_tma(mode, monkeypatch):
 
 @pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-hybrid"])
 def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
-    """sm_90, MXFP8 fprop with the 128-row tile: the warp-specialised kernel ``_kk_y`` (its own
-    shared-memory formula, TMA loads) when data and scales map (K a multiple of 512: scale rows
-    of 16-byte multiples) and every expert contracts the same whole k-tiles; the plain wgmma
-    kernel otherwise, for dgrad / wgrad, with ``LOWPREC_MOE_GEMM_MXFP8_WS=off``,
+    """sm_90, MXFP8 fprop / dgrad with the 128-row tile: the warp-specialised kernel ``_kk_y`` /
+    ``_kn_y`` (its own shared-memory formula, TMA loads) when data and scales map (contraction a
+    multiple of 512: scale rows of 16-byte multiples) and every expert contracts the same whole
+    k-tiles; the plain wgmma kernel otherwise, for wgrad, with ``LOWPREC_MOE_GEMM_MXFP8_WS=off``,
     ``LOWPREC_MOE_GEMM_TMA=off`` and outside the default family."""
     from lowprec_moe.cuda import gemm as C
 
@@ -193,11 +193,14 @@ def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
     # scale rows of K / 32 = 24 bytes: no scale map
     p = _policy_problem("fprop", fmt, splits, n=512, k=768)
     assert C.choose_kernel(p, C.plan(p), caps=H200_CAPS).kernel == "lpm_gg_mxfp8_kk_w"
-    # dgrad and wgrad (MN-major operands) keep the plain kernel
-    for mode, sp in (("dgrad", splits), ("wgrad", [256, 256, 256])):
-        p = _policy_problem(mode, fmt, sp, n=512, k=1024)
-        ln = C.choose_kernel(p, C.plan(p), caps=H200_CAPS)
-        assert ln.kernel.endswith("_w") and ln.threads == C.THREADS, (mode, ln)
+    # dgrad (B MN-major: W's columnwise copy) has its build; wgrad (both MN-major) keeps the
+    # plain kernel
+    p = _policy_problem("dgrad", fmt, splits, n=1024, k=512)
+    ln = C.choose_kernel(p, C.plan(p), caps=H200_CAPS)
+    assert ln.kernel == "lpm_gg_mxfp8_kn_y" and ln.tma and ln.smem == C._ws_mx_smem_bytes(), ln
+    p = _policy_problem("wgrad", fmt, [256, 256, 256], n=512, k=1024)
+    ln = C.choose_kernel(p, C.plan(p), caps=H200_CAPS)
+    assert ln.kernel == "lpm_gg_mxfp8_nn_w" and ln.threads == C.THREADS, ln
 
 
 def test_ws_tma_scale_eligibility():
@@ -266,12 +269,14 @@ def test_ws_tma_smem_formula():
 def test_ws_mx_smem_formula():
     """The warp-specialised MXFP8 kernel (mirrors ws_mx_smem_bytes): 5 raw stages of fp8 data
     (128 + 256 rows of 64 bytes), 2 canonical B buffers, 2 scale slots of 16 bytes (8 k-tiles)
-    per row, the rows' and columns' largest codes, 1 KiB alignment; under the opt-in limit with
-    the 1 KiB of static mbarrier space."""
+    per row, the rows' and columns' largest codes, two fp32 factor tables of 2 x 256 entries
+    (MN-major B), 1 KiB alignment; under the opt-in limit with the 1 KiB of static mbarrier
+    space."""
     from lowprec_moe.cuda import gemm as C
 
     mx = C._ws_mx_smem_bytes()
-    assert mx == 5 * (128 + 256) * 64 + 2 * 256 * 128 + 2 * (128 + 256) * 16 + 384 + 1024
+    assert mx == (5 * (128 + 256) * 64 + 2 * 256 * 128 + 2 * (128 + 256) * 16 + 384
+                  + 2 * 2 * 256 * 4 + 1024)
     assert mx + 1024 <= 227 * 1024
 
 

@@ -209,8 +209,8 @@ def test_kernel_constants_match_sources():
                 assert f"lpm_gg_{prefix}_kk_t{suf}" in defined, prefix
         if prefix == "nvfp4":  # the TMA builds (swapped-operand, warp-specialised)
             assert {"lpm_gg_nvfp4_kk_u", "lpm_gg_nvfp4_kk_r", "lpm_gg_nvfp4_kk_y"} <= defined
-        if prefix == "mxfp8":  # the warp-specialised MXFP8 kernel (TMA build only)
-            assert "lpm_gg_mxfp8_kk_y" in defined
+        if prefix == "mxfp8":  # the warp-specialised MXFP8 kernel (TMA builds only)
+            assert {"lpm_gg_mxfp8_kk_y", "lpm_gg_mxfp8_kn_y"} <= defined
     # the swapped-operand kernel's tile and stage counts
     for name, value in (("kSwapTokens", C.CONFIGS["t"][0]), ("kSwapCols", C.CONFIGS["t"][1])):
         assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == value, name

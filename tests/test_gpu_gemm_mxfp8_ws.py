@@ -1,6 +1,7 @@
-"""The warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_y``, raw_kernels/grouped_gemm_ws_mx.cuh)
-on the GPU: MXFP8 fprop with the 128-row tile, TMA loads, producers widening B and consumers
-widening A into wgmma registers, each tile on fp16 (fp16 window) or bf16.
+"""The warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_y`` / ``_kn_y``,
+raw_kernels/grouped_gemm_ws_mx.cuh) on the GPU: MXFP8 fprop and dgrad with the 128-row tile, TMA
+loads, producers widening B (dgrad: W's columnwise copy, MN-major) and consumers widening A into
+wgmma registers, each tile on fp16 (fp16 window) or bf16.
 
 Checks, each against the plain wgmma kernel (``LOWPREC_MOE_GEMM_MXFP8_WS=off``) bit for bit and
 against the float64 product of the dequantized operands:
@@ -37,65 +38,74 @@ def _require_wgmma():
         pytest.skip("the warp-specialised MXFP8 kernel is a wgmma (sm_90a) kernel")
 
 
-def _problem(fmt, k, seed, *, scale=None, splits=SPLITS, n=N):
-    x, w, _ = _data(seed, sum(splits), n, k)
-    if len(splits) != w.shape[0]:
-        w = np.random.default_rng(seed + 1).standard_normal((len(splits), n, k)).astype(x.dtype)
+def _problem(fmt, length, seed, *, mode="fprop", scale=None, splits=SPLITS):
+    """(A, B) of an fprop (contraction K = length, N output columns) or dgrad (contraction N =
+    length, K = N output columns) problem; ``scale`` multiplies the contraction dimension."""
+    n, k = (N, length) if mode == "fprop" else (length, N)
+    x, w, dy = _data(seed, sum(splits), n, k)
+    w = np.random.default_rng(seed + 1).standard_normal((len(splits), n, k)).astype(x.dtype)
     if scale is not None:
-        x *= scale
-        w *= scale
-    dy = np.zeros((sum(splits), n), np.float32)
-    xq, wq, _ = _quantize(fmt, x, w, dy, splits)
-    return xq, wq
+        if mode == "fprop":
+            x *= scale
+            w *= scale
+        else:
+            dy *= scale
+            w *= scale[:, None]
+    xq, wq, dq = _quantize(fmt, x, w, dy, splits)
+    return (xq, wq) if mode == "fprop" else (dq, wq)
 
 
-def _run(a, b, splits, monkeypatch, *, ws, check=True, **kw):
-    """One fprop call on the GPU with the warp-specialised kernel on or off; checks which
-    kernel ran (``check``)."""
+def _run(a, b, splits, monkeypatch, *, ws, check=True, mode="fprop", **kw):
+    """One call on the GPU with the warp-specialised kernel on or off; checks which kernel ran
+    (``check``)."""
     from lowprec_moe.cuda import gemm as C
     from lowprec_moe.gemm import _validate
 
     monkeypatch.setenv(C.MXFP8_WS_ENV, "auto" if ws else "off")
     ga, gb = gpu(a), gpu(b)
     kw.setdefault("out_dtype", "float32")
-    info = C.kernel_info(_validate("fprop", ga, gb, splits, bias=kw.get("bias"), probs=None,
+    info = C.kernel_info(_validate(mode, ga, gb, splits, bias=kw.get("bias"), probs=None,
                                    out_dtype=kw["out_dtype"], out=None, accumulate=False))
+    lay = "kk" if mode == "fprop" else "kn"
     if check:
-        assert info["kernel"] == ("lpm_gg_mxfp8_kk_y" if ws else "lpm_gg_mxfp8_kk_w"), info
-    out = to_host(grouped_gemm(ga, gb, splits, mode="fprop", **kw))
+        assert info["kernel"] == f"lpm_gg_mxfp8_{lay}_" + ("y" if ws else "w"), info
+    out = to_host(grouped_gemm(ga, gb, splits, mode=mode, **kw))
     monkeypatch.delenv(C.MXFP8_WS_ENV)
     return out
 
 
 @pytest.mark.parametrize("mma", ["auto", "bf16"])
-@pytest.mark.parametrize("k", [512, 1024, 2048])
-@pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-e5m2"])
-def test_gpu_mxfp8_ws_equals_plain(fmt, k, mma, monkeypatch):
+@pytest.mark.parametrize("length", [512, 1024, 2048])
+@pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-e5m2", "mxfp8-hybrid"])
+@pytest.mark.parametrize("mode", ["fprop", "dgrad"])
+def test_gpu_mxfp8_ws_equals_plain(mode, fmt, length, mma, monkeypatch):
+    """(hybrid: E5M2 dy against E4M3 W in dgrad)"""
     _require_wgmma()
     from lowprec_moe.cuda import gemm as C
 
     monkeypatch.setenv(C.MXFP8_MMA_ENV, mma)
-    a, b = _problem(fmt, k, 41 + k)
-    ws = _run(a, b, SPLITS, monkeypatch, ws=True)
-    plain = _run(a, b, SPLITS, monkeypatch, ws=False)
-    exp, mag = _expected("fprop", a, b, SPLITS)
-    assert_gemm_close(ws, exp, mag, f"ws {fmt} k={k} {mma}")
-    assert_bytes_equal(ws, plain, f"ws vs plain {fmt} k={k} {mma}")
+    a, b = _problem(fmt, length, 41 + length, mode=mode)
+    ws = _run(a, b, SPLITS, monkeypatch, ws=True, mode=mode)
+    plain = _run(a, b, SPLITS, monkeypatch, ws=False, mode=mode)
+    exp, mag = _expected(mode, a, b, SPLITS)
+    assert_gemm_close(ws, exp, mag, f"ws {mode} {fmt} length={length} {mma}")
+    assert_bytes_equal(ws, plain, f"ws vs plain {mode} {fmt} length={length} {mma}")
 
 
-def test_gpu_mxfp8_ws_wide_rows_fall_back(monkeypatch):
-    """Every 7th block scaled by 2^40: rows span ~40 codes, beyond the E4M3 window, so the
-    tiles take the bf16 path in both kernels."""
+@pytest.mark.parametrize("mode", ["fprop", "dgrad"])
+def test_gpu_mxfp8_ws_wide_rows_fall_back(mode, monkeypatch):
+    """Every 7th contraction block scaled by 2^40: rows span ~40 codes, beyond the E4M3
+    window, so the tiles take the bf16 path in both kernels."""
     _require_wgmma()
-    k = 2048
-    wide = np.ones(k, np.float32)
+    length = 2048
+    wide = np.ones(length, np.float32)
     wide[::7 * 32] = np.float32(2.0 ** 40)
-    a, b = _problem("mxfp8-e4m3", k, 43, scale=wide)
-    ws = _run(a, b, SPLITS, monkeypatch, ws=True)
-    plain = _run(a, b, SPLITS, monkeypatch, ws=False)
-    exp, mag = _expected("fprop", a, b, SPLITS)
-    assert_gemm_close(ws, exp, mag, "ws wide rows")
-    assert_bytes_equal(ws, plain, "ws vs plain, wide rows")
+    a, b = _problem("mxfp8-e4m3", length, 43, mode=mode, scale=wide)
+    ws = _run(a, b, SPLITS, monkeypatch, ws=True, mode=mode)
+    plain = _run(a, b, SPLITS, monkeypatch, ws=False, mode=mode)
+    exp, mag = _expected(mode, a, b, SPLITS)
+    assert_gemm_close(ws, exp, mag, f"ws wide rows {mode}")
+    assert_bytes_equal(ws, plain, f"ws vs plain, wide rows {mode}")
 
 
 def test_gpu_mxfp8_ws_tiny_blocks_exact(monkeypatch):

@@ -310,8 +310,8 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     # warp-specialised wgmma kernel: NVFP4 (its consumers decode NVFP4 A fragments straight into
     # registers), 128-row tile, the default family
     ws = cfg == "w" and p.fmt == "nvfp4" and family == "auto"
-    # ... and MXFP8 fprop, whose warp-specialised kernel exists as a TMA build only
-    ws_mx = (cfg == "w" and p.fmt == "mxfp8" and layout == "kk" and ch == 16 and tma_ok
+    # ... and MXFP8 fprop / dgrad, whose warp-specialised kernel exists as a TMA build only
+    ws_mx = (cfg == "w" and p.fmt == "mxfp8" and layout in ("kk", "kn") and ch == 16 and tma_ok
              and _env_mode(MXFP8_WS_ENV, _MXFP8_WS_MODES) == "auto" and _use_ws_tma(pl))
     if ws or ws_mx:
         cfg = "x"
@@ -478,7 +478,7 @@ def _prepare(p, arrays):
     else:
         modes = ((launch.ch, int(a.e5m2)), (launch.ch, int(b.e5m2)))
     tma_geom = ((int(a.ld[0]), int(b.ld[0]), int(pl.length[0]) * a.es_num // a.es_den,
-                 int(a.sld[0]), int(b.sld[0])) if launch.tma else None)
+                 int(a.sld[0]), int(b.sld[0]), int(pl.n_cols)) if launch.tma else None)
     val = dict(launch=launch, tiles=tables[0], desc=tables[1], n_col_tiles=n_col_tiles,
                tma_geom=tma_geom,
                grid=grid, n_cols=pl.n_cols, modes=modes, a_vec=int(a.amax_vec),

@@ -83,21 +83,28 @@ def _tma_maps(kernel: str, geom: tuple, a_data, a_scale, b_data, b_scale) -> tup
     NVFP4, ``BK`` of MXFP8): ``_kk_u`` A (tokens) in boxes of 32 rows, B (weights) of 128 rows
     (``_kk_r``: 256 rows; ``_kk_p``: 16 and 256); ``_kk_y`` A in boxes of 128 rows, B of 256,
     then the two block-scale maps, 16 bytes per box row (NVFP4: ``WS_SCALE_TILES`` k-tiles,
-    MXFP8: ``WMX_SCALE_TILES``). The MXFP8 data boxes (64-byte rows) are stored with the 64-byte
-    swizzle, the raw layout of the cp.async kernels."""
-    a_ld, b_ld, inner, a_sld, b_sld = geom
+    MXFP8: ``WMX_SCALE_TILES``). The MXFP8 K-major data boxes (64-byte rows) are stored with the
+    64-byte swizzle, the raw layout of the cp.async kernels. ``_kn_y`` (MXFP8 dgrad, B MN-major:
+    lines of ``n_cols`` bytes along the contraction) loads B as two panels of 128 columns x one
+    k-tile of lines (128-byte swizzle) and B's scales as ``2 * WMX_SCALE_TILES`` block lines of
+    256 columns."""
+    a_ld, b_ld, inner, a_sld, b_sld, n_cols = geom
     ws = kernel.endswith("_y")
     mx = "_mxfp8_" in kernel
+    b_mn = kernel.endswith("_kn_y")
     box_a, box_b = CONFIGS["x" if ws else kernel[-1] if kernel.endswith(("_r", "_p")) else "t"]
     d_box, swz = (BK, 64) if mx else (BK // 2, 0)
-    parts = [(a_data, a_ld, inner, d_box, box_a, swz), (b_data, b_ld, inner, d_box, box_b, swz)]
+    parts = [(a_data, a_ld, inner, d_box, box_a, swz)]
+    parts.append((b_data, b_ld, n_cols, box_b // 2, BK, 128) if b_mn else
+                 (b_data, b_ld, inner, d_box, box_b, swz))
     if ws:
         # scale bytes of a row: contraction / 16 (NVFP4: inner = contraction / 2), / 32 (MXFP8)
         s_inner = inner // F.MXFP8_BLOCK if mx else inner * 2 // F.NVFP4_BLOCK
         s_box = (WMX_SCALE_TILES * BK // F.MXFP8_BLOCK if mx
                  else WS_SCALE_TILES * BK // F.NVFP4_BLOCK)
-        parts += [(a_scale, a_sld, s_inner, s_box, box_a, 0),
-                  (b_scale, b_sld, s_inner, s_box, box_b, 0)]
+        parts.append((a_scale, a_sld, s_inner, s_box, box_a, 0))
+        parts.append((b_scale, b_sld, n_cols, box_b, s_box, 0) if b_mn else
+                     (b_scale, b_sld, s_inner, s_box, box_b, 0))
     maps = []
     for arr, ld, extent, box_inner, box_rows, sw in parts:
         rows = int(arr.nbytes) // ld  # int32 coordinates: checked by _use_tma / _use_ws_tma
