@@ -229,9 +229,14 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             auto loop = [&](auto h, auto e5) {
                 constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
                 constexpr int FS = H ? 2 : 4;  // bytes per table entry
-                for (int kt = 0; kt < KT; ++kt) {
-                    const int cb = kt % NCB, st = kt % NST, g = kt / SGT;
-                    refill(kt);
+                // The factor table of tile kt (row t of both blocks), filled one tile ahead,
+                // after the previous tile's FULL arrival: its barrier stays off the path from
+                // the EMPTY wait to FULL. The barrier also holds every producer past the units
+                // of tile kt-1, whose table buffer tile kt+1 takes.
+                auto fill = [&](int kt) {
+                    const int g = kt / SGT;
+                    // the group was requested at least one tile earlier (see refill)
+                    mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
                     const unsigned tab = s0 + T_TAB + (kt & 1) * TAB;
                     const unsigned scl =
                         s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 2 * BN + t;
@@ -243,9 +248,13 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                         sts_u32(tab + 4 * t, __float_as_uint(lpm_e8m0_to_f32(e0)));
                         sts_u32(tab + 4 * (BN + t), __float_as_uint(lpm_e8m0_to_f32(e1)));
                     }
-                    // the table of tile kt complete (and every producer past tile kt-1's, whose
-                    // buffer tile kt+1 refills)
                     named_sync(WS_BAR_PROD, kWsProducers);
+                };
+                if (KT > 0) fill(0);
+                for (int kt = 0; kt < KT; ++kt) {
+                    const int cb = kt % NCB, st = kt % NST;
+                    refill(kt);
+                    const unsigned tab = s0 + T_TAB + (kt & 1) * TAB;
                     const unsigned rb = s0 + st * T_STAGE + T_DA + o_raw;
                     const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
                     const unsigned fb =
@@ -281,6 +290,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                     if (live1) unit(x1, y1, fb + 128 * FS, cbb + D_CN);
                     fence_proxy_async();
                     named_arrive(WS_BAR_FULL + cb, kWsThreads);
+                    if (kt + 1 < KT) fill(kt + 1);
                 }
             };
             run(loop);

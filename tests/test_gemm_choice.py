@@ -169,8 +169,9 @@ def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
     """sm_90, MXFP8 fprop / dgrad with the 128-row tile: the warp-specialised kernel ``_kk_y`` /
     ``_kn_y`` (its own shared-memory formula, TMA loads) when data and scales map (contraction a
     multiple of 512: scale rows of 16-byte multiples) and every expert contracts the same whole
-    k-tiles; the plain wgmma kernel otherwise, for wgrad, with ``LOWPREC_MOE_GEMM_MXFP8_WS=off``,
-    ``LOWPREC_MOE_GEMM_TMA=off`` and outside the default family."""
+    k-tiles, for the layouts ``LOWPREC_MOE_GEMM_MXFP8_WS`` selects; the plain wgmma kernel
+    otherwise, for wgrad, with ``=off``, ``LOWPREC_MOE_GEMM_TMA=off`` and outside the default
+    family."""
     from lowprec_moe.cuda import gemm as C
 
     monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)
@@ -193,11 +194,18 @@ def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
     # scale rows of K / 32 = 24 bytes: no scale map
     p = _policy_problem("fprop", fmt, splits, n=512, k=768)
     assert C.choose_kernel(p, C.plan(p), caps=H200_CAPS).kernel == "lpm_gg_mxfp8_kk_w"
-    # dgrad (B MN-major: W's columnwise copy) has its build; wgrad (both MN-major) keeps the
-    # plain kernel
+    # dgrad (B MN-major: W's columnwise copy) has its build, taken by "auto" when its layout is
+    # in MXFP8_WS_AUTO, and by "all"; wgrad (both MN-major) keeps the plain kernel
     p = _policy_problem("dgrad", fmt, splits, n=1024, k=512)
-    ln = C.choose_kernel(p, C.plan(p), caps=H200_CAPS)
-    assert ln.kernel == "lpm_gg_mxfp8_kn_y" and ln.tma and ln.smem == C._ws_mx_smem_bytes(), ln
+    for mode in ("auto", "all"):
+        monkeypatch.setenv(C.MXFP8_WS_ENV, mode)
+        ln = C.choose_kernel(p, C.plan(p), caps=H200_CAPS)
+        if mode == "all" or "kn" in C.MXFP8_WS_AUTO:
+            assert ln.kernel == "lpm_gg_mxfp8_kn_y" and ln.tma, ln
+            assert ln.smem == C._ws_mx_smem_bytes(), ln
+        else:
+            assert ln.kernel == "lpm_gg_mxfp8_kn_w" and not ln.tma, ln
+    monkeypatch.delenv(C.MXFP8_WS_ENV)
     p = _policy_problem("wgrad", fmt, [256, 256, 256], n=512, k=1024)
     ln = C.choose_kernel(p, C.plan(p), caps=H200_CAPS)
     assert ln.kernel == "lpm_gg_mxfp8_nn_w" and ln.threads == C.THREADS, ln

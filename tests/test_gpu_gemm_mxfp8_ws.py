@@ -61,7 +61,7 @@ def _run(a, b, splits, monkeypatch, *, ws, check=True, mode="fprop", **kw):
     from lowprec_moe.cuda import gemm as C
     from lowprec_moe.gemm import _validate
 
-    monkeypatch.setenv(C.MXFP8_WS_ENV, "auto" if ws else "off")
+    monkeypatch.setenv(C.MXFP8_WS_ENV, "all" if ws else "off")
     ga, gb = gpu(a), gpu(b)
     kw.setdefault("out_dtype", "float32")
     info = C.kernel_info(_validate(mode, ga, gb, splits, bias=kw.get("bias"), probs=None,

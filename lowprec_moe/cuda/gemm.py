@@ -149,11 +149,15 @@ SWAP_WIDE_MIN_CTAS_PER_SM = 4
 #: raw_kernels/grouped_gemm_mxf16.cuh) or "bf16" (every tile on bf16).
 MXFP8_MMA_ENV = "LOWPREC_MOE_MXFP8_MMA"
 _MXFP8_MMA = ("auto", "bf16")
-#: Environment variable for the warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_y``): "auto"
-#: (default: MXFP8 fprop with the 128-row tile wherever its TMA loads apply) or "off" (the
-#: plain wgmma kernel; A/B comparisons and cross-checks).
+#: Environment variable for the warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_y`` fprop,
+#: ``_kn_y`` dgrad): "auto" (default: the layouts in MXFP8_WS_AUTO, with the 128-row tile wherever
+#: its TMA loads apply), "all" (fprop and dgrad) or "off" (the plain wgmma kernel; A/B
+#: comparisons and cross-checks).
 MXFP8_WS_ENV = "LOWPREC_MOE_GEMM_MXFP8_WS"
-_MXFP8_WS_MODES = ("auto", "off")
+_MXFP8_WS_MODES = ("auto", "all", "off")
+#: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk") measured
+#: faster than the plain kernel on every compute-bound shape; dgrad ("kn", B MN-major) slower.
+MXFP8_WS_AUTO = ("kk",)
 
 
 def _env_mode(name: str, modes: tuple) -> str:
@@ -311,8 +315,10 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     # registers), 128-row tile, the default family
     ws = cfg == "w" and p.fmt == "nvfp4" and family == "auto"
     # ... and MXFP8 fprop / dgrad, whose warp-specialised kernel exists as a TMA build only
-    ws_mx = (cfg == "w" and p.fmt == "mxfp8" and layout in ("kk", "kn") and ch == 16 and tma_ok
-             and _env_mode(MXFP8_WS_ENV, _MXFP8_WS_MODES) == "auto" and _use_ws_tma(pl))
+    mx_mode = _env_mode(MXFP8_WS_ENV, _MXFP8_WS_MODES)
+    mx_layouts = {"auto": MXFP8_WS_AUTO, "all": ("kk", "kn"), "off": ()}[mx_mode]
+    ws_mx = (cfg == "w" and p.fmt == "mxfp8" and layout in mx_layouts and ch == 16 and tma_ok
+             and _use_ws_tma(pl))
     if ws or ws_mx:
         cfg = "x"
     bm, bn = CONFIGS[cfg]
