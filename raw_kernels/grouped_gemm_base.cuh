@@ -423,7 +423,7 @@ __device__ __forceinline__ float e4m3_to_f32(unsigned b) {
 
 // Parameter list of every tensor-core kernel entry point and kernel body (gemm_mma, gemm_ws,
 // gemm_swap), and the matching argument list. mx_bf16 = 1: MXFP8 tiles stay on bf16 (no fp16
-// window, grouped_gemm_mxf16.cuh); only gemm_mma reads it.
+// window, grouped_gemm_mxf16.cuh); only gemm_mma and gemm_ws_mx read it.
 #define LPM_GG_PARAMS                                                                          \
     const int *__restrict__ tiles, int n_col_tiles, const long long *__restrict__ desc,       \
         long long n_cols, const unsigned char *__restrict__ a_data,                           \

@@ -42,7 +42,7 @@ def test_choose_kernel_policy(mode, fmt, family, monkeypatch):
     from lowprec_moe.cuda import gemm as C
 
     monkeypatch.setenv(C.KERNEL_ENV, family)
-    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)  # host arrays have no device pointer
+    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)  # host arrays have no device pointer
     # the 128-row tile for every mode
     p = _policy_problem(mode, fmt, [0, 300, 37, 260, 5, 129], n=96, k=160)
     pl = C.plan(p)
@@ -72,7 +72,7 @@ def test_choose_kernel_few_tokens_swap(mode, fmt, family, monkeypatch):
     from lowprec_moe.cuda import gemm as C
 
     monkeypatch.setenv(C.KERNEL_ENV, family)
-    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)
+    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
     p = _policy_problem(mode, fmt, [16, 0, 32, 3, 16])
     pl = C.plan(p)
     ln = C.choose_kernel(p, pl, caps=H200_CAPS)
@@ -132,7 +132,7 @@ def test_choose_kernel_ws_tma(mode, monkeypatch):
     ``LOWPREC_MOE_GEMM_TMA=off`` and outside the default family."""
     from lowprec_moe.cuda import gemm as C
 
-    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)
+    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
     ok = [256, 256, 256] if mode == "wgrad" else [0, 300, 37, 260, 5, 129]
     for fmt in ("nvfp4", "nvfp4-row-scaled"):
         p = _policy_problem(mode, fmt, ok, n=512, k=768)
@@ -174,7 +174,7 @@ def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
     family."""
     from lowprec_moe.cuda import gemm as C
 
-    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)
+    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
     splits = [0, 300, 37, 260, 5, 129]
     p = _policy_problem("fprop", fmt, splits, n=512, k=1024)
     pl = C.plan(p)
@@ -317,7 +317,7 @@ def test_choose_kernel_swap_wide(mode, monkeypatch):
     ``wgmma`` paths never take it."""
     from lowprec_moe.cuda import gemm as C
 
-    monkeypatch.setattr(C, "_chunk", lambda op, extent: 16)
+    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
     sms = H200_CAPS[2]
     # 64 experts x 16 tokens x 2 columns tiles of 256 = 128 CTAs: below 4 per SM
     small = _policy_problem(mode, "nvfp4", [16] * 64, n=512, k=512)

@@ -316,7 +316,7 @@ def test_gpu_wgmma_tiles_equal_bitwise(mode, fmt, monkeypatch):
 
     assert launch().bm == 128
     big = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
-    monkeypatch.setattr(C, "_pick_bm", lambda rows, small: small)
+    monkeypatch.setattr(C.gemm_choice, "_pick_bm", lambda rows, small: small)
     assert launch().bm == 64
     small = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
     assert_bytes_equal(small, big, f"64-row vs 128-row wgmma tile {mode} {fmt}")
@@ -351,7 +351,7 @@ def test_gpu_swap_equals_wgmma_bitwise(mode, fmt, monkeypatch):
                       out=None, accumulate=False)
         return C.choose_kernel(p, C.plan(p))
 
-    monkeypatch.setattr(C, "_use_swap", lambda rows: True)
+    monkeypatch.setattr(C.gemm_choice, "_use_swap", lambda rows: True)
     nvfp4 = fmt.startswith("nvfp4")
     assert launch().kernel.endswith("_kk_u" if nvfp4 else "_kk_t"), launch()
     swap = _run(mode, a, b, SPLITS, out_dtype="float32")
@@ -365,7 +365,7 @@ def test_gpu_swap_equals_wgmma_bitwise(mode, fmt, monkeypatch):
                            f"TMA vs cp.async swap {mode} {fmt}")
         assert_bytes_equal(swap_epi, _run(mode, a, b, SPLITS, out_dtype="bfloat16", **kw),
                            f"TMA vs cp.async swap, bf16 epilogue {mode} {fmt}")
-    monkeypatch.setattr(C, "_use_swap", lambda rows: False)
+    monkeypatch.setattr(C.gemm_choice, "_use_swap", lambda rows: False)
     assert not launch().kernel.endswith("_t"), launch()
     assert_bytes_equal(swap, _run(mode, a, b, SPLITS, out_dtype="float32"),
                        f"swap vs wgmma {mode} {fmt}")

@@ -27,73 +27,8 @@ nothing): the tile table ``int32 [entries, 2] = (expert, row tile)`` and the des
 rows, contraction length, output / amax / bias / probs bases; layout in
 ``raw_kernels/grouped_gemm_base.cuh``).
 
-Kernel choice
--------------
-* bf16 / fp16 operands, NVFP4, MXFP8: the tensor-core kernels (``mma.sync.m16n8k16``, fp32
-  accumulation; NVFP4 on fp16 and MXFP8 on bf16 after exact in-kernel dequantization), with a
-  128-row CTA tile, or a smaller one for M-grouped GEMMs with few tokens per expert. Operand rows must
-  allow 16-byte copies (NVFP4: 8-byte) -- true for every layout the library produces except bf16 /
-  fp16 with K (or N) not a multiple of 8.
-* float32 operands, and any operand the tensor-core kernels cannot stream: the fp32 SIMT kernel
-  (exact fp32 operand values, non-flushing fma.rn.f32 accumulation) -- the fp32-accurate path.
-* On sm_90 (H100 / H200) the tensor-core kernels use ``wgmma`` (operands staged in shared memory
-  in the 128-byte-swizzle layouts, two warpgroups) with a 128x256 tile (``m64n256k16``: each
-  warpgroup owns 64 rows x 256 columns) or, for few tokens per expert, a 64x256 tile
-  (``m64n128k16``); other GPUs use ``mma.sync`` with 128x256 / 32x256 tiles. The family depends
-  on the device only, and within a family every tile gives each output element the same products
-  in the same order (the two wgmma shapes differ only in how many columns one instruction
-  covers), so the split-dependent tile choice never changes results (grouped == per-expert,
-  bitwise; a GPU test compares the two tiles). GPUs
-  whose opt-in shared memory per block is too small for a tensor-core kernel take the SIMT
-  kernel.
-* On sm_90, NVFP4 operands with the 128x256 tile run the warp-specialised wgmma kernel (512
-  threads: two warpgroups copy both quantized tiles and expand B while two warpgroups decode A
-  straight into wgmma registers and issue the wgmma), which computes bitwise what the plain
-  wgmma kernel computes.
-* On sm_90, M-grouped GEMMs on quantized contraction-contiguous operands (NVFP4 fprop / dgrad,
-  MXFP8 fprop) with at most 32 tokens per expert run the swapped-operand kernel
-  (``grouped_gemm_swap.cuh``): it computes the transposed tile, 128 output columns x 32
-  tokens, with the weights on the wgmma M side (``m64n32k16``; NVFP4 weights decoded straight
-  into registers) and several CTAs per SM -- bitwise the results of the other wgmma kernels
-  (a GPU test compares them). NVFP4 needs each row's block scales of a k-tile 4-byte aligned
-  (contraction a multiple of 64), else the 64x256 tile is used. In the default family its
-  NVFP4 build ``_kk_u`` loads the two data tiles of each k-tile with TMA (one thread, one
-  tensor map per operand passed by value, :mod:`lowprec_moe.cuda.tma`; the block scales stay
-  on cp.async) whenever every expert shares one row stride (a multiple of 16 bytes), starts at
-  a whole row and contracts the same whole number of k-tiles -- true for every layout the
-  library produces; bitwise the cp.async build's results. When its grid would fill every SM
-  with at least four CTAs of 256 columns, the wide TMA build ``_kk_r`` runs instead: 32 tokens
-  x 256 output columns per CTA, each warpgroup decoding and multiplying two 64-row halves of
-  the weights per k-tile, two CTAs per SM -- the per-k-tile work that does not grow with the
-  weight rows (barrier, copy issue, token-tile expansion, waits) is shared by twice the
-  weights; the same products in the same order, so the same bits. When no expert has more than
-  16 tokens its 16-token form ``_kk_p`` (``m64n16k16``) halves the MMA work.
-  ``LOWPREC_MOE_GEMM_SWAP_WIDE`` = ``auto`` (default) | ``on`` | ``off`` overrides that choice,
-  ``LOWPREC_MOE_GEMM_SWAP_N16`` = ``auto`` (default) | ``off`` the 16-token form.
-* On sm_90, the plain wgmma kernel multiplies an MXFP8 tile on fp16 instead of bf16 when every
-  row and column of the tile keeps its block codes within the fp16 window (E4M3: 21 codes,
-  E5M2: 8, no NaN scale), its scale rows are 16-byte aligned and it contracts at least 32
-  k-tiles (``raw_kernels/grouped_gemm_mxf16.cuh``): the elements are staged as
-  ``q * 2^(e - e_max(row) + S_MAX)`` (one conversion and one multiply per pair instead of three
-  instructions per element) and the epilogue applies the rows' and columns' powers of two. The
-  bits are the bf16 path's whenever that path's products are fp32 normals (GPU tests compare
-  them), and exact where the bf16 path truncates tiny blocks. Consequence for blocks of
-  magnitude below ~1e-35 (E4M3 scale code < 3, E5M2 < 10), where the bf16 path is inexact: an
-  output's bits there depend on which path its tile took, i.e. on the other rows / columns of
-  the tile and the tile shape, so grouped == per-expert is only guaranteed above that range.
-* On sm_90, the warp-specialised NVFP4 kernel has a TMA build too, ``_kk_y``: one producer
-  thread loads each k-tile's two data tiles with one tensor-map copy each and the block scales
-  four k-tiles at a time (a 16-byte box per row, into three scale slots), all completing on
-  mbarriers; the other producer threads only expand B. Chosen in the default family when data
-  and scales of both operands have one row stride each (multiples of 16 bytes: K, or the padded
-  tokens per expert for wgrad, a multiple of 256), every expert starts at a whole row and all
-  experts contract the same whole number of k-tiles; bitwise the cp.async build's results.
-  ``LOWPREC_MOE_GEMM_TMA`` = ``auto`` (default) | ``off`` switches both TMA builds off.
-* ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
-  family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
-  swapped-operand one for few tokens per expert), without the warp-specialised one and without
-  TMA loads.
-  ``LOWPREC_MOE_MXFP8_MMA`` = ``auto`` (default) | ``bf16`` keeps every MXFP8 tile on bf16.
+Which kernel runs is decided by :mod:`lowprec_moe.cuda.gemm_choice` (its docstring lists the
+kernels and the environment overrides); this module re-exports its names.
 """
 
 from __future__ import annotations
@@ -102,11 +37,15 @@ import hashlib
 import os
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import kernels
+from . import gemm_choice  # noqa: F401 - tests patch the policy helpers (_chunk, ...) there
+from .gemm_choice import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
+    KERNEL_ENV, MXFP8_MMA_ENV, MXFP8_WS_AUTO, MXFP8_WS_ENV, SWAP_N16_ENV, SWAP_WIDE_ENV,
+    SWAP_WIDE_MIN_CTAS_PER_SM, TMA_ENV, Launch, _chunk, _device_caps, _env_mode, _mx_bf16,
+    _cupy, _pick_bm, _swap_wide, _use_swap, choose_kernel, kernel_info)
 from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     BK, CONFIGS, DESC_WORDS, SWAP_STAGES, D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD,
     D_B_SOFF, D_B_SLD, D_ROWS, D_LEN, D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS, EK_F32,
@@ -126,257 +65,11 @@ from .gemm_tma import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>
 __all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV",
            "MXFP8_WS_ENV", "TMA_ENV", "SWAP_WIDE_ENV", "SWAP_N16_ENV"]
 
-#: Environment variable selecting the kernel family: "auto" (default) or "simt".
-KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
-#: Environment variable switching the TMA builds of the default family off: "auto" (default) or
-#: "off" (the cp.async builds; A/B comparisons and cross-checks).
-TMA_ENV = "LOWPREC_MOE_GEMM_TMA"
-_TMA_MODES = ("auto", "off")
-#: Environment variable for the wide NVFP4 swapped-operand TMA build (``_kk_r``): "auto"
-#: (default: when its grid gives every SM at least SWAP_WIDE_MIN_CTAS_PER_SM CTAs), "on"
-#: (wherever ``_kk_u`` would run) or "off".
-SWAP_WIDE_ENV = "LOWPREC_MOE_GEMM_SWAP_WIDE"
-_SWAP_WIDE_MODES = ("auto", "on", "off")
-#: Environment variable for the 16-token form of the wide build (``_kk_p``): "auto" (default:
-#: when no expert has more than 16 tokens) or "off" (the 32-token ``_kk_r``).
-SWAP_N16_ENV = "LOWPREC_MOE_GEMM_SWAP_N16"
-_SWAP_N16_MODES = ("auto", "off")
-#: CTAs of the wide build per SM (two resident, two waves) from which "auto" takes it: below
-#: that, the 128-column build's twice as many CTAs fill the GPU better.
-SWAP_WIDE_MIN_CTAS_PER_SM = 4
-#: Environment variable for the MXFP8 wgmma kernels' tensor-core type: "auto" (default: fp16
-#: for every tile whose block scales fit the fp16 window, bf16 otherwise; same results, see
-#: raw_kernels/grouped_gemm_mxf16.cuh) or "bf16" (every tile on bf16).
-MXFP8_MMA_ENV = "LOWPREC_MOE_MXFP8_MMA"
-_MXFP8_MMA = ("auto", "bf16")
-#: Environment variable for the warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_y`` fprop,
-#: ``_kn_y`` dgrad): "auto" (default: the layouts in MXFP8_WS_AUTO, with the 128-row tile wherever
-#: its TMA loads apply), "all" (fprop and dgrad) or "off" (the plain wgmma kernel; A/B
-#: comparisons and cross-checks).
-MXFP8_WS_ENV = "LOWPREC_MOE_GEMM_MXFP8_WS"
-_MXFP8_WS_MODES = ("auto", "all", "off")
-#: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk") measured
-#: faster than the plain kernel on every compute-bound shape; dgrad ("kn", B MN-major) slower.
-MXFP8_WS_AUTO = ("kk",)
-
-
-def _env_mode(name: str, modes: tuple) -> str:
-    """The value of environment variable `name` (lower case; unset or empty: "auto"), or a
-    ValueError naming it when it is not one of `modes`."""
-    v = os.environ.get(name, "auto").strip().lower() or "auto"
-    if v not in modes:
-        raise ValueError(f"{name}={v!r} must be one of {modes}")
-    return v
-
-
-def _mx_bf16() -> int:
-    """1 when MXFP8_MMA_ENV asks for bf16 MXFP8 tensor cores, else 0."""
-    return int(_env_mode(MXFP8_MMA_ENV, _MXFP8_MMA) == "bf16")
-
 _MAX_CACHED = 64
 _lock = threading.Lock()
 _tables: OrderedDict = OrderedDict()
 _dummies: dict = {}
 _smem_set: set = set()
-_caps: dict = {}
-
-
-def _cupy():
-    import cupy
-
-    return cupy
-
-
-# ============================================================================================
-# Kernel choice
-
-
-def _chunk(op: Operand, extent_elems: np.ndarray) -> int:
-    """Largest cp.async chunk (16 or 8 bytes) every copy of ``op`` can use, or 0.
-
-    ``extent_elems``: per expert, the number of elements along the operand's contiguous dimension
-    (contraction length when K-major, rows when MN-major): a chunk must never straddle it.
-    """
-    extent = np.asarray(extent_elems, np.int64) * op.es_num
-    if np.any(extent % op.es_den):
-        return 0
-    extent //= op.es_den
-    for ch in (16, 8):
-        if int(op.data.data.ptr) % ch:
-            continue
-        if np.any(op.off % ch) or np.any(op.ld % ch) or np.any(extent % ch):
-            continue
-        return ch
-    return 0
-
-
-def _pick_bm(rows: np.ndarray, small: int) -> int:
-    """128 or ``small`` rows per CTA for an M-grouped GEMM: model each row tile as costing its
-    rows of MMA work plus a fixed cost for streaming / expanding its B tile (half a 128-row
-    tile)."""
-    r = rows[rows > 0]
-    if r.size == 0:
-        return 128
-    cost_l = float(np.sum(_cdiv(r, 128))) * (128 + 64)
-    cost_s = float(np.sum(_cdiv(r, small))) * (small + 64)
-    return small if cost_s < cost_l else 128
-
-
-def _use_swap(rows: np.ndarray) -> bool:
-    """Whether an M-grouped GEMM on quantized K-major operands takes the swapped-operand kernel:
-    when no expert has more tokens than its tile (32). Each of its CTAs expands 128 weight rows
-    for up to 32 tokens, the 64x256 tile 256 weight rows for up to 64; for a few tokens per
-    expert the swapped tile wastes no MMA work and several CTAs share an SM."""
-    return bool(rows.size) and int(rows.max()) <= CONFIGS["t"][0]
-
-
-@dataclass
-class Launch:
-    module: str
-    kernel: str
-    simt: bool
-    bm: int
-    bn: int
-    ch: int
-    smem: int
-    wgmma: bool = False
-    threads: int = THREADS
-    tma: bool = False
-
-
-_FAMILIES = ("auto", "wgmma", "mma", "simt")
-
-
-def _device_caps() -> tuple[tuple[int, int], int, int]:
-    """(compute capability, opt-in shared memory per block, multiprocessors) of the current
-    device (cached)."""
-    cp = _cupy()
-    dev = int(cp.cuda.runtime.getDevice())
-    hit = _caps.get(dev)
-    if hit is None:
-        cc = str(cp.cuda.Device(dev).compute_capability)
-        optin = int(cp.cuda.runtime.deviceGetAttribute(
-            97, dev))  # cudaDevAttrMaxSharedMemoryPerBlockOptin
-        sms = int(cp.cuda.runtime.deviceGetAttribute(16, dev))  # multiprocessor count
-        hit = _caps[dev] = ((int(cc[:-1]), int(cc[-1])), optin, sms)
-    return hit
-
-
-def _swap_wide(pl: Plan, sms: int) -> bool:
-    """Whether the NVFP4 swapped-operand TMA launch takes the wide build ``_kk_r`` (see
-    SWAP_WIDE_ENV): in "auto", when its grid (token tiles x 256-column tiles) gives each of the
-    ``sms`` multiprocessors at least SWAP_WIDE_MIN_CTAS_PER_SM CTAs."""
-    mode = _env_mode(SWAP_WIDE_ENV, _SWAP_WIDE_MODES)
-    if mode != "auto":
-        return mode == "on"
-    bt, bw = CONFIGS["r"]
-    rows = pl.rows[pl.rows > 0]
-    ctas = int(np.sum(_cdiv(rows, bt))) * int(_cdiv(pl.n_cols, bw))
-    return ctas >= SWAP_WIDE_MIN_CTAS_PER_SM * sms
-
-
-def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
-    """Pick the kernel (module, name, tile, copy chunk, shared memory) for a plan.
-
-    ``caps``: (compute capability, opt-in shared memory bytes, multiprocessors); queried from
-    the device when omitted. The family comes from ``LOWPREC_MOE_GEMM_KERNEL`` (default
-    ``auto``: wgmma for the 128x256 tile on sm_90, mma.sync otherwise; ``simt`` for float32
-    operands).
-    """
-    family, tma_mode = _env_mode(KERNEL_ENV, _FAMILIES), _env_mode(TMA_ENV, _TMA_MODES)
-    tma_ok = family == "auto" and tma_mode == "auto"
-    simt = Launch("grouped_gemm_simt", "lpm_gg_simt", True, SIMT_TILE, SIMT_TILE, 0, 0)
-    if family == "simt" or (p.fmt == "hp" and p.hp_dtype == "float32"):
-        return simt
-    a_ext = pl.rows if pl.a.mn else pl.length
-    b_ext = np.full(len(pl.rows), pl.n_cols, np.int64) if pl.b.mn else pl.length
-    ch = min(_chunk(pl.a, a_ext), _chunk(pl.b, b_ext))
-    if ch == 0 or (ch == 8 and p.fmt != "nvfp4"):
-        return simt
-    cc, optin, sms = caps if caps is not None else _device_caps()
-    prefix = {"hp": "bf16" if p.hp_dtype == "bfloat16" else "fp16", "nvfp4": "nvfp4",
-              "mxfp8": "mxfp8"}[p.fmt]
-    layout = ("n" if pl.a.mn else "k") + ("n" if pl.b.mn else "k")
-    has_wgmma = tuple(cc) == (9, 0)
-    if family == "wgmma" and not has_wgmma:
-        raise ValueError(f"{KERNEL_ENV}=wgmma needs an sm_90 GPU, this one is sm_{cc[0]}{cc[1]}")
-    # The family depends on the device (and the override) only, never on the splits.
-    use_wg = has_wgmma and family in ("auto", "wgmma")
-    big, small = ("w", "v") if use_wg else ("l", "s")
-    quantized_k = all(op.kind in (KIND_FP4_K, KIND_FP8_K) for op in (pl.a, pl.b))
-    if p.mode == "wgrad":
-        cfg = big
-    elif use_wg and quantized_k and _use_swap(pl.rows) and (
-            p.fmt != "nvfp4" or (_scales_word_aligned(pl.a) and _scales_word_aligned(pl.b))):
-        cfg = "t"  # few tokens per expert: weights on the wgmma M side
-    else:
-        cfg = small if _pick_bm(pl.rows, CONFIGS[small][0]) != 128 else big
-    # warp-specialised wgmma kernel: NVFP4 (its consumers decode NVFP4 A fragments straight into
-    # registers), 128-row tile, the default family
-    ws = cfg == "w" and p.fmt == "nvfp4" and family == "auto"
-    # ... and MXFP8 fprop / dgrad, whose warp-specialised kernel exists as a TMA build only
-    mx_mode = _env_mode(MXFP8_WS_ENV, _MXFP8_WS_MODES)
-    mx_layouts = {"auto": MXFP8_WS_AUTO, "all": ("kk", "kn"), "off": ()}[mx_mode]
-    ws_mx = (cfg == "w" and p.fmt == "mxfp8" and layout in mx_layouts and ch == 16 and tma_ok
-             and _use_ws_tma(pl))
-    if ws or ws_mx:
-        cfg = "x"
-    bm, bn = CONFIGS[cfg]
-    # NVFP4 swapped-operand tiles load their data with TMA where one tensor map per operand
-    # covers every expert (the default family only)
-    use_tma = cfg == "t" and p.fmt == "nvfp4" and ch == 16 and tma_ok and _use_tma(pl)
-    # ... in the wide build when the grid is large enough
-    if use_tma and _swap_wide(pl, sms) and _use_tma(pl, wide=True):
-        # ... with 16-token tiles when no expert has more
-        n16 = _env_mode(SWAP_N16_ENV, _SWAP_N16_MODES) == "auto"
-        cfg = "p" if n16 and int(pl.rows.max()) <= CONFIGS["p"][0] else "r"
-        bm, bn = CONFIGS[cfg]
-    # ... and so does the warp-specialised kernel, block scales included (the _kk_y build)
-    ws_tma = ws_mx or (ws and ch == 16 and tma_ok and _use_ws_tma(pl))
-    ws = ws or ws_mx
-    suffix = cfg if cfg in ("r", "p") else "u" if use_tma else "y" if ws_tma else cfg
-    use_tma = use_tma or ws_tma
-    name = f"lpm_gg_{prefix}_{layout}_{suffix}" + ("8" if ch == 8 else "")
-    if cfg in ("t", "r", "p"):
-        smem = _swap_smem_bytes(pl.a.kind, pl.b.kind, wide=cfg != "t")
-    elif ws_mx:
-        smem = _ws_mx_smem_bytes()
-    elif ws_tma:
-        smem = _ws_tma_smem_bytes()
-    elif ws:
-        smem = _ws_smem_bytes(pl.a.kind, pl.b.kind)
-    else:
-        smem = _smem_bytes(pl.a.kind, pl.b.kind, bm, bn, use_wg)
-    if smem > optin:  # e.g. consumer GPUs with ~100 KiB per block
-        return simt
-    return Launch(f"grouped_gemm_{prefix}", name, False, bm, bn, ch, smem, use_wg,
-                  WS_THREADS if ws else THREADS, use_tma)
-
-
-def kernel_info(p) -> dict:
-    """Which kernel (and MMA instruction) a validated CuPy problem runs on: for benchmarks."""
-    pl = plan(p)
-    ln = choose_kernel(p, pl)
-    if ln.simt:
-        instr = "fma.rn.f32 (SIMT)"
-    else:
-        mma_type = "f16" if p.fmt == "nvfp4" or p.hp_dtype == "float16" else "bf16"
-        # the warp-specialised kernel issues m64n128k16 with A from registers; the
-        # swapped-operand kernel multiplies 64 weight rows by 32 tokens
-        shape = ("m64n16k16" if ln.kernel.endswith("_p") else
-                 "m64n32k16" if ln.kernel.endswith(("_t", "_t8", "_u", "_r")) else
-                 "m64n256k16" if ln.bm == 128 and ln.threads != WS_THREADS else "m64n128k16")
-        instr = (f"wgmma.{shape}.{mma_type}" if ln.wgmma
-                 else f"mma.sync.m16n8k16.{mma_type}")
-        if p.fmt == "mxfp8" and ln.wgmma and not shape.endswith("n32k16") and not _mx_bf16():
-            # the plain wgmma kernel: fp16 for tiles inside the fp16 window (grouped_gemm_mxf16)
-            instr = f"wgmma.{shape}.f16|bf16"
-        if ln.threads == WS_THREADS:
-            instr += " ws"
-        if ln.tma:
-            instr += " tma"
-    return dict(module=ln.module, kernel=ln.kernel, instruction=instr, tile=(ln.bm, ln.bn),
-                smem=ln.smem)
 
 
 # ============================================================================================
