@@ -1,0 +1,116 @@
+"""The copy schedule of the warp-specialised TMA kernels (raw_kernels/grouped_gemm_ws.cuh,
+``_kk_y`` NVFP4; raw_kernels/grouped_gemm_ws_mx.cuh, ``_kk_y`` / ``_kn_y`` MXFP8), emulated on
+the CPU for every contraction length up to 40 scale groups.
+
+One producer thread refills raw stages (data of one k-tile) and scale slots (block scales of
+SGT k-tiles) at the top of each k-tile iteration, after the EMPTY barrier that says the
+consumers retired tile kt - NCB. The emulation checks, for the constants the kernels use (read
+from the Python mirrors, which tests/test_gemm_plan.py checks against the sources) and for the
+issue rules written in the sources:
+
+* a refill never overwrites a stage or slot whose tiles are not all retired;
+* every tile's data and every scale group is requested exactly once, before any producer or
+  consumer reads it, and stays until the consumers retired it;
+* the MN-major producers' factor table of tile kt + 1, filled at the end of iteration kt, finds
+  its scale group requested.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lowprec_moe import kernels
+from lowprec_moe.cuda import gemm as C
+
+
+def _nvfp4_group(kt, sgt, nsg, ncb, ng):
+    """grouped_gemm_ws.cuh: group (kt + 6) / SGT when kt % SGT == 2."""
+    if kt % sgt == 2 and (kt + 6) // sgt < ng:
+        return (kt + 6) // sgt
+    return None
+
+
+def _mxfp8_group(kt, sgt, nsg, ncb, ng):
+    """grouped_gemm_ws_mx.cuh: q = kt - NCB + 1; group q / SGT + NSG - 1 when SGT divides q > 0."""
+    q = kt - ncb + 1
+    if q > 0 and q % sgt == 0 and q // sgt + nsg - 1 < ng:
+        return q // sgt + nsg - 1
+    return None
+
+
+def _emulate(kt_count, ahead, ncb, sgt, nsg, prologue_groups, rule, table_ahead=False):
+    nst = ahead + ncb
+    ng = -(-kt_count // sgt)
+    stage, slot, issued = {}, {}, set()
+    issued_at = {}
+
+    def issue_data(t, retired):
+        st = t % nst
+        prev = stage.get(st)
+        assert prev is None or prev <= retired, (kt_count, t, prev, retired)
+        stage[st] = t
+
+    def issue_group(g, retired, when):
+        assert g not in issued, (kt_count, g)
+        sl = g % nsg
+        prev = slot.get(sl)
+        assert prev is None or sgt * (prev + 1) - 1 <= retired, (kt_count, g, prev, retired)
+        slot[sl] = g
+        issued.add(g)
+        issued_at[g] = when
+
+    for s in range(min(ahead, kt_count)):
+        issue_data(s, -1)
+    for g in range(min(prologue_groups, ng)):
+        issue_group(g, -1, -1)
+    for kt in range(kt_count):
+        retired = kt - ncb  # the EMPTY barrier of this iteration (tiles retire in order)
+        if kt + ahead < kt_count:
+            issue_data(kt + ahead, retired)
+        g = rule(kt, sgt, nsg, ncb, ng)
+        if g is not None:
+            issue_group(g, retired, kt)
+        # tiles the consumers may still read (not retired), and the one the producers widen now
+        for t in range(max(0, retired + 1), kt + 1):
+            assert stage[t % nst] == t, (kt_count, kt, t)
+            assert slot.get((t // sgt) % nsg) == t // sgt, (kt_count, kt, t)
+        if table_ahead and kt + 1 < kt_count:
+            assert issued_at.get((kt + 1) // sgt, kt + 1) <= kt, (kt_count, kt)
+    assert issued == set(range(ng)), (kt_count, issued)
+
+
+def _source_has(name, text):
+    return text in (kernels.kernel_dir() / name).read_text()
+
+
+@pytest.mark.parametrize("kernel", ["nvfp4", "mxfp8"])
+def test_ws_tma_copy_schedule(kernel):
+    if kernel == "nvfp4":
+        assert _source_has("grouped_gemm_ws.cuh",
+                           "if (kt % SGT == 2 && (kt + 6) / SGT < NG) issue_scales((kt + 6) / SGT);")
+        assert _source_has("grouped_gemm_ws.cuh",
+                           "for (int g = 0; g < 2 && g < NG; ++g) issue_scales(g);")
+        params = (C.WS_AHEAD, C.WS_CANON_BUFFERS, C.WS_SCALE_TILES, C.WS_SCALE_SLOTS, 2,
+                  _nvfp4_group, False)
+    else:
+        assert _source_has("grouped_gemm_ws_mx.cuh",
+                           "if (q > 0 && q % SGT == 0 && q / SGT + NSG - 1 < NG)")
+        assert _source_has("grouped_gemm_ws_mx.cuh",
+                           "for (int g = 0; g < NSG && g < NG; ++g) issue_scales(g);")
+        assert _source_has("grouped_gemm_ws_mx.cuh", "if (kt + 1 < KT) fill(kt + 1);")
+        params = (C.WMX_AHEAD, C.WMX_CANON_BUFFERS, C.WMX_SCALE_TILES, C.WMX_SCALE_SLOTS,
+                  C.WMX_SCALE_SLOTS, _mxfp8_group, True)
+    ahead, ncb, sgt, nsg, pro, rule, table = params
+    for kt_count in range(1, 40 * sgt + 1):
+        _emulate(kt_count, ahead, ncb, sgt, nsg, pro, rule, table_ahead=table)
+
+
+def test_emulation_catches_a_late_slot():
+    """The emulation fails a schedule that refills a scale slot one tile too early."""
+    def early(kt, sgt, nsg, ncb, ng):
+        return _mxfp8_group(kt + 1, sgt, nsg, ncb, ng)
+
+    with pytest.raises(AssertionError):
+        for kt_count in range(1, 10 * C.WMX_SCALE_TILES):
+            _emulate(kt_count, C.WMX_AHEAD, C.WMX_CANON_BUFFERS, C.WMX_SCALE_TILES,
+                     C.WMX_SCALE_SLOTS, C.WMX_SCALE_SLOTS, early)
