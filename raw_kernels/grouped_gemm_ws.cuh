@@ -80,6 +80,18 @@ __device__ __forceinline__ void regs_claim() {
 #endif
 }
 
+// The start of a consumer's 16-deep step s of k-tile kt (gemm_ws, gemm_ws_mx; one commit group
+// per step, NCB canonical buffers, NACC accumulator floats per thread): at most one group stays
+// pending, so step s-2's A fragments are free; at s = 1 the whole of tile kt-1 retired and its
+// canonical buffer goes back to the producers (unless no later tile takes it).
+template <int NCB, int NACC>
+__device__ __forceinline__ void ws_step_begin(int s, int kt, int KT, float* accf) {
+    wg_wait<1>();
+    wg_fence_acc<NACC>(accf);
+    if (s == 1 && kt >= 1 && kt - 1 + NCB < KT)
+        named_arrive(WS_BAR_EMPTY + (kt - 1) % NCB, kWsThreads);
+}
+
 // TMA build (TMA = true; LPM_GG_DEFINE_WS_TMA): one producer thread loads each k-tile's two data
 // tiles with one tensor-map copy each into the raw stage, and the block scales of
 // kWsScaleTiles k-tiles at a time (a 16-byte box per row) into one of kWsScaleSlots scale
@@ -357,12 +369,7 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
         }
 #pragma unroll
         for (int s = 0; s < kBK / 16; ++s) {
-            // At most one group (step) pending: step s-2's fragments are free, and at s = 1
-            // the whole of tile kt-1 retired.
-            wg_wait<1>();
-            wg_fence_acc<NI * 4>(accf);
-            if (s == 1 && kt >= 1 && kt - 1 + NCB < KT)
-                named_arrive(WS_BAR_EMPTY + (kt - 1) % NCB, kWsThreads);
+            ws_step_begin<NCB, NI * 4>(s, kt, KT, accf);
             if constexpr (TMA) {
                 fp4_a_step(s, wa.x, wa.y, wb.x, wb.y, sa, sb, sel, af[s & 1][0]);
                 if (s + 1 < kBK / 16) {  // the next step's words, in flight across the wait

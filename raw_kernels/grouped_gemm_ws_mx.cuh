@@ -392,12 +392,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             unsigned af[2][4];
 #pragma unroll
             for (int s = 0; s < kBK / 16; ++s) {
-                // At most one group (step) pending: step s-2's fragments are free, and at s = 1
-                // the whole of tile kt-1 retired.
-                wg_wait<1>();
-                wg_fence_acc<NI * 4>(accf);
-                if (s == 1 && kt >= 1 && kt - 1 + NCB < KT)
-                    named_arrive(WS_BAR_EMPTY + (kt - 1) % NCB, kWsThreads);
+                ws_step_begin<NCB, NI * 4>(s, kt, KT, accf);
                 unsigned* const f = af[s & 1];
                 mx_decode4<E5, H>(__byte_perm(wa0, wa1, sel), s < 2 ? ma0 : ma1, f[0], f[2]);
                 mx_decode4<E5, H>(__byte_perm(wb0, wb1, sel), s < 2 ? mb0 : mb1, f[1], f[3]);
