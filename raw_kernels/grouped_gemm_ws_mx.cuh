@@ -41,6 +41,11 @@ __device__ __forceinline__ unsigned lds_u8(unsigned addr) {
     asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
     return v;
 }
+__device__ __forceinline__ long long ld_volatile_s64(const long long* p) {
+    long long v;
+    asm volatile("ld.global.s64 %0, [%1];\n" : "=l"(v) : "l"(p));
+    return v;
+}
 __device__ __forceinline__ void sts_u16(unsigned addr, unsigned v) {
     asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(static_cast<unsigned short>(v))
                  : "memory");
@@ -214,17 +219,24 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             }
         };
         if constexpr (BMN) {
-            // unit (line l, row group q) for q = q0 and q0 + 4: raw panel q / 4 ([64 lines][128
-            // bytes], TMA 128-byte swizzle: chunk c of line l at c ^ (l & 7)), chunks 2 (q % 4) and
-            // 2 (q % 4) + 1 (the second at the first's address with bit 4 flipped); canonical
-            // chunks 4q .. 4q + 3 of line l (mn_canon_off, canon_chunk4); the 32 rows' factors of
-            // the line's block from the k-tile's factor table, which the producers fill first (row
-            // t of both blocks) -- one factor per element, computed once per k-tile and row.
-            const int l = t >> 2, q0 = t & 3;
-            const unsigned o_raw = static_cast<unsigned>(l * 128 + (((2 * q0) ^ (l & 7)) << 4));
-            const unsigned o_cn = static_cast<unsigned>(mn_canon_off(l, 4 * q0));
-            constexpr unsigned D_CN = 2 * kBK * 128;  // two canonical 64-row panels
-            const bool live0 = 32 * q0 < cols_valid, live1 = 32 * (q0 + 4) < cols_valid;
+            // Units (line l, row group q) for l = lb and lb + 8, q = t / 32: raw panel q / 4
+            // ([64 lines][128 bytes], TMA 128-byte swizzle: chunk c of line l at c ^ (l & 7)),
+            // chunks 2 (q % 4) and 2 (q % 4) + 1 (the second at the first's address with bit 4
+            // flipped); canonical chunks 4q .. 4q + 3 of line l (mn_canon_off, canon_chunk4);
+            // the 32 rows' factors of the lines' block from the k-tile's factor table, which the
+            // producers fill (row t of both blocks) -- one factor per element, computed once
+            // per k-tile and row. Lines lb and lb + 8 share the swizzle (l & 7) and the block
+            // (l / 32), so the second unit sits 8 lines further on in both tiles and uses the
+            // first's factors; and a quarter-warp (8 consecutive threads) covers lb % 8 = 0..7
+            // of one row group: its raw loads and canonical stores hit 8 distinct 16-byte bank
+            // groups, and its factor loads are one broadcast.
+            const int q = t >> 5, i = t & 31;
+            const int lb = (i & 7) | ((i >> 3) << 4);
+            const unsigned o_raw = static_cast<unsigned>((q >> 2) * P_RAW + lb * 128 +
+                                                         (((2 * (q & 3)) ^ (lb & 7)) << 4));
+            const unsigned o_cn = static_cast<unsigned>(mn_canon_off(lb, 4 * q));
+            constexpr unsigned D_L8 = 8 * 128;  // 8 lines, raw and canonical
+            const bool live = 32 * q < cols_valid;
             const unsigned emr = exps_b[t];  // fp16 window only
             auto loop = [&](auto h, auto e5) {
                 constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
@@ -258,36 +270,51 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                     const unsigned rb = s0 + st * T_STAGE + T_DA + o_raw;
                     const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
                     const unsigned fb =
-                        tab + static_cast<unsigned>(((l >> 5) * BN + 32 * q0) * FS);
+                        tab + static_cast<unsigned>(((lb >> 5) * BN + 32 * q) * FS);
                     const uint4 x0 = lds_v4(rb), y0 = lds_v4(rb ^ 16u);
-                    const uint4 x1 = lds_v4(rb + P_RAW), y1 = lds_v4((rb + P_RAW) ^ 16u);
-                    auto unit = [&](const uint4& x, const uint4& y, unsigned f, unsigned dst) {
-                        const unsigned w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
-                        unsigned o[16];
-                        if constexpr (H) {  // 32 fp16 factors: one f16x2 word per row pair
-#pragma unroll
-                            for (int i = 0; i < 4; ++i) {
-                                const uint4 m = lds_v4(f + 16 * i);
-                                fp8_decode4_f16<E5>(w[2 * i], m.x, m.y, o[4 * i], o[4 * i + 1]);
-                                fp8_decode4_f16<E5>(w[2 * i + 1], m.z, m.w, o[4 * i + 2],
-                                                    o[4 * i + 3]);
-                            }
-                        } else {  // 32 fp32 factors
-#pragma unroll
-                            for (int i = 0; i < 8; ++i) {
-                                const uint4 m = lds_v4(f + 16 * i);
-                                fp8_decode4<E5>(w[i], __uint_as_float(m.x), __uint_as_float(m.y),
-                                                __uint_as_float(m.z), __uint_as_float(m.w),
-                                                o[2 * i], o[2 * i + 1]);
-                            }
-                        }
+                    const uint4 x1 = lds_v4(rb + D_L8), y1 = lds_v4((rb ^ 16u) + D_L8);
+                    auto store = [&](const unsigned (&o)[16], unsigned dst) {
 #pragma unroll
                         for (int j = 0; j < 4; ++j)
                             sts_v4(canon_chunk4(dst, j), o[4 * j], o[4 * j + 1], o[4 * j + 2],
                                    o[4 * j + 3]);
                     };
-                    if (live0) unit(x0, y0, fb, cbb);
-                    if (live1) unit(x1, y1, fb + 128 * FS, cbb + D_CN);
+                    if (live) {
+                        if constexpr (H) {  // 32 fp16 factors: one f16x2 word per row pair
+                            uint4 m[4];
+#pragma unroll
+                            for (int c = 0; c < 4; ++c) m[c] = lds_v4(fb + 16 * c);
+                            auto unit = [&](const uint4& x, const uint4& y, unsigned dst) {
+                                const unsigned w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+                                unsigned o[16];
+#pragma unroll
+                                for (int c = 0; c < 4; ++c) {
+                                    fp8_decode4_f16<E5>(w[2 * c], m[c].x, m[c].y, o[4 * c],
+                                                        o[4 * c + 1]);
+                                    fp8_decode4_f16<E5>(w[2 * c + 1], m[c].z, m[c].w,
+                                                        o[4 * c + 2], o[4 * c + 3]);
+                                }
+                                store(o, dst);
+                            };
+                            unit(x0, y0, cbb);
+                            unit(x1, y1, cbb + D_L8);
+                        } else {  // 32 fp32 factors, reloaded per unit (registers)
+                            auto unit = [&](const uint4& x, const uint4& y, unsigned dst) {
+                                const unsigned w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
+                                unsigned o[16];
+#pragma unroll
+                                for (int c = 0; c < 8; ++c) {
+                                    const uint4 m = lds_v4(fb + 16 * c);
+                                    fp8_decode4<E5>(w[c], __uint_as_float(m.x),
+                                                    __uint_as_float(m.y), __uint_as_float(m.z),
+                                                    __uint_as_float(m.w), o[2 * c], o[2 * c + 1]);
+                                }
+                                store(o, dst);
+                            };
+                            unit(x0, y0, cbb);
+                            unit(x1, y1, cbb + D_L8);
+                        }
+                    }
                     fence_proxy_async();
                     named_arrive(WS_BAR_FULL + cb, kWsThreads);
                     if (kt + 1 < KT) fill(kt + 1);
@@ -365,9 +392,13 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     const unsigned s_off = static_cast<unsigned>(ar * T_SLD);
     const unsigned ema0 = exps_a[ar], ema1 = exps_a[ar + 8];  // fp16 window only
     const int bias_a = mx_s_max(ea5) + LPM_FP16_EXP_BIAS;
+    // The k-tile count, for the MN-major build read again from the descriptor (a volatile load,
+    // which the compiler cannot merge with the first): ptxas spilled the pre-split value there
+    // and reloaded it from local memory in every k-tile.
+    const int KTc = BMN ? static_cast<int>((ld_volatile_s64(d + D_LEN) + kBK - 1) / kBK) : KT;
     auto loop = [&](auto h, auto e5) {
         constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
-        for (int kt = 0; kt < KT; ++kt) {
+        for (int kt = 0; kt < KTc; ++kt) {
             const int cb = kt % NCB;
             named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt widened into buffer cb
             const int st = kt % NST, g = kt / SGT;
@@ -392,7 +423,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             unsigned af[2][4];
 #pragma unroll
             for (int s = 0; s < kBK / 16; ++s) {
-                ws_step_begin<NCB, NI * 4>(s, kt, KT, accf);
+                ws_step_begin<NCB, NI * 4>(s, kt, KTc, accf);
                 unsigned* const f = af[s & 1];
                 mx_decode4<E5, H>(__byte_perm(wa0, wa1, sel), s < 2 ? ma0 : ma1, f[0], f[2]);
                 mx_decode4<E5, H>(__byte_perm(wb0, wb1, sel), s < 2 ? mb0 : mb1, f[1], f[3]);
