@@ -16,9 +16,22 @@ from .backend import get_xp, is_cupy_array
 _FLOAT_DTYPE_NAMES = ("float32", "float16", "bfloat16")
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def dtype_name(dtype) -> str:
-    """Canonical name of a NumPy / CuPy dtype (``bfloat16`` for ml_dtypes' bfloat16)."""
-    return np.dtype(dtype).name
+    """Canonical name of a NumPy / CuPy dtype (``bfloat16`` for ml_dtypes' bfloat16).
+
+    Memoized per dtype object (``np.dtype(...).name`` builds the string anew on every call, a
+    visible share of a small GEMM's host time)."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except (KeyError, TypeError):  # TypeError: an unhashable dtype-like argument
+        pass
+    name = np.dtype(dtype).name
+    if isinstance(dtype, np.dtype) and len(_DTYPE_NAMES) < 256:
+        _DTYPE_NAMES[dtype] = name
+    return name
 
 
 def check_array(name: str, a, *, min_rank: int = 2) -> None:
@@ -95,6 +108,17 @@ def check_options(fmt: str, *, rowwise, columnwise, row_scaled, block_2d, rht,
 
 def check_splits(splits, m_total: int) -> tuple[int, ...]:
     """Validate expert split sizes: host ints, non-negative, summing to ``m_total``."""
+    if type(splits) in (tuple, list) and all(type(v) is int for v in splits):
+        # the common case (plain Python ints: no array conversion); the same checks and
+        # messages as below
+        if not splits:
+            raise ValueError("splits=[] must name at least one group")
+        if min(splits) < 0:
+            raise ValueError(f"splits={list(splits)} must be non-negative")
+        total = sum(splits)
+        if total != m_total:
+            raise ValueError(f"splits={list(splits)} sum to {total}, expected M={m_total}")
+        return tuple(splits)
     if is_cupy_array(splits):
         raise TypeError("splits must be host integers (list, tuple or numpy array), got a cupy "
                         "array; reading it would need a device-to-host copy")

@@ -64,6 +64,7 @@ dtype('float32')
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -382,7 +383,7 @@ def _validate(mode, a, b, splits, *, bias, probs, out_dtype, out, accumulate) ->
                          "mismatched expert count")
     if n <= 0 or k <= 0:
         raise ValueError(f"N={n} and K={k} must be positive")
-    offsets = np.concatenate([[0], np.cumsum(splits, dtype=np.int64)]).astype(np.int64)
+    offsets = np.fromiter(itertools.accumulate(splits, initial=0), np.int64, g_count + 1)
 
     # ---- bias / probs (fprop only)
     if bias is not None:

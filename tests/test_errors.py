@@ -84,6 +84,25 @@ def test_bad_splits(xp, splits, exc, msg, fmt):
                                              xp.asarray(q.rowwise_scale), splits)
 
 
+@pytest.mark.parametrize("splits", [[16, 16], [0, 32], [16, -1, 17], [16, 15], [], [True, 31]])
+def test_splits_fast_path_matches_array_path(splits):
+    """check_splits' plain-int fast path (lists / tuples of Python ints) returns and raises
+    exactly what the array path does (numpy arrays, numpy integers; bools take that path)."""
+    from lowprec_moe._validate import check_splits
+
+    def outcome(v):
+        try:
+            got = check_splits(v, 32)
+        except (TypeError, ValueError) as e:
+            return type(e).__name__, str(e)
+        assert all(type(g) is int for g in got)
+        return "ok", got
+
+    want = outcome(np.asarray(splits, dtype=np.int64))
+    for form in (list(splits), tuple(splits), [np.int64(v) for v in splits]):
+        assert outcome(form) == want, (form, want)
+
+
 @requires_gpu
 def test_cupy_splits():
     import cupy
