@@ -271,6 +271,25 @@ __device__ __forceinline__ void sts_v4(unsigned addr, unsigned a, unsigned b, un
                  "r"(c), "r"(d)
                  : "memory");
 }
+// One byte / half-word / word at a 32-bit shared address; a global 64-bit load the compiler
+// cannot merge with another load of the same address (volatile).
+__device__ __forceinline__ unsigned lds_u8(unsigned addr) {
+    unsigned v;
+    asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ long long ld_volatile_s64(const long long* p) {
+    long long v;
+    asm volatile("ld.global.s64 %0, [%1];\n" : "=l"(v) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ void sts_u16(unsigned addr, unsigned v) {
+    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(static_cast<unsigned short>(v))
+                 : "memory");
+}
+__device__ __forceinline__ void sts_u32(unsigned addr, unsigned v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
 
 template <int CH>
 __device__ __forceinline__ void cp_async(unsigned dst, const void* src, int src_bytes) {

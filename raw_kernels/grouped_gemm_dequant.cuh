@@ -67,6 +67,33 @@ __device__ __forceinline__ void fp8_decode4_f16(unsigned w, unsigned m01, unsign
     o1 = hmul2_rn(fp8x2_half_to_f16x2<E5M2, true>(w), m23);
 }
 
+// The multiplier of block code e in a row whose largest code is e_max. H (fp16 window): the
+// f16x2 word (m, m), m = 2^(e - e_max + S_MAX) (mx_factor_bits; code_bias = S_MAX + 15); bf16:
+// the fp32 bits of 2^(e - 127) (NaN for code 255).
+template <bool H>
+__device__ __forceinline__ unsigned mx_block_factor(unsigned e, unsigned e_max, int code_bias) {
+    if constexpr (H) {
+        const unsigned f = mx_factor_bits(e, e_max, code_bias);
+        return f | (f << 16);
+    } else {
+        (void)e_max;
+        (void)code_bias;
+        return __float_as_uint(lpm_e8m0_to_f32(e));
+    }
+}
+
+// 4 fp8 bytes -> 2 words of two 16-bit values times the block factor m (mx_block_factor): fp16
+// (fp8_decode4_f16) or bf16 (fp8_decode4), the values the plain kernel stages.
+template <bool E5M2, bool H>
+__device__ __forceinline__ void mx_decode4(unsigned w, unsigned m, unsigned& o0, unsigned& o1) {
+    if constexpr (H) {
+        fp8_decode4_f16<E5M2>(w, m, m, o0, o1);
+    } else {
+        const float f = __uint_as_float(m);
+        fp8_decode4<E5M2>(w, f, f, f, f, o0, o1);
+    }
+}
+
 // Step s's wgmma A fragment of NVFP4 rows r and r + 8 from that step's raw words (wa0, wa1: data
 // words 2s and 2s+1 of row r; wb0, wb1: of row r + 8), the rows' scale words sa / sb (byte s:
 // the step's block) and sel = q | (q + 4) << 4 (see fp4_a_frags).

@@ -36,51 +36,6 @@ namespace lpm_gg {
 // the plain kernel's kMxMinKTiles.
 constexpr int kWmxMinKTiles = 8;
 
-__device__ __forceinline__ unsigned lds_u8(unsigned addr) {
-    unsigned v;
-    asm volatile("ld.shared.u8 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-    return v;
-}
-__device__ __forceinline__ long long ld_volatile_s64(const long long* p) {
-    long long v;
-    asm volatile("ld.global.s64 %0, [%1];\n" : "=l"(v) : "l"(p));
-    return v;
-}
-__device__ __forceinline__ void sts_u16(unsigned addr, unsigned v) {
-    asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(addr), "h"(static_cast<unsigned short>(v))
-                 : "memory");
-}
-__device__ __forceinline__ void sts_u32(unsigned addr, unsigned v) {
-    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
-}
-
-// The multiplier of block code e in a row whose largest code is e_max. H (fp16 window): the
-// f16x2 word (m, m), m = 2^(e - e_max + S_MAX) (mx_factor_bits; code_bias = S_MAX + 15); bf16:
-// the fp32 bits of 2^(e - 127) (NaN for code 255).
-template <bool H>
-__device__ __forceinline__ unsigned mx_block_factor(unsigned e, unsigned e_max, int code_bias) {
-    if constexpr (H) {
-        const unsigned f = mx_factor_bits(e, e_max, code_bias);
-        return f | (f << 16);
-    } else {
-        (void)e_max;
-        (void)code_bias;
-        return __float_as_uint(lpm_e8m0_to_f32(e));
-    }
-}
-
-// 4 fp8 bytes -> 2 words of two 16-bit values times the block factor m (mx_block_factor): fp16
-// (fp8_decode4_f16) or bf16 (fp8_decode4), the values the plain kernel stages.
-template <bool E5M2, bool H>
-__device__ __forceinline__ void mx_decode4(unsigned w, unsigned m, unsigned& o0, unsigned& o1) {
-    if constexpr (H) {
-        fp8_decode4_f16<E5M2>(w, m, m, o0, o1);
-    } else {
-        const float f = __uint_as_float(m);
-        fp8_decode4<E5M2>(w, f, f, f, f, o0, o1);
-    }
-}
-
 // The launcher guarantees what gemm_ws's TMA build needs (uniform row strides, multiples of 16
 // bytes, for data and scales; experts at whole rows; one contraction length, a multiple of the
 // k-tile). Rows past an expert's extent load the next expert's rows (or zeros past the array);
