@@ -92,6 +92,21 @@ __device__ __forceinline__ void ws_step_begin(int s, int kt, int KT, float* accf
         named_arrive(WS_BAR_EMPTY + (kt - 1) % NCB, kWsThreads);
 }
 
+// The consumers' epilogue (gemm_ws, gemm_ws_mx), after every consumer retired its MMAs: the
+// producers finished their last expansion before the last FULL and have no copy in flight, so
+// the shared memory from smem on (BM x EPI_LD floats, the front of the pipeline buffers) takes
+// the staged accumulators; then the epilogue's compact loop by the kWsConsumers threads.
+template <int BN, int NI, int EPI_LD>
+__device__ __forceinline__ void ws_epilogue(unsigned char* smem, const float* accf, int wm0,
+                                            int lane, Epilogue& ep, long long r0, long long c0,
+                                            int rows_valid, int cols_valid) {
+    named_sync(WS_BAR_EPI, kWsConsumers);
+    float* cs = reinterpret_cast<float*>(smem);
+    stage_acc<1, NI, EPI_LD>(cs, accf, wm0, 0, lane);
+    named_sync(WS_BAR_EPI, kWsConsumers);
+    ep.tile<BN, EPI_LD, kWsConsumers>(cs, r0, c0, rows_valid, cols_valid);
+}
+
 // TMA build (TMA = true; LPM_GG_DEFINE_WS_TMA): one producer thread loads each k-tile's two data
 // tiles with one tensor-map copy each into the raw stage, and the block scales of
 // kWsScaleTiles k-tiles at a time (a 16-byte box per row) into one of kWsScaleSlots scale
@@ -395,14 +410,7 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
     }
     wg_wait0();
     wg_fence_acc<NI * 4>(accf);
-    // Every consumer retired its MMAs, and the producers finished their last expansion before
-    // the last FULL (and have no copy in flight): the whole shared memory is free for the
-    // staged accumulators.
-    named_sync(WS_BAR_EPI, kWsConsumers);
-    float* cs = reinterpret_cast<float*>(smem);
-    stage_acc<1, NI, EPI_LD>(cs, accf, wm0, 0, lane);
-    named_sync(WS_BAR_EPI, kWsConsumers);
-    ep.tile<BN, EPI_LD, kWsConsumers>(cs, r0, c0, rows_valid, cols_valid);
+    ws_epilogue<BN, NI, EPI_LD>(smem, accf, wm0, lane, ep, r0, c0, rows_valid, cols_valid);
 }
 
 }  // namespace lpm_gg

@@ -416,14 +416,8 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
         mx_rescale<1, NI>(accf, exps_a, exps_b,
                           2 * LPM_E8M0_BIAS + mx_s_max(ea5) + mx_s_max(eb5), wm0, 0, lane);
     }
-    // Every consumer retired its MMAs, and the producers finished their last expansion before
-    // the last FULL (and have no copy in flight): the shared memory below the exponents is free
-    // for the staged accumulators.
-    named_sync(WS_BAR_EPI, kWsConsumers);
-    float* cs = reinterpret_cast<float*>(smem);
-    stage_acc<1, NI, EPI_LD>(cs, accf, wm0, 0, lane);
-    named_sync(WS_BAR_EPI, kWsConsumers);
-    ep.tile<BN, EPI_LD, kWsConsumers>(cs, r0, c0, rows_valid, cols_valid);
+    // (the staging tile ends below the exponents, which mx_rescale read before)
+    ws_epilogue<BN, NI, EPI_LD>(smem, accf, wm0, lane, ep, r0, c0, rows_valid, cols_valid);
 }
 
 }  // namespace lpm_gg
