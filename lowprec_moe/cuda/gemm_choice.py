@@ -70,7 +70,8 @@ Kernel choice
   against the fp16 window, then two producer warpgroups widen B (TMA data tiles, 64-byte
   swizzle) while two consumer warpgroups widen A straight into wgmma registers, on fp16 or
   bf16 per tile as the plain kernel would -- bitwise the plain kernel's results. Its dgrad
-  build ``_kn_y`` (B MN-major) measured slower than the plain kernel and is only taken with
+  build ``_kn_y`` (B MN-major) measured 10-15 % slower than the plain kernel (its producers
+  have since been rewritten, not yet timed) and is only taken with
   ``LOWPREC_MOE_GEMM_MXFP8_WS=all``; ``auto`` (default) takes the layouts in ``MXFP8_WS_AUTO``,
   ``off`` none.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
