@@ -61,21 +61,26 @@ template <bool B>
 struct BoolC {
     static constexpr bool value = B;
 };
-// Call f(BoolC<EA>{}, BoolC<EB>{}) for the runtime flags ea / eb (E5M2 data on the A / B side,
-// MXFP8 only): the caller branches once per tile, each of the four calls is a specialisation.
+// Call f(BoolC<A>{}, BoolC<B>{}) for the runtime flags a / b: the caller branches once, each
+// of the four calls is a specialisation.
 template <class F>
-__device__ __forceinline__ void with_e5m2(bool ea, bool eb, F&& f) {
-    if (ea) {
-        if (eb) {
+__device__ __forceinline__ void with_flags(bool a, bool b, F&& f) {
+    if (a) {
+        if (b) {
             f(BoolC<true>{}, BoolC<true>{});
         } else {
             f(BoolC<true>{}, BoolC<false>{});
         }
-    } else if (eb) {
+    } else if (b) {
         f(BoolC<false>{}, BoolC<true>{});
     } else {
         f(BoolC<false>{}, BoolC<false>{});
     }
+}
+// with_flags for E5M2 data on the A / B side (MXFP8 only), once per tile.
+template <class F>
+__device__ __forceinline__ void with_e5m2(bool ea, bool eb, F&& f) {
+    with_flags(ea, eb, static_cast<F&&>(f));
 }
 
 __host__ __device__ constexpr int round16(int x) { return (x + 15) / 16 * 16; }

@@ -163,16 +163,6 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
         };
-        // one k-loop per staging mode and B format (E5M2 or E4M3)
-        auto run = [&](auto&& loop) {
-            if (f16m) {
-                if (eb5) loop(BoolC<true>{}, BoolC<true>{});
-                else loop(BoolC<true>{}, BoolC<false>{});
-            } else {
-                if (eb5) loop(BoolC<false>{}, BoolC<true>{});
-                else loop(BoolC<false>{}, BoolC<false>{});
-            }
-        };
         if constexpr (BMN) {
             // Units (line l, row group q) for l = lb and lb + 8, q = t / 32: raw panel q / 4
             // ([64 lines][128 bytes], TMA 128-byte swizzle: chunk c of line l at c ^ (l & 7)),
@@ -275,7 +265,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                     if (kt + 1 < KT) fill(kt + 1);
                 }
             };
-            run(loop);
+            with_flags(f16m, eb5, loop);  // one k-loop per staging mode and B format
         } else {
             const int ur = t >> 1, uh = t & 1;
             // unit (ur, uh): raw chunks 2uh and 2uh + 1 of row ur (the second at the first's
@@ -321,7 +311,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                     named_arrive(WS_BAR_FULL + cb, kWsThreads);
                 }
             };
-            run(loop);
+            with_flags(f16m, eb5, loop);  // one k-loop per staging mode and B format
         }
         return;
     }
@@ -405,13 +395,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
         wg_wait0();
         wg_fence_acc<NI * 4>(accf);
     };
-    if (f16m) {
-        if (ea5) loop(BoolC<true>{}, BoolC<true>{});
-        else loop(BoolC<true>{}, BoolC<false>{});
-    } else {
-        if (ea5) loop(BoolC<false>{}, BoolC<true>{});
-        else loop(BoolC<false>{}, BoolC<false>{});
-    }
+    with_flags(f16m, ea5, loop);  // one k-loop per staging mode and A format
     if (f16m) {
         mx_rescale<1, NI>(accf, exps_a, exps_b,
                           2 * LPM_E8M0_BIAS + mx_s_max(ea5) + mx_s_max(eb5), wm0, 0, lane);
