@@ -64,16 +64,16 @@ Kernel choice
   tokens per expert for wgrad, a multiple of 256), every expert starts at a whole row and all
   experts contract the same whole number of k-tiles; bitwise the cp.async build's results.
   ``LOWPREC_MOE_GEMM_TMA`` = ``auto`` (default) | ``off`` switches both TMA builds off.
-* On sm_90, MXFP8 fprop with the 128-row tile runs the warp-specialised MXFP8 kernel ``_kk_y``
+* On sm_90, MXFP8 fprop and dgrad with the 128-row tile run the warp-specialised MXFP8 kernel
+  (fprop ``_kk_y``, dgrad ``_kn_y``)
   (``raw_kernels/grouped_gemm_ws_mx.cuh``) wherever its TMA loads apply (the ``_kk_y``
   conditions above; the contraction a multiple of 512): the whole CTA first checks the tile
   against the fp16 window, then two producer warpgroups widen B (TMA data tiles, 64-byte
   swizzle) while two consumer warpgroups widen A straight into wgmma registers, on fp16 or
-  bf16 per tile as the plain kernel would -- bitwise the plain kernel's results. Its dgrad
-  build ``_kn_y`` (B MN-major) measured 10-15 % slower than the plain kernel (its producers
-  have since been rewritten, not yet timed) and is only taken with
-  ``LOWPREC_MOE_GEMM_MXFP8_WS=all``; ``auto`` (default) takes the layouts in ``MXFP8_WS_AUTO``,
-  ``off`` none.
+  bf16 per tile as the plain kernel would -- bitwise the plain kernel's results. The dgrad
+  build (B MN-major: W's columnwise copy, two 128-row panels with the 128-byte swizzle) fills
+  a per-k-tile table of per-row block factors one tile ahead. ``LOWPREC_MOE_GEMM_MXFP8_WS``:
+  ``auto`` (default) takes the layouts in ``MXFP8_WS_AUTO``, ``all`` both, ``off`` none.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
   swapped-operand one for few tokens per expert), without the warp-specialised one and without
@@ -123,9 +123,10 @@ _MXFP8_MMA = ("auto", "bf16")
 #: comparisons and cross-checks).
 MXFP8_WS_ENV = "LOWPREC_MOE_GEMM_MXFP8_WS"
 _MXFP8_WS_MODES = ("auto", "all", "off")
-#: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk") measured
-#: faster than the plain kernel on every compute-bound shape; dgrad ("kn", B MN-major) slower.
-MXFP8_WS_AUTO = ("kk",)
+#: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk") and dgrad
+#: ("kn", B MN-major) both measured faster than the plain kernel on every compute-bound shape
+#: (fprop 6-18 %, dgrad 4-17 %; benchmarks/RESULTS.md).
+MXFP8_WS_AUTO = ("kk", "kn")
 
 
 def _env_mode(name: str, modes: tuple) -> str:
