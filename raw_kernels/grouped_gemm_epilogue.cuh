@@ -166,10 +166,12 @@ struct Epilogue {
     // store per 16-bit group (two for fp32, accumulating into the output when asked). Fast path
     // of tile() for 16-byte aligned groups. The flags are uniform, so their branches are taken
     // once per group; the arithmetic per element is value()'s and write()'s. `ca` / `bv`: the
-    // column amaxes (row-scaled) and biases of the 8 columns, loaded once by tile8.
+    // column amaxes (row-scaled) and biases of the 8 columns, loaded once by tile8; `ra` / `pr`:
+    // the row's amax (row-scaled) and probs (bias with probs), loaded by tile8 ahead of time.
     template <int OT>
     __device__ __forceinline__ void group8(const float* src, long long row, long long col,
-                                           const float (&ca)[8], const float (&bv)[8]) const {
+                                           const float (&ca)[8], const float (&bv)[8],
+                                           float ra, float pr) const {
         const float4 lo = *reinterpret_cast<const float4*>(src);
         const float4 hi = *reinterpret_cast<const float4*>(src + 4);
         float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
@@ -177,7 +179,6 @@ struct Epilogue {
 #pragma unroll
             for (int j = 0; j < 8; ++j) v[j] = lpm_mul_rn(v[j], alpha);
         } else if (scale_mode == 2) {
-            const float ra = row_amax(row);
             const float inv = lpm_f32_from_bits(LPM_FP32_INV_NVFP4_GEMM_FACTOR_BITS);
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
@@ -185,7 +186,6 @@ struct Epilogue {
             }
         }
         if (has_bias) {
-            const float pr = has_probs ? probs[probs_base + row] : 1.0f;
 #pragma unroll
             for (int j = 0; j < 8; ++j) {
                 const float b = has_probs ? lpm_mul_rn(bv[j], pr) : bv[j];
@@ -233,20 +233,42 @@ struct Epilogue {
     __device__ __forceinline__ void tile8(const float* cs, long long r0, long long c0,
                                           int rows_valid, int cols_valid) const {
         constexpr int C8 = BN / 8;
-        static_assert(NTHR % C8 == 0, "each thread keeps one column group");
-        // Thread t handles groups t, t + NTHR, ...: always columns c .. c+7, so their column
+        static_assert(NTHR % 32 == 0 && 32 % C8 == 0, "a warp covers whole rows");
+        constexpr int G = 32 / C8;       // rows of one warp per iteration
+        constexpr int RPI = NTHR / C8;   // rows of all threads per iteration
+        // Thread t handles rows t / C8, + RPI, ...: always columns c .. c+7, so their column
         // amaxes and biases are read once here rather than once per row.
+        const int lane = static_cast<int>(threadIdx.x) & 31;
         const int c = (static_cast<int>(threadIdx.x) % C8) * 8;
-        if (c >= cols_valid) return;
+        const int rb = static_cast<int>(threadIdx.x) / C8;
+        const int wrow = (static_cast<int>(threadIdx.x) >> 5) * G;  // the warp's first row
+        const bool col_ok = c < cols_valid;
         float ca[8], bv[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            ca[j] = scale_mode == 2 ? col_amax(c0 + c + j) : 0.0f;
-            bv[j] = has_bias ? bias[bias_base + c0 + c + j] : 0.0f;
+            ca[j] = scale_mode == 2 && col_ok ? col_amax(c0 + c + j) : 0.0f;
+            bv[j] = has_bias && col_ok ? bias[bias_base + c0 + c + j] : 0.0f;
         }
+        // Per-row factors (row amax when row-scaled, probs with bias): one load per lane
+        // fetches those of the warp's next C8 iterations (lane L: row group L % G, iteration
+        // L / G ahead), handed out by shuffles, so a tile waits on one load latency per C8
+        // iterations rather than on one per row. The loop bound is uniform per warp.
+        const bool rs = scale_mode == 2, rp = has_bias && has_probs;
+        float ra_l = 0.0f, pr_l = 1.0f;
 #pragma unroll 2
-        for (int r = static_cast<int>(threadIdx.x) / C8; r < rows_valid; r += NTHR / C8) {
-            group8<OT>(cs + r * LD + c, r0 + r, c0 + c, ca, bv);
+        for (int i = 0; wrow + i * RPI < rows_valid; ++i) {
+            if ((rs || rp) && i % C8 == 0) {
+                const int lr = wrow + lane % G + (i + lane / G) * RPI;
+                ra_l = rs && lr < rows_valid ? row_amax(r0 + lr) : 0.0f;
+                pr_l = rp && lr < rows_valid ? probs[probs_base + r0 + lr] : 1.0f;
+            }
+            const int src = (i % C8) * G + lane / C8;
+            const float ra = rs ? __shfl_sync(0xffffffffu, ra_l, src) : 0.0f;
+            const float pr = rp ? __shfl_sync(0xffffffffu, pr_l, src) : 1.0f;
+            const int r = rb + i * RPI;
+            if (col_ok && r < rows_valid) {
+                group8<OT>(cs + r * LD + c, r0 + r, c0 + c, ca, bv, ra, pr);
+            }
         }
     }
 
