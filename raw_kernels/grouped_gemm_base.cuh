@@ -201,6 +201,15 @@ __host__ __device__ constexpr int ws_tma_smem_bytes() {
     const int epi = epi_bytes(128, 256);
     return (main > epi ? main : epi) + 1024;
 }
+// The persistent form of that build (grouped_gemm_ws_persist.cuh): its pipeline buffers, then
+// a staging buffer of 16 rows x kEpiWarpLd floats per consumer warp (8) for the epilogue, which
+// cannot reuse the pipeline buffers (they already hold the next tile).
+constexpr int kEpiWarpLd = 68;  // 64 columns and 4 of padding
+__host__ __device__ constexpr int ws_p_smem_bytes() {
+    return kWsStages * (raw_data_bytes(KIND_FP4_K, 128) + raw_data_bytes(KIND_FP4_K, 256)) +
+           kWsCanonBuffers * canon_bytes(256) + kWsScaleSlots * ws_tma_scale_slot_bytes() +
+           8 * 16 * kEpiWarpLd * 4 + 1024;
+}
 // The warp-specialised MXFP8 kernel (grouped_gemm_ws_mx.cuh, TMA only): an fp8 tile is twice an
 // NVFP4 one, so six raw stages and three canonical buffers do not fit; it keeps kWmxAhead tiles
 // in flight ahead of the expansion and kWmxCanonBuffers canonical B buffers (kWmxStages raw

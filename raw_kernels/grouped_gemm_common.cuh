@@ -83,6 +83,9 @@
 //                             and LPM_GG_DEFINE_WS
 //   grouped_gemm_ws_mx.cuh    the warp-specialised MXFP8 kernel gemm_ws_mx (fprop, TMA loads,
 //                             fp16 window or bf16 per tile) and LPM_GG_DEFINE_WS_MX
+//   grouped_gemm_ws_persist.cuh  the persistent form of gemm_ws's TMA build, gemm_ws_p (one
+//                             CTA per SM over many tiles; epilogue from registers) and
+//                             LPM_GG_DEFINE_WS_P
 //   grouped_gemm_tma.cuh      TMA tile loads: the tensor-map parameter type, mbarrier and
 //                             cp.async.bulk.tensor wrappers
 //   grouped_gemm_swap.cuh     the swapped-operand wgmma kernel body gemm_swap for few tokens
@@ -101,6 +104,7 @@
 #include "grouped_gemm_kernel.cuh"
 #include "grouped_gemm_ws.cuh"
 #include "grouped_gemm_ws_mx.cuh"
+#include "grouped_gemm_ws_persist.cuh"
 #include "grouped_gemm_tma.cuh"
 #include "grouped_gemm_swap.cuh"
 

@@ -317,6 +317,96 @@ struct Epilogue {
             }
         }
     }
+
+    // Floats per row of a warp's staging buffer (warp_tile): 64 columns and 4 of padding.
+    static constexpr int kWarpLd = kEpiWarpLd;
+    static constexpr int kWarpBufFloats = 16 * kWarpLd;
+
+    // The epilogue of one consumer warp's 16 x (8 NI) wgmma accumulators, straight from the
+    // warp's registers through its own staging buffer `ws` (kWarpBufFloats floats of shared
+    // memory), 64 columns at a time, without CTA barriers (the persistent kernel, whose
+    // pipeline buffers already hold the next tile): fragment ni holds rows wm0 + lane / 4 and
+    // + 8 at columns 8 ni + 2 (lane % 4), + 1 (accf[4 ni .. 4 ni + 1], accf[4 ni + 2 .. + 3])
+    // of the tile at (r0, c0). The stores are tile()'s: group8 on whole 8-column groups
+    // (n_cols % 8 == 0, 16-byte aligned base), else one element at a time, so the bits are too.
+    template <int NI>
+    __device__ __forceinline__ void warp_tile(float* ws, const float* accf, int wm0, int lane,
+                                              long long r0, long long c0, int rows_valid,
+                                              int cols_valid) const {
+        if ((n_cols & 7) == 0 && (reinterpret_cast<unsigned long long>(out) & 15ull) == 0) {
+            if (out_type == OUT_F32) {
+                warp_tile_t<NI, OUT_F32, true>(ws, accf, wm0, lane, r0, c0, rows_valid,
+                                               cols_valid);
+            } else if (out_type == OUT_BF16) {
+                warp_tile_t<NI, OUT_BF16, true>(ws, accf, wm0, lane, r0, c0, rows_valid,
+                                                cols_valid);
+            } else {
+                warp_tile_t<NI, OUT_F16, true>(ws, accf, wm0, lane, r0, c0, rows_valid,
+                                               cols_valid);
+            }
+        } else {
+            warp_tile_t<NI, OUT_F32, false>(ws, accf, wm0, lane, r0, c0, rows_valid, cols_valid);
+        }
+    }
+
+    template <int NI, int OT, bool FAST>
+    __device__ __forceinline__ void warp_tile_t(float* ws, const float* accf, int wm0, int lane,
+                                                long long r0, long long c0, int rows_valid,
+                                                int cols_valid) const {
+        static_assert(NI % 8 == 0, "whole 64-column chunks");
+        // FAST: lane L stores the 8-column group L % 8 of rows L / 8 + 4i (i < 4) of a chunk;
+        // their row factors are loaded once.
+        const int cg = (lane & 7) * 8, rl = lane >> 3;
+        float ra[4], pr[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int row = wm0 + rl + 4 * i;
+            const bool ok = FAST && row < rows_valid;
+            ra[i] = scale_mode == 2 && ok ? row_amax(r0 + row) : 0.0f;
+            pr[i] = has_bias && has_probs && ok ? probs[probs_base + r0 + row] : 1.0f;
+        }
+        // (unrolled over the chunks, so that each chunk's accumulators die after it)
+#pragma unroll
+        for (int ch = 0; ch < NI / 8; ++ch) {
+            __syncwarp();  // the previous chunk's stores read the buffer
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                const float* f = accf + 4 * (8 * ch + u);
+                float* dst = ws + (lane >> 2) * kWarpLd + 8 * u + 2 * (lane & 3);
+                *reinterpret_cast<float2*>(dst) = make_float2(f[0], f[1]);
+                *reinterpret_cast<float2*>(dst + 8 * kWarpLd) = make_float2(f[2], f[3]);
+            }
+            __syncwarp();
+            if constexpr (FAST) {
+                const int col = 64 * ch + cg;
+                if (col >= cols_valid) continue;
+                float ca[8], bv[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    ca[j] = scale_mode == 2 ? col_amax(c0 + col + j) : 0.0f;
+                    bv[j] = has_bias ? bias[bias_base + c0 + col + j] : 0.0f;
+                }
+#pragma unroll 1
+                for (int i = 0; i < 4; ++i) {
+                    const int row = rl + 4 * i;
+                    if (wm0 + row >= rows_valid) break;
+                    const float rai = i == 0 ? ra[0] : i == 1 ? ra[1] : i == 2 ? ra[2] : ra[3];
+                    const float pri = i == 0 ? pr[0] : i == 1 ? pr[1] : i == 2 ? pr[2] : pr[3];
+                    group8<OT>(ws + row * kWarpLd + cg, r0 + wm0 + row, c0 + col, ca, bv, rai,
+                               pri);
+                }
+            } else {
+#pragma unroll 1
+                for (int e = lane; e < 16 * 64; e += 32) {
+                    const int row = e >> 6, c = 64 * ch + (e & 63);
+                    if (wm0 + row >= rows_valid || c >= cols_valid) continue;
+                    float rae, pre;
+                    row_factors(r0 + wm0 + row, rae, pre);
+                    store(r0 + wm0 + row, c0 + c, ws[row * kWarpLd + (e & 63)], rae, pre);
+                }
+            }
+        }
+    }
 };
 
 // The epilogue of expert descriptor D inside a kernel body whose parameters carry the names of

@@ -74,7 +74,7 @@ struct TileGeo {
     static constexpr int UNITS_PER_THREAD = (UNITS + kThreads - 1) / kThreads;
 };
 
-// The CTA's place in the grouped problem: its output tile (tile-table entry blockIdx.x /
+// The place of an output tile in the grouped problem (a CTA's: tile-table entry blockIdx.x /
 // n_col_tiles, column tile blockIdx.x % n_col_tiles), the expert's descriptor words, the
 // contraction length, the tile origin and the rows / columns left from it (rv <= 0 or cv <= 0:
 // the tile holds no output and the CTA has nothing to do; rows_valid / cols_valid: the
@@ -93,12 +93,13 @@ struct CtaTile {
     }
 };
 
+// Output tile `tile` (tile-table entry tile / n_col_tiles, column tile tile % n_col_tiles).
 template <int BM, int BN>
-__device__ __forceinline__ CtaTile locate_tile(const int* tiles, int n_col_tiles,
-                                               const long long* desc, long long n_cols) {
+__device__ __forceinline__ CtaTile locate_tile_at(int tile, const int* tiles, int n_col_tiles,
+                                                  const long long* desc, long long n_cols) {
     CtaTile t;
-    const int entry = static_cast<int>(blockIdx.x) / n_col_tiles;
-    const int ct = static_cast<int>(blockIdx.x) % n_col_tiles;
+    const int entry = tile / n_col_tiles;
+    const int ct = tile % n_col_tiles;
     const int g = tiles[2 * entry];
     const int rt = tiles[2 * entry + 1];
     t.d = desc + static_cast<long long>(g) * kDescWords;
@@ -109,6 +110,14 @@ __device__ __forceinline__ CtaTile locate_tile(const int* tiles, int n_col_tiles
     t.rv = rows - t.r0;
     t.cv = n_cols - t.c0;
     return t;
+}
+
+// The CTA's own tile, blockIdx.x (one tile per CTA).
+template <int BM, int BN>
+__device__ __forceinline__ CtaTile locate_tile(const int* tiles, int n_col_tiles,
+                                               const long long* desc, long long n_cols) {
+    return locate_tile_at<BM, BN>(static_cast<int>(blockIdx.x), tiles, n_col_tiles, desc,
+                                  n_cols);
 }
 
 // The cp.async copies of one operand's k-tiles. A raw (or, for high precision, canonical)

@@ -92,6 +92,75 @@ __device__ __forceinline__ void ws_step_begin(int s, int kt, int KT, float* accf
         named_arrive(WS_BAR_EMPTY + (kt - 1) % NCB, kWsThreads);
 }
 
+// The TMA build's expansion of one k-tile's B half by one producer thread (gemm_ws,
+// gemm_ws_p): its two units' raw words at rb and rb + 128 rows, their block-scale pairs at rsb
+// and rsb + 128 scale rows (a slot holds kWsScaleTiles k-tiles per row), decoded and stored at
+// the canonical offsets o_cn (second unit: 128 rows further on); units past the tile's columns
+// (live0 / live1 false) are skipped.
+__device__ __forceinline__ void ws_fp4_expand_b(unsigned rb, unsigned rsb, unsigned cbb,
+                                                const unsigned (&o_cn)[4], bool live0,
+                                                bool live1) {
+    constexpr unsigned D_RAW = 128 * (kBK / 2), D_CN = 128 * kBK * 2;
+    constexpr unsigned D_SC = 128 * kWsScaleTiles * (kBK / LPM_NVFP4_BLOCK);
+    UnitRaw<KIND_FP4_K> x0, x1;
+    x0.w = lds_v4(rb);
+    x1.w = lds_v4(rb + D_RAW);
+    x0.s2 = lds_u16(rsb);
+    x1.s2 = lds_u16(rsb + D_SC);
+    unsigned o[16];
+    if (live0) {
+        fp4_unit_decode(x0, o);
+#pragma unroll
+        for (int jc = 0; jc < 4; ++jc)
+            sts_v4(cbb + o_cn[jc], o[4 * jc], o[4 * jc + 1], o[4 * jc + 2], o[4 * jc + 3]);
+    }
+    if (live1) {
+        fp4_unit_decode(x1, o);
+#pragma unroll
+        for (int jc = 0; jc < 4; ++jc)
+            sts_v4(cbb + D_CN + o_cn[jc], o[4 * jc], o[4 * jc + 1], o[4 * jc + 2],
+                   o[4 * jc + 3]);
+    }
+}
+
+// One k-tile of an NVFP4 consumer thread, TMA build (gemm_ws, gemm_ws_p), after its FULL
+// barrier and copy waits: per 16-deep step the A fragment of rows ar, ar + 8 decoded from the
+// raw words at ra_s (row ar; row ar + 8 eight rows further on) and the rows' scale words at
+// rsc_s, then two m64n128k16 with B from the canonical buffer of descriptor db. Each step's raw
+// words are loaded one step ahead, before the wgmma wait, so that only the decode stands
+// between that wait and the next wgmma (the rows' scale words once per k-tile). `release`:
+// whether step 1 hands the previous k-tile's canonical buffer (pb) back to the producers.
+template <int NACC>
+__device__ __forceinline__ void ws_fp4_consume(float* accf, unsigned ra_s, unsigned rsc_s,
+                                               unsigned long long db, int aq, bool release,
+                                               int pb) {
+    constexpr int T_SLD = kWsScaleTiles * (kBK / LPM_NVFP4_BLOCK);
+    unsigned af[2][4];  // fragments of the step in flight and of the next one
+    const unsigned sel = static_cast<unsigned>(aq) | (static_cast<unsigned>(aq + 4) << 4);
+    const unsigned sa = lds_u32(rsc_s), sb = lds_u32(rsc_s + 8 * T_SLD);
+    uint2 wa = lds_v2(ra_s), wb = lds_v2(ra_s + 8 * (kBK / 2));
+#pragma unroll
+    for (int s = 0; s < kBK / 16; ++s) {
+        wg_wait<1>();
+        wg_fence_acc<NACC>(accf);
+        if (s == 1 && release) named_arrive(WS_BAR_EMPTY + pb, kWsThreads);
+        fp4_a_step(s, wa.x, wa.y, wb.x, wb.y, sa, sb, sel, af[s & 1]);
+        if (s + 1 < kBK / 16) {  // the next step's words, in flight across the wait
+            wa = lds_v2(ra_s + (s + 1) * 8);
+            wb = lds_v2(ra_s + 8 * (kBK / 2) + (s + 1) * 8);
+        }
+        wg_fence();
+        // B's descriptor as two words: the steps and halves add to the low word only
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+            wgmma_m64n128k16_rs(accf + 64 * n, af[s & 1],
+                                static_cast<unsigned>(db) + ((n * (128 * 128) + s * 32) >> 4),
+                                static_cast<unsigned>(db >> 32));
+        wg_commit();
+        wg_fence_acc<NACC>(accf);
+    }
+}
+
 // The consumers' epilogue (gemm_ws, gemm_ws_mx), after every consumer retired its MMAs: the
 // producers finished their last expansion before the last FULL and have no copy in flight, so
 // the shared memory from smem on (BM x EPI_LD floats, the front of the pipeline buffers) takes
@@ -220,7 +289,6 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
 #pragma unroll
         for (int jc = 0; jc < 4; ++jc)
             o_cn[jc] = static_cast<unsigned>(k_canon_off(ur, 4 * uh + jc));
-        constexpr unsigned D_RAW = 128 * (kBK / 2), D_SC = 128 * T_SLD, D_CN = 128 * kBK * 2;
         const bool live0 = ur < cols_valid, live1 = ur + 128 < cols_valid;
         for (int kt = 0; kt < KT; ++kt) {
             const int cb = kt % NCB;
@@ -235,30 +303,10 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
             const int st = kt % NST, g = kt / SGT;
             mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-            // Expand tile kt's B half into canonical buffer cb: both units' loads first, then
-            // their stores (unit_store's values and places).
-            const unsigned rb = s0 + st * T_STAGE + T_DA + o_raw;
-            const unsigned rsb = s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 4 + o_sc;
-            const unsigned cbb = s0 + T_CANON + cb * CANON_B;
-            UnitRaw<BKIND> x0, x1;
-            x0.w = lds_v4(rb);
-            x1.w = lds_v4(rb + D_RAW);
-            x0.s2 = lds_u16(rsb);
-            x1.s2 = lds_u16(rsb + D_SC);
-            unsigned o[16];
-            if (live0) {
-                fp4_unit_decode(x0, o);
-#pragma unroll
-                for (int jc = 0; jc < 4; ++jc)
-                    sts_v4(cbb + o_cn[jc], o[4 * jc], o[4 * jc + 1], o[4 * jc + 2], o[4 * jc + 3]);
-            }
-            if (live1) {
-                fp4_unit_decode(x1, o);
-#pragma unroll
-                for (int jc = 0; jc < 4; ++jc)
-                    sts_v4(cbb + D_CN + o_cn[jc], o[4 * jc], o[4 * jc + 1], o[4 * jc + 2],
-                           o[4 * jc + 3]);
-            }
+            // Expand tile kt's B half into canonical buffer cb.
+            ws_fp4_expand_b(s0 + st * T_STAGE + T_DA + o_raw,
+                            s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 4 + o_sc,
+                            s0 + T_CANON + cb * CANON_B, o_cn, live0, live1);
             fence_proxy_async();
             named_arrive(WS_BAR_FULL + cb, kWsThreads);
         }
@@ -362,41 +410,25 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
             mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
         }
-        const unsigned char* const rs = smem + st * STAGE;  // cp.async build: the raw stage
-        const unsigned char* const rsc = rs + A_SC;
         const unsigned long long db =
             wg_desc(s0 + (TMA ? T_CANON : CANON_OFF) + cb * CANON_B, 16, 1024);
-        // TMA build: shared addresses of this thread's A row in the raw stage and scale slot
-        const unsigned ra_s = s0 + st * T_STAGE + a_off;
-        const unsigned rsc_s = s0 + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 4 + s_off;
-        unsigned af[2][1][4];  // fragments of the step in flight and of the next one
-        // TMA build: each step's raw words are loaded one step ahead, before the wgmma wait,
-        // so that only the decode stands between that wait and the next wgmma (the rows'
-        // scale words once per k-tile).
-        uint2 wa = make_uint2(0u, 0u), wb = wa;
-        unsigned sa = 0u, sb = 0u;
-        const unsigned sel = static_cast<unsigned>(aq) | (static_cast<unsigned>(aq + 4) << 4);
         if constexpr (TMA) {
-            sa = lds_u32(rsc_s);
-            sb = lds_u32(rsc_s + 8 * T_SLD);
-            wa = lds_v2(ra_s);
-            wb = lds_v2(ra_s + 8 * (kBK / 2));
+            // this thread's A row in the raw stage and in the scale slot
+            ws_fp4_consume<NI * 4>(accf, s0 + st * T_STAGE + a_off,
+                                   s0 + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 4 + s_off, db,
+                                   aq, kt >= 1 && kt - 1 + NCB < KT, (kt + NCB - 1) % NCB);
+            continue;
         }
+        const unsigned char* const rs = smem + st * STAGE;  // the raw stage
+        const unsigned char* const rsc = rs + A_SC;
+        unsigned af[2][1][4];  // fragments of the step in flight and of the next one
 #pragma unroll
         for (int s = 0; s < kBK / 16; ++s) {
             ws_step_begin<NCB, NI * 4>(s, kt, KT, accf);
-            if constexpr (TMA) {
-                fp4_a_step(s, wa.x, wa.y, wb.x, wb.y, sa, sb, sel, af[s & 1][0]);
-                if (s + 1 < kBK / 16) {  // the next step's words, in flight across the wait
-                    wa = lds_v2(ra_s + (s + 1) * 8);
-                    wb = lds_v2(ra_s + 8 * (kBK / 2) + (s + 1) * 8);
-                }
-            } else {
-                if (s == 0) fp4_a_frags<0, 1>(rs, rsc, ar, aq, af[0]);
-                if (s == 1) fp4_a_frags<1, 1>(rs, rsc, ar, aq, af[1]);
-                if (s == 2) fp4_a_frags<2, 1>(rs, rsc, ar, aq, af[0]);
-                if (s == 3) fp4_a_frags<3, 1>(rs, rsc, ar, aq, af[1]);
-            }
+            if (s == 0) fp4_a_frags<0, 1>(rs, rsc, ar, aq, af[0]);
+            if (s == 1) fp4_a_frags<1, 1>(rs, rsc, ar, aq, af[1]);
+            if (s == 2) fp4_a_frags<2, 1>(rs, rsc, ar, aq, af[0]);
+            if (s == 3) fp4_a_frags<3, 1>(rs, rsc, ar, aq, af[1]);
             wg_fence();
             // B's descriptor as two words: the steps and halves add to the low word only
 #pragma unroll

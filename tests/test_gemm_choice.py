@@ -6,6 +6,9 @@ environment overrides.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -164,6 +167,55 @@ def test_choose_kernel_ws_tma(mode, monkeypatch):
         assert not C._use_ws_tma(C.plan(p))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_choose_kernel_persistent(mode, monkeypatch):
+    """The persistent form of the NVFP4 ``_kk_y`` build (``_kk_z``): with more tiles than
+    multiprocessors and a short contraction ("auto"), or wherever ``_kk_y`` runs ("on"),
+    provided the contraction is a whole, nonzero number of scale groups (4 k-tiles); ``_kk_y``
+    with "off", a ragged group, and few tiles or a long contraction in "auto". The grid is
+    capped at one CTA per multiprocessor."""
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
+    sms = H200_CAPS[2]
+    splits = [256] * 3 if mode == "wgrad" else [0, 300, 37, 260, 5, 129]
+    for fmt in ("nvfp4", "nvfp4-row-scaled"):
+        # many tiles (fprop / dgrad: 160 row tiles of 16 x 6 experts; wgrad: 3 x 16 x 4)
+        big = splits * (16 if mode != "wgrad" else 1)
+        n, k = (256, 256) if mode != "wgrad" else (2048, 1024)
+        p = _policy_problem(mode, fmt, big, n=n, k=k)
+        pl = C.plan(p)
+        assert C.num_tiles(pl, 128, 256) > sms
+        ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+        assert ln.kernel == "lpm_gg_nvfp4_kk_z" and ln.tma and ln.grid_cap == sms, ln
+        assert ln.smem == C._ws_p_smem_bytes() and ln.threads == C.WS_THREADS, ln
+        monkeypatch.setenv(C.PERSIST_ENV, "off")
+        ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+        assert ln.kernel == "lpm_gg_nvfp4_kk_y" and ln.grid_cap == 0, ln
+        monkeypatch.setenv(C.PERSIST_ENV, "sometimes")
+        with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_PERSIST"):
+            C.choose_kernel(p, pl, caps=H200_CAPS)
+        monkeypatch.delenv(C.PERSIST_ENV)
+        # few tiles: "auto" keeps one CTA per tile, "on" takes the persistent form
+        p = _policy_problem(mode, fmt, splits, n=512, k=1024)
+        pl = C.plan(p)
+        assert C.num_tiles(pl, 128, 256) <= sms
+        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_y"
+        monkeypatch.setenv(C.PERSIST_ENV, "on")
+        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_z"
+        # (16-byte scale rows already make every _kk_y contraction whole scale groups; the
+        # kernel's own condition, checked on the plan:) 6 or 0 k-tiles are not
+        for kt, want in ((16, True), (6, False), (0, False)):
+            pl.length[:] = kt * C.BK
+            assert C._persist(pl, sms) == want, kt
+        monkeypatch.delenv(C.PERSIST_ENV)
+        # "auto" with many tiles: up to PERSIST_MAX_KTILES k-tiles
+        pl = C.plan(_policy_problem(mode, fmt, big, n=n, k=k))
+        for kt in (4, C.PERSIST_MAX_KTILES, C.PERSIST_MAX_KTILES + 4):
+            pl.length[:] = kt * C.BK
+            assert C._persist(pl, sms) == (kt <= C.PERSIST_MAX_KTILES), kt
+
+
 @pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-hybrid"])
 def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
     """sm_90, MXFP8 fprop / dgrad with the 128-row tile: the warp-specialised kernel ``_kk_y`` /
@@ -282,8 +334,8 @@ class _FakeArr:
         self.nbytes = nbytes
 
 
-@pytest.mark.parametrize("kernel", ["lpm_gg_nvfp4_kk_y", "lpm_gg_mxfp8_kk_y", "lpm_gg_mxfp8_kn_y",
-                                    "lpm_gg_nvfp4_kk_u", "lpm_gg_nvfp4_kk_p"])
+@pytest.mark.parametrize("kernel", ["lpm_gg_nvfp4_kk_y", "lpm_gg_nvfp4_kk_z", "lpm_gg_mxfp8_kk_y",
+                                    "lpm_gg_mxfp8_kn_y", "lpm_gg_nvfp4_kk_u", "lpm_gg_nvfp4_kk_p"])
 def test_tma_map_geometry(kernel, monkeypatch):
     """The tensor maps each TMA build gets (extents, strides, boxes, swizzle), recorded through
     a stand-in encoder: data boxes one k-tile deep (NVFP4 32 bytes, MXFP8 64 with the 64-byte
@@ -304,17 +356,32 @@ def test_tma_map_geometry(kernel, monkeypatch):
                               arrs[1], arrs[2], arrs[3])
     assert maps == tuple(range(1, len(calls) + 1))
     rows = lambda ld: (1 << 20) // ld  # noqa: E731
-    a_box = {"y": 128, "u": 32, "p": 16}[kernel[-1]]
-    b_box = {"y": 256, "u": 128, "p": 256}[kernel[-1]]
+    a_box = {"y": 128, "z": 128, "u": 32, "p": 16}[kernel[-1]]
+    b_box = {"y": 256, "z": 256, "u": 128, "p": 256}[kernel[-1]]
     d_box, swz = (64, 64) if mx else (32, 0)
     want = [(4096, inner, rows(a_ld), a_ld, d_box, a_box, swz)]
     want.append((3 * 4096, n_cols, rows(b_ld), b_ld, 128, 64, 128) if b_mn else
                 (3 * 4096, inner, rows(b_ld), b_ld, d_box, b_box, swz))
-    if kernel.endswith("_y"):
+    if kernel.endswith(("_y", "_z")):
         want.append((2 * 4096, a_sld, rows(a_sld), a_sld, 16, a_box, 0))
         want.append((4 * 4096, n_cols, rows(b_sld), b_sld, 256, 16, 0) if b_mn else
                     (4 * 4096, a_sld, rows(b_sld), b_sld, 16, b_box, 0))
     assert calls == want, (calls, want)
+
+
+def test_ws_p_smem_formula():
+    """The persistent NVFP4 kernel (mirrors ws_p_smem_bytes): the TMA build's 6 raw stages, 3
+    canonical buffers and 3 scale slots, 8 consumer warps' [16][68] fp32 staging buffers, 1 KiB
+    alignment; under the opt-in limit with the 1 KiB of static mbarrier space; the padding
+    constant agrees with the kernel header."""
+    from lowprec_moe.cuda import gemm as C
+
+    src = (Path(__file__).resolve().parents[1] / "raw_kernels" / "grouped_gemm_base.cuh").read_text()
+    assert int(re.search(r"constexpr int kEpiWarpLd = (\d+);", src).group(1)) == C.EPI_WARP_LD
+    pers = C._ws_p_smem_bytes()
+    assert pers == 6 * (128 + 256) * 32 + 3 * 256 * 128 + 3 * (128 + 256) * 16 + 8 * 16 * 68 * 4 \
+        + 1024
+    assert pers + 1024 <= C.MAX_SMEM
 
 
 def test_ws_mx_smem_formula():

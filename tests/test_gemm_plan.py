@@ -195,7 +195,8 @@ def test_kernel_constants_match_sources():
     for prefix in ("bf16", "fp16", "nvfp4", "mxfp8"):
         text = (kernels.kernel_dir() / f"grouped_gemm_{prefix}.cu").read_text()
         defined = set(re.findall(
-            r"LPM_GG_DEFINE(?:_WG|_WS|_WS_TMA|_WS_MX|_SWAP|_SWAP_TMA|_SWAP_TMA_WIDE)?\((\w+)[,)]",
+            r"LPM_GG_DEFINE(?:_WG|_WS|_WS_TMA|_WS_MX|_WS_P|_SWAP|_SWAP_TMA|_SWAP_TMA_WIDE)?"
+            r"\((\w+)[,)]",
             text))
         layouts = {"nvfp4": ["kk"]}.get(prefix, ["kk", "kn", "nn"])
         quantized = prefix == "nvfp4"  # the warp-specialised kernel
@@ -208,7 +209,8 @@ def test_kernel_constants_match_sources():
             for suf in ("", "8") if prefix == "nvfp4" else ("",):
                 assert f"lpm_gg_{prefix}_kk_t{suf}" in defined, prefix
         if prefix == "nvfp4":  # the TMA builds (swapped-operand, warp-specialised)
-            assert {"lpm_gg_nvfp4_kk_u", "lpm_gg_nvfp4_kk_r", "lpm_gg_nvfp4_kk_y"} <= defined
+            assert {"lpm_gg_nvfp4_kk_u", "lpm_gg_nvfp4_kk_r", "lpm_gg_nvfp4_kk_y",
+                    "lpm_gg_nvfp4_kk_z"} <= defined
         if prefix == "mxfp8":  # the warp-specialised MXFP8 kernel (TMA builds only)
             assert {"lpm_gg_mxfp8_kk_y", "lpm_gg_mxfp8_kn_y"} <= defined
     # the swapped-operand kernel's tile and stage counts

@@ -43,9 +43,11 @@ import numpy as np
 from .. import kernels
 from . import gemm_choice  # noqa: F401 - tests patch the policy helpers (_chunk, ...) there
 from .gemm_choice import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
-    KERNEL_ENV, MXFP8_MMA_ENV, MXFP8_WS_AUTO, MXFP8_WS_ENV, SWAP_N16_ENV, SWAP_WIDE_ENV,
-    SWAP_WIDE_MIN_CTAS_PER_SM, TMA_ENV, Launch, _chunk, _device_caps, _env_mode, _mx_bf16,
-    _cupy, _pick_bm, _swap_wide, _use_swap, choose_kernel, kernel_info)
+    KERNEL_ENV, MXFP8_MMA_ENV, MXFP8_WS_AUTO, MXFP8_WS_ENV, PERSIST_ENV, PERSIST_MAX_KTILES,
+    SWAP_N16_ENV,
+    SWAP_WIDE_ENV, SWAP_WIDE_MIN_CTAS_PER_SM, TMA_ENV, Launch, _chunk, _device_caps, _env_mode,
+    _mx_bf16, _cupy, _persist, _pick_bm, _swap_wide, _use_swap, choose_kernel, kernel_info,
+    num_tiles)
 from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     BK, CONFIGS, DESC_WORDS, SWAP_STAGES, D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD,
     D_B_SOFF, D_B_SLD, D_ROWS, D_LEN, D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS, EK_F32,
@@ -54,16 +56,16 @@ from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     WS_AHEAD, WS_CANON_BUFFERS, WS_THREADS, _cdiv,
     _flat_amax, descriptors, plan, tile_table)
 from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
-    MAX_SMEM, WMX_AHEAD, WMX_CANON_BUFFERS, WMX_SCALE_SLOTS, WMX_SCALE_TILES, WS_SCALE_SLOTS,
+    EPI_WARP_LD, MAX_SMEM, WMX_AHEAD, WMX_CANON_BUFFERS, WMX_SCALE_SLOTS, WMX_SCALE_TILES, WS_SCALE_SLOTS,
     WS_SCALE_TILES, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes, _smem_bytes,
-    _swap_smem_bytes, _ws_mx_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
+    _swap_smem_bytes, _ws_mx_smem_bytes, _ws_p_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
 
 from .gemm_tma import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     _ptr, _scales_word_aligned, _tma_maps, _tma_rows_ok, _tma_scale_rows_ok, _use_tma,
     _use_ws_tma)
 
 __all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV",
-           "MXFP8_WS_ENV", "TMA_ENV", "SWAP_WIDE_ENV", "SWAP_N16_ENV"]
+           "MXFP8_WS_ENV", "PERSIST_ENV", "TMA_ENV", "SWAP_WIDE_ENV", "SWAP_N16_ENV"]
 
 _MAX_CACHED = 64
 _lock = threading.Lock()
@@ -145,7 +147,7 @@ def _signature(p, arrays) -> tuple:
     return (int(_cupy().cuda.runtime.getDevice()), p.mode, p.fmt, p.hp_dtype, p.splits, p.n, p.k,
             bool(p.accumulate), os.environ.get(KERNEL_ENV, "auto"), os.environ.get(TMA_ENV, "auto"),
             os.environ.get(SWAP_WIDE_ENV, "auto"), os.environ.get(SWAP_N16_ENV, "auto"),
-            os.environ.get(MXFP8_WS_ENV, "auto"),
+            os.environ.get(MXFP8_WS_ENV, "auto"), os.environ.get(PERSIST_ENV, "auto"),
             gt_sig(p.a), gt_sig(p.b), residues)
 
 
@@ -227,6 +229,9 @@ def grouped_gemm(p):
         if launch.tma:
             args += _tma_maps(launch.kernel, prep["tma_geom"], a_data, a_scale, b_data,
                               b_scale)
+        if launch.grid_cap:  # persistent: the CTAs share the tiles
+            args += (np.int32(grid),)
+            grid = min(grid, launch.grid_cap)
     fn = kernels.get_function(launch.module, launch.kernel)
     if launch.smem > 48 * 1024:
         key = (int(cp.cuda.runtime.getDevice()), launch.module, launch.kernel,

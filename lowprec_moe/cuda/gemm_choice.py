@@ -88,10 +88,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gemm_plan import (CONFIGS, KIND_FP4_K, KIND_FP8_K, Operand, Plan, SIMT_TILE, THREADS,
-                        WS_THREADS, _cdiv, plan)
-from .gemm_smem import (_smem_bytes, _swap_smem_bytes, _ws_mx_smem_bytes, _ws_smem_bytes,
-                        _ws_tma_smem_bytes)
+from .gemm_plan import (BK, CONFIGS, KIND_FP4_K, KIND_FP8_K, Operand, Plan, SIMT_TILE,
+                        THREADS, WS_THREADS, _cdiv, plan)
+from .gemm_smem import (WS_SCALE_TILES, _smem_bytes, _swap_smem_bytes, _ws_mx_smem_bytes,
+                        _ws_p_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
 from .gemm_tma import _scales_word_aligned, _use_tma, _use_ws_tma
 
 #: Environment variable selecting the kernel family: "auto" (default) or "simt".
@@ -123,6 +123,17 @@ _MXFP8_MMA = ("auto", "bf16")
 #: comparisons and cross-checks).
 MXFP8_WS_ENV = "LOWPREC_MOE_GEMM_MXFP8_WS"
 _MXFP8_WS_MODES = ("auto", "all", "off")
+#: Environment variable for the persistent form of the warp-specialised NVFP4 TMA build
+#: (``_kk_z``, one CTA per SM over many tiles): "auto" (default: more tiles than
+#: multiprocessors and at most PERSIST_MAX_KTILES k-tiles per tile), "on" (wherever it
+#: applies) or "off" (``_kk_y``, one CTA per tile).
+PERSIST_ENV = "LOWPREC_MOE_GEMM_PERSIST"
+_PERSIST_MODES = ("auto", "on", "off")
+#: Longest contraction (k-tiles) that "auto" runs persistently: it saves the per-tile start and
+#: hides the epilogue, which matters on short contractions (fine wgrad, 8 k-tiles: +9 %;
+#: qwen-fc2 fprop, 16: +1 %), while on long ones the one-CTA-per-tile build measured faster
+#: (qwen-fc2 wgrad, 40: -3 %; dsv3-fc1, 112-128: -7 %; benchmarks/RESULTS.md).
+PERSIST_MAX_KTILES = 16
 #: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk") and dgrad
 #: ("kn", B MN-major) both measured faster than the plain kernel on every compute-bound shape
 #: (fprop 6-18 %, dgrad 4-17 %; benchmarks/RESULTS.md).
@@ -202,6 +213,8 @@ class Launch:
     wgmma: bool = False
     threads: int = THREADS
     tma: bool = False
+    #: persistent kernel: at most this many CTAs share the tiles (0: one CTA per tile)
+    grid_cap: int = 0
 
 
 _FAMILIES = ("auto", "wgmma", "mma", "simt")
@@ -293,14 +306,19 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
         bm, bn = CONFIGS[cfg]
     # ... and so does the warp-specialised kernel, block scales included (the _kk_y build)
     ws_tma = ws_mx or (ws and ch == 16 and tma_ok and _use_ws_tma(pl))
+    # ... in its persistent form (_kk_z) when there are more tiles than multiprocessors
+    grid_cap = sms if ws_tma and not ws_mx and _persist(pl, sms) else 0
     ws = ws or ws_mx
-    suffix = cfg if cfg in ("r", "p") else "u" if use_tma else "y" if ws_tma else cfg
+    suffix = (cfg if cfg in ("r", "p") else "u" if use_tma else "z" if grid_cap
+              else "y" if ws_tma else cfg)
     use_tma = use_tma or ws_tma
     name = f"lpm_gg_{prefix}_{layout}_{suffix}" + ("8" if ch == 8 else "")
     if cfg in ("t", "r", "p"):
         smem = _swap_smem_bytes(pl.a.kind, pl.b.kind, wide=cfg != "t")
     elif ws_mx:
         smem = _ws_mx_smem_bytes()
+    elif grid_cap:
+        smem = _ws_p_smem_bytes()
     elif ws_tma:
         smem = _ws_tma_smem_bytes()
     elif ws:
@@ -310,7 +328,26 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     if smem > optin:  # e.g. consumer GPUs with ~100 KiB per block
         return simt
     return Launch(f"grouped_gemm_{prefix}", name, False, bm, bn, ch, smem, use_wg,
-                  WS_THREADS if ws else THREADS, use_tma)
+                  WS_THREADS if ws else THREADS, use_tma, grid_cap)
+
+
+def _persist(pl: Plan, sms: int) -> bool:
+    """Whether an NVFP4 problem that takes the ``_kk_y`` build runs its persistent form
+    ``_kk_z`` (see PERSIST_ENV): it needs the contraction (one length for every expert, which
+    ``_kk_y`` already requires) to be a whole, nonzero number of scale groups
+    (``WS_SCALE_TILES`` k-tiles), so that a group of block scales never straddles two tiles."""
+    mode = _env_mode(PERSIST_ENV, _PERSIST_MODES)
+    kt = -(-int(pl.length[0]) // BK) if len(pl.length) else 0
+    if mode == "off" or kt == 0 or kt % WS_SCALE_TILES:
+        return False
+    return mode == "on" or (kt <= PERSIST_MAX_KTILES and num_tiles(pl, *CONFIGS["x"]) > sms)
+
+
+def num_tiles(pl: Plan, bm: int, bn: int) -> int:
+    """Output tiles of a launch with bm x bn tiles: row tiles of every expert with rows, times
+    the column tiles."""
+    rows = pl.rows[pl.rows > 0]
+    return int(np.sum(_cdiv(rows, bm))) * int(_cdiv(pl.n_cols, bn))
 
 
 def kernel_info(p) -> dict:
@@ -335,5 +372,7 @@ def kernel_info(p) -> dict:
             instr += " ws"
         if ln.tma:
             instr += " tma"
+        if ln.grid_cap:
+            instr += " persistent"
     return dict(module=ln.module, kernel=ln.kernel, instruction=instr, tile=(ln.bm, ln.bn),
                 smem=ln.smem)

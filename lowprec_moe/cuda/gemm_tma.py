@@ -83,13 +83,14 @@ def _tma_maps(kernel: str, geom: tuple, a_data, a_scale, b_data, b_scale) -> tup
     NVFP4, ``BK`` of MXFP8): ``_kk_u`` A (tokens) in boxes of 32 rows, B (weights) of 128 rows
     (``_kk_r``: 256 rows; ``_kk_p``: 16 and 256); ``_kk_y`` A in boxes of 128 rows, B of 256,
     then the two block-scale maps, 16 bytes per box row (NVFP4: ``WS_SCALE_TILES`` k-tiles,
-    MXFP8: ``WMX_SCALE_TILES``). The MXFP8 K-major data boxes (64-byte rows) are stored with the
-    64-byte swizzle, the raw layout of the cp.async kernels. ``_kn_y`` (MXFP8 dgrad, B MN-major:
+    MXFP8: ``WMX_SCALE_TILES``); ``_kk_z`` (NVFP4, persistent) takes ``_kk_y``'s maps. The MXFP8
+    K-major data boxes (64-byte rows) are stored with the 64-byte swizzle, the raw layout of the
+    cp.async kernels. ``_kn_y`` (MXFP8 dgrad, B MN-major:
     lines of ``n_cols`` bytes along the contraction) loads B as two panels of 128 columns x one
     k-tile of lines (128-byte swizzle) and B's scales as ``2 * WMX_SCALE_TILES`` block lines of
     256 columns."""
     a_ld, b_ld, inner, a_sld, b_sld, n_cols = geom
-    ws = kernel.endswith("_y")
+    ws = kernel.endswith(("_y", "_z"))
     mx = "_mxfp8_" in kernel
     b_mn = kernel.endswith("_kn_y")
     box_a, box_b = CONFIGS["x" if ws else kernel[-1] if kernel.endswith(("_r", "_p")) else "t"]

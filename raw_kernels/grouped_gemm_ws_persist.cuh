@@ -1,0 +1,250 @@
+// lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
+// persistent form of the warp-specialised NVFP4 kernel with TMA loads, gemm_ws_p, and its
+// entry-point macro LPM_GG_DEFINE_WS_P.
+//
+// gemm_ws (TMA build) runs one 128 x 256 output tile per CTA, so every tile pays the CTA's
+// start (barrier set-up, the first copies' latency, the first expansion before any wgmma) and
+// an epilogue during which the producers sit idle. gemm_ws_p runs one CTA per SM (the launcher
+// sizes the grid) over tiles blockIdx.x, + gridDim.x, ... and treats the CTA's tiles as one
+// long contraction of J = tiles x KT k-tiles: raw stages, canonical buffers, scale slots,
+// mbarrier phases and the copy schedule all run on the flattened k-tile index j, so the
+// producers request and expand the next tile's first k-tiles while the consumers finish the
+// current one and run its epilogue. Each consumer warp stages its accumulators through its
+// own small buffer past the pipeline's (Epilogue::warp_tile, no CTA barrier), because the
+// pipeline buffers already hold the next tile.
+// Conditions (the launcher's): those of the TMA build, one contraction length for every expert,
+// at least one k-tile and a whole number of scale groups (kWsScaleTiles k-tiles) per tile, so
+// that a scale group never straddles two tiles. Every output element gets the same products in
+// the same order and the same epilogue arithmetic as in gemm_ws: the results are bitwise its.
+
+#ifndef LPM_GROUPED_GEMM_WS_PERSIST_CUH
+#define LPM_GROUPED_GEMM_WS_PERSIST_CUH
+
+#include "grouped_gemm_ws.cuh"
+
+namespace lpm_gg {
+
+// The first rows of an output tile in the four tensor maps (A data, B data, A scales, B scales).
+struct WsRows {
+    int a, b, as, bs;
+};
+
+template <int BM, int BN>
+__device__ __forceinline__ WsRows ws_rows_of(int tile, const int* tiles, int n_col_tiles,
+                                             const long long* desc, long long n_cols) {
+    const CtaTile t = locate_tile_at<BM, BN>(tile, tiles, n_col_tiles, desc, n_cols);
+    const long long* d = t.d;
+    WsRows r;
+    r.a = static_cast<int>(d[D_A_OFF] / d[D_A_LD] + t.r0);
+    r.b = static_cast<int>(d[D_B_OFF] / d[D_B_LD] + t.c0);
+    r.as = static_cast<int>(d[D_A_SOFF] / d[D_A_SLD] + t.r0);
+    r.bs = static_cast<int>(d[D_B_SOFF] / d[D_B_SLD] + t.c0);
+    return r;
+}
+
+template <int AKIND, int BKIND>
+__device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
+                                          const TmaMap* tm_as, const TmaMap* tm_bs,
+                                          int num_tiles) {
+    constexpr int BM = 128, BN = 256;
+    static_assert(AKIND == KIND_FP4_K && BKIND == KIND_FP4_K, "NVFP4 operands only");
+    constexpr int CANON_B = canon_bytes(BN);
+    constexpr int NST = kWsStages, NCB = kWsCanonBuffers, AHEAD = kWsAhead;
+    constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
+    constexpr int T_DA = raw_data_bytes(AKIND, BM), T_STAGE = T_DA + raw_data_bytes(BKIND, BN);
+    constexpr int T_CANON = NST * T_STAGE;
+    constexpr int NSG = kWsScaleSlots, SGT = kWsScaleTiles;
+    constexpr int T_SLD = SGT * (kBK / LPM_NVFP4_BLOCK);  // 16
+    constexpr int T_SC = T_CANON + NCB * CANON_B, T_SLOT = ws_tma_scale_slot_bytes();
+    constexpr int T_SB = BM * T_SLD;  // B's rows in a slot
+    constexpr int T_EPI = T_SC + NSG * T_SLOT;  // the consumer warps' staging buffers
+    constexpr int SMEM = ws_p_smem_bytes();
+    static_assert(T_STAGE % 128 == 0 && T_DA % 128 == 0 && T_CANON % 1024 == 0 &&
+                      T_SLOT % 128 == 0 && T_SB % 128 == 0 && T_SLD == 16 &&
+                      T_EPI + (kWsConsumers / 32) * Epilogue::kWarpBufFloats * 4 + 1024 ==
+                          SMEM && SMEM <= kMaxSmem,
+                  "TMA destinations (gemm_ws's TMA layout) and shared memory");
+    static_assert(AHEAD == 3 && NCB == 3 && NSG == 3 && SGT == 4 && kBK == 64,
+                  "scale-slot schedule below: group q issued at k-tile 4q - 6");
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned s0;
+    unsigned char* const smem = gemm_smem(smem_raw, SMEM, a_ch != 16 || b_ch != 16, s0);
+
+    if (static_cast<int>(blockIdx.x) >= num_tiles) return;  // (the launcher's grid is smaller)
+    // This CTA's tiles T0, T0 + TS, ... (my_tiles of them); every expert contracts the same KT
+    // k-tiles, a multiple of SGT (the launcher's conditions): J k-tiles and NG scale groups in
+    // all. Each role computes them after the register split: values live across setmaxnreg
+    // are spilled (and reloaded in every k-tile).
+    auto schedule = [&](int& T0, int& TS, int& my_tiles, int& KT, int& J, int& NG) {
+        T0 = static_cast<int>(blockIdx.x);
+        TS = static_cast<int>(gridDim.x);
+        my_tiles = (num_tiles - 1 - T0) / TS + 1;
+        KT = static_cast<int>(
+            (locate_tile_at<BM, BN>(T0, tiles, n_col_tiles, desc, n_cols).len + kBK - 1) / kBK);
+        J = my_tiles * KT;
+        NG = J / SGT;
+    };
+
+    // mbarriers of the raw stages (data) and of the scale slots, one arrival each (the issuing
+    // thread's expect_tx) plus the copies' bytes.
+    __shared__ __align__(8) unsigned long long ws_bar[NST + NSG];
+    const unsigned dbar = smem_u32(ws_bar), sbar = dbar + 8 * NST;
+    if (threadIdx.x == kWsConsumers) {
+#pragma unroll
+        for (int i = 0; i < NST + NSG; ++i) mbar_init(dbar + 8 * i, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (threadIdx.x >= kWsConsumers) {
+        // ---------------- producer warpgroups ----------------
+        regs_release<kWsTmaProducerRegs>();
+        int T0, TS, my_tiles, KT, J, NG;
+        schedule(T0, TS, my_tiles, KT, J, NG);
+        const int NGT = KT / SGT;  // scale groups per tile
+        const unsigned t = threadIdx.x - kWsConsumers;
+        const bool leader = t == 0;
+        // The leader's tensor-map rows of tiles ti (slot ti % 2) and ti + 1, where ti is the
+        // data stream's tile: the next tile's are loaded when the stream enters ti, and used a
+        // tile later. The scale stream runs 3 k-tiles ahead of the data stream (group q at
+        // k-tile 4q - 6, data k-tile j + 3 at k-tile j), so with KT >= 4 it is in tile ti or
+        // ti + 1. Kept in shared memory: the producers' registers are few.
+        __shared__ WsRows rows_of[2];
+        if (leader) {
+            rows_of[0] = ws_rows_of<BM, BN>(T0, tiles, n_col_tiles, desc, n_cols);
+            if (my_tiles > 1)
+                rows_of[1] = ws_rows_of<BM, BN>(T0 + TS, tiles, n_col_tiles, desc, n_cols);
+        }
+        auto issue_data = [&](int j) {
+            const int ti = j / KT, kt = j - ti * KT;
+            if (kt == 0 && ti > 0 && ti + 1 < my_tiles)  // the stream enters tile ti
+                rows_of[(ti + 1) & 1] =
+                    ws_rows_of<BM, BN>(T0 + (ti + 1) * TS, tiles, n_col_tiles, desc, n_cols);
+            const WsRows& rw = rows_of[ti & 1];
+            const int st = j % NST;
+            const unsigned sb = s0 + st * T_STAGE, bar = dbar + 8 * st;
+            const int kb = kt * (kBK / 2);  // NVFP4: two elements per byte
+            mbar_arrive_expect_tx(bar, T_STAGE);
+            tma_load_2d(sb, tm_a, bar, kb, rw.a);
+            tma_load_2d(sb + T_DA, tm_b, bar, kb, rw.b);
+        };
+        auto issue_scales = [&](int q) {
+            const int ti = q / NGT, gl = q - ti * NGT;
+            const int ras = rows_of[ti & 1].as, rbs = rows_of[ti & 1].bs;
+            const int sl = q % NSG;
+            const unsigned sb = s0 + T_SC + sl * T_SLOT, bar = sbar + 8 * sl;
+            mbar_arrive_expect_tx(bar, T_SLOT);
+            tma_load_2d(sb, tm_as, bar, gl * T_SLD, ras);
+            tma_load_2d(sb + T_SB, tm_bs, bar, gl * T_SLD, rbs);
+        };
+        if (leader) {
+#pragma unroll
+            for (int s = 0; s < AHEAD; ++s)
+                if (s < J) issue_data(s);
+            for (int q = 0; q < 2 && q < NG; ++q) issue_scales(q);
+        }
+        // This thread's units (gemm_ws's: rows ur and ur + 128, contraction half uh) as offsets
+        // into a raw stage's B half, a scale slot's B rows and a canonical buffer.
+        const int ur = static_cast<int>(t) >> 1, uh = static_cast<int>(t) & 1;
+        const unsigned o_raw = static_cast<unsigned>(ur * (kBK / 2) + uh * 16);
+        const unsigned o_sc = static_cast<unsigned>(ur * T_SLD + uh * 2);
+        unsigned o_cn[4];
+#pragma unroll
+        for (int jc = 0; jc < 4; ++jc)
+            o_cn[jc] = static_cast<unsigned>(k_canon_off(ur, 4 * uh + jc));
+        // columns of the current tile (units past them are not expanded)
+        auto cols_of = [&](int ti) {
+            const long long cv = n_cols - static_cast<long long>((T0 + ti * TS) % n_col_tiles) * BN;
+            return static_cast<int>(cv < BN ? cv : BN);
+        };
+        int kt = 0, ti = 0, cv = cols_of(0);
+        for (int j = 0; j < J; ++j) {
+            const int cb = j % NCB;
+            // k-tile j-NCB retired: its canonical buffer, its raw stage (which k-tile j+AHEAD
+            // takes) and, at the last k-tile of a scale group, its scale slot are free.
+            if (j >= NCB) named_sync(WS_BAR_EMPTY + cb, kWsThreads);
+            if (leader) {
+                if (j + AHEAD < J) issue_data(j + AHEAD);
+                // group q's slot last held group q - NSG, whose last k-tile 4q - 9 = j - NCB
+                if (j % SGT == 2 && (j + 6) / SGT < NG) issue_scales((j + 6) / SGT);
+            }
+            const int st = j % NST, g = j / SGT;
+            mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
+            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+            ws_fp4_expand_b(s0 + st * T_STAGE + T_DA + o_raw,
+                            s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (j % SGT) * 4 + o_sc,
+                            s0 + T_CANON + cb * CANON_B, o_cn, ur < cv, ur + 128 < cv);
+            fence_proxy_async();
+            named_arrive(WS_BAR_FULL + cb, kWsThreads);
+            if (++kt == KT) {
+                kt = 0;
+                cv = cols_of(++ti);
+            }
+        }
+        return;
+    }
+
+    // ---------------- consumer warpgroups ----------------
+    // gemm_ws's consumers, tile after tile: per k-tile ws_fp4_consume; at a tile's end every
+    // MMA retires, the last k-tile's canonical buffer goes back to the producers at once (they
+    // expand the next tile's first k-tiles meanwhile) and each warp runs its rows' epilogue.
+    regs_claim<kWsTmaConsumerRegs>();
+    int T0, TS, my_tiles, KT, J, NG;
+    schedule(T0, TS, my_tiles, KT, J, NG);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
+    const int ar = wm0 + (lane >> 2), aq = lane & 3;
+    float acc[NI * 4];
+    float* const accf = acc;
+    float* const ws = reinterpret_cast<float*>(smem + T_EPI) + warp * Epilogue::kWarpBufFloats;
+    const unsigned a_off = static_cast<unsigned>(ar * (kBK / 2));
+    const unsigned s_off = static_cast<unsigned>(ar * T_SLD);
+    int j = 0;
+    for (int ti = 0; ti < my_tiles; ++ti) {
+        // the tile's place, kept in few registers across the k-loop (only the epilogue uses it)
+        const CtaTile tl = locate_tile_at<BM, BN>(T0 + ti * TS, tiles, n_col_tiles, desc, n_cols);
+        const long long* const d = tl.d;
+        const int r0 = static_cast<int>(tl.r0), c0 = static_cast<int>(tl.c0);
+        const int rows_valid = tl.rows_valid<BM>(), cols_valid = tl.cols_valid<BN>();
+#pragma unroll
+        for (int i = 0; i < NI * 4; ++i) acc[i] = 0.0f;
+        for (int kt = 0; kt < KT; ++kt, ++j) {
+            const int cb = j % NCB;
+            named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of k-tile j expanded into buffer cb
+            const int st = j % NST, g = j / SGT;
+            // the producers waited for these copies before arriving at FULL; waiting here too
+            // makes the TMA writes visible to this thread (already complete: one try_wait)
+            mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
+            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+            const unsigned long long db = wg_desc(s0 + T_CANON + cb * CANON_B, 16, 1024);
+            ws_fp4_consume<NI * 4>(accf, s0 + st * T_STAGE + a_off,
+                                   s0 + T_SC + (g % NSG) * T_SLOT + (j % SGT) * 4 + s_off, db,
+                                   aq, kt >= 1 && j - 1 + NCB < J, (j + NCB - 1) % NCB);
+        }
+        wg_wait0();
+        wg_fence_acc<NI * 4>(accf);
+        if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j - 1) % NCB, kWsThreads);
+        Epilogue ep = LPM_GG_EPILOGUE_OF(d);
+        ep.init_alpha();
+        ep.warp_tile<NI>(ws, accf, wm0, lane, r0, c0, rows_valid, cols_valid);
+    }
+}
+
+}  // namespace lpm_gg
+
+// extern "C" entry point NAME of the persistent warp-specialised NVFP4 kernel (sm_90a): the
+// four tensor maps of the TMA build, then the number of output tiles, which the CTAs share
+// (tile blockIdx.x, + gridDim.x, ...). On other architectures the wgmma compile to traps; the
+// launcher never selects it there.
+#define LPM_GG_DEFINE_WS_P(NAME, AKIND, BKIND)                                                 \
+    extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
+        NAME(LPM_GG_PARAMS, const __grid_constant__ lpm_gg::TmaMap tma_a,                      \
+             const __grid_constant__ lpm_gg::TmaMap tma_b,                                     \
+             const __grid_constant__ lpm_gg::TmaMap tma_as,                                    \
+             const __grid_constant__ lpm_gg::TmaMap tma_bs, int num_tiles) {                   \
+        lpm_gg::gemm_ws_p<AKIND, BKIND>(LPM_GG_ARGS, &tma_a, &tma_b, &tma_as, &tma_bs,         \
+                                        num_tiles);                                            \
+    }
+
+#endif  // LPM_GROUPED_GEMM_WS_PERSIST_CUH
