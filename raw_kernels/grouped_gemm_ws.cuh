@@ -161,6 +161,78 @@ __device__ __forceinline__ void ws_fp4_consume(float* accf, unsigned ra_s, unsig
     }
 }
 
+// The TMA build's shared-memory layout (gemm_ws, gemm_ws_p): kWsStages raw stages of the two
+// data tiles, kWsCanonBuffers canonical B buffers, kWsScaleSlots scale slots (row r's 16 scale
+// bytes -- 4 per k-tile -- at 16 r; A's 128 rows, then B's 256).
+struct WsTmaLayout {
+    static constexpr int T_DA = raw_data_bytes(KIND_FP4_K, 128);
+    static constexpr int T_STAGE = T_DA + raw_data_bytes(KIND_FP4_K, 256);
+    static constexpr int CANON_B = canon_bytes(256);
+    static constexpr int T_CANON = kWsStages * T_STAGE;
+    static constexpr int T_SLD = kWsScaleTiles * (kBK / LPM_NVFP4_BLOCK);  // 16
+    static constexpr int T_SC = T_CANON + kWsCanonBuffers * CANON_B;
+    static constexpr int T_SLOT = ws_tma_scale_slot_bytes();
+    static constexpr int T_SB = 128 * T_SLD;  // B's rows in a slot
+    static constexpr int T_END = T_SC + kWsScaleSlots * T_SLOT;
+};
+
+// k-tile j of a TMA-build producer thread (gemm_ws, gemm_ws_p; J k-tiles and NG scale groups
+// in the CTA's sequence): once k-tile j - kWsCanonBuffers retired, its canonical buffer, its
+// raw stage (which k-tile j + kWsAhead takes) and, after a scale group's last k-tile, its slot
+// are free; the leader requests that data k-tile (issue_data) and, on schedule, scale group
+// (j + 6) / 4 (issue_scales: group q's slot last held group q - 3, whose last k-tile 4q - 9 is
+// j - 3). Then the thread waits for k-tile j's copies, expands its two units of B (o_raw,
+// o_sc, o_cn: ws_fp4_expand_b's offsets; live0 / live1) and arrives at FULL.
+template <class IssueData, class IssueScales>
+__device__ __forceinline__ void ws_fp4_produce(int j, int J, int NG, bool leader, unsigned s0,
+                                               unsigned dbar, unsigned sbar, unsigned o_raw,
+                                               unsigned o_sc, const unsigned (&o_cn)[4],
+                                               bool live0, bool live1,
+                                               const IssueData& issue_data,
+                                               const IssueScales& issue_scales) {
+    using L = WsTmaLayout;
+    constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
+    constexpr int SGT = kWsScaleTiles, AHEAD = kWsAhead;
+    static_assert(AHEAD == 3 && NCB == 3 && NSG == 3 && SGT == 4,
+                  "scale-slot schedule: group q issued at k-tile 4q - 6");
+    const int cb = j % NCB;
+    if (j >= NCB) named_sync(WS_BAR_EMPTY + cb, kWsThreads);
+    if (leader) {
+        if (j + AHEAD < J) issue_data(j + AHEAD);
+        if (j % SGT == 2 && (j + 6) / SGT < NG) issue_scales((j + 6) / SGT);
+    }
+    const int st = j % NST, g = j / SGT;
+    mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
+    mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+    ws_fp4_expand_b(s0 + st * L::T_STAGE + L::T_DA + o_raw,
+                    s0 + L::T_SC + (g % NSG) * L::T_SLOT + L::T_SB + (j % SGT) * 4 + o_sc,
+                    s0 + L::T_CANON + cb * L::CANON_B, o_cn, live0, live1);
+    fence_proxy_async();
+    named_arrive(WS_BAR_FULL + cb, kWsThreads);
+}
+
+// k-tile j of a TMA-build consumer thread (gemm_ws, gemm_ws_p): wait for FULL and for the
+// copies (the producers waited for them before arriving; waiting here too makes the TMA writes
+// visible to this thread: one try_wait), then ws_fp4_consume on this thread's A row (a_off in a
+// raw stage, s_off in a scale slot); `release` as there.
+template <int NACC>
+__device__ __forceinline__ void ws_fp4_consume_ktile(float* accf, int j, bool release,
+                                                     unsigned s0, unsigned dbar, unsigned sbar,
+                                                     unsigned a_off, unsigned s_off, int aq) {
+    using L = WsTmaLayout;
+    constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
+    constexpr int SGT = kWsScaleTiles;
+    const int cb = j % NCB;
+    named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of k-tile j expanded into buffer cb
+    const int st = j % NST, g = j / SGT;
+    mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
+    mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+    const unsigned long long db = wg_desc(s0 + L::T_CANON + cb * L::CANON_B, 16, 1024);
+    ws_fp4_consume<NACC>(accf, s0 + st * L::T_STAGE + a_off,
+                         s0 + L::T_SC + (g % NSG) * L::T_SLOT + (j % SGT) * 4 + s_off, db, aq,
+                         release, (j + NCB - 1) % NCB);
+}
+
 // The consumers' epilogue (gemm_ws, gemm_ws_mx), after every consumer retired its MMAs: the
 // producers finished their last expansion before the last FULL and have no copy in flight, so
 // the shared memory from smem on (BM x EPI_LD floats, the front of the pipeline buffers) takes
@@ -290,26 +362,9 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
         for (int jc = 0; jc < 4; ++jc)
             o_cn[jc] = static_cast<unsigned>(k_canon_off(ur, 4 * uh + jc));
         const bool live0 = ur < cols_valid, live1 = ur + 128 < cols_valid;
-        for (int kt = 0; kt < KT; ++kt) {
-            const int cb = kt % NCB;
-            // Tile kt-NCB retired: its canonical buffer, its raw stage (which tile kt+AHEAD
-            // takes) and, at the last tile of a scale group, its scale slot are free.
-            if (kt >= NCB) named_sync(WS_BAR_EMPTY + cb, kWsThreads);
-            if (leader) {
-                if (kt + AHEAD < KT) issue_data(kt + AHEAD);
-                // group g's slot last held group g - NSG, whose last tile 4g - 9 = kt - NCB
-                if (kt % SGT == 2 && (kt + 6) / SGT < NG) issue_scales((kt + 6) / SGT);
-            }
-            const int st = kt % NST, g = kt / SGT;
-            mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
-            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-            // Expand tile kt's B half into canonical buffer cb.
-            ws_fp4_expand_b(s0 + st * T_STAGE + T_DA + o_raw,
-                            s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 4 + o_sc,
-                            s0 + T_CANON + cb * CANON_B, o_cn, live0, live1);
-            fence_proxy_async();
-            named_arrive(WS_BAR_FULL + cb, kWsThreads);
-        }
+        for (int kt = 0; kt < KT; ++kt)
+            ws_fp4_produce(kt, KT, NG, leader, s0, dbar, sbar, o_raw, o_sc, o_cn, live0, live1,
+                           issue_data, issue_scales);
         return;
     }
 
@@ -401,24 +456,15 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
     const unsigned a_off = static_cast<unsigned>(ar * (kBK / 2));
     const unsigned s_off = static_cast<unsigned>(ar * T_SLD);
     for (int kt = 0; kt < KT; ++kt) {
-        const int cb = kt % NCB;
-        named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt expanded into buffer cb
-        const int st = kt % NST, g = kt / SGT;  // (TMA build: g is the scale group)
         if constexpr (TMA) {
-            // the producers waited for these copies before arriving at FULL; waiting here too
-            // makes the TMA writes visible to this thread (already complete: one try_wait)
-            mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
-            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-        }
-        const unsigned long long db =
-            wg_desc(s0 + (TMA ? T_CANON : CANON_OFF) + cb * CANON_B, 16, 1024);
-        if constexpr (TMA) {
-            // this thread's A row in the raw stage and in the scale slot
-            ws_fp4_consume<NI * 4>(accf, s0 + st * T_STAGE + a_off,
-                                   s0 + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 4 + s_off, db,
-                                   aq, kt >= 1 && kt - 1 + NCB < KT, (kt + NCB - 1) % NCB);
+            ws_fp4_consume_ktile<NI * 4>(accf, kt, kt >= 1 && kt - 1 + NCB < KT, s0, dbar, sbar,
+                                         a_off, s_off, aq);
             continue;
         }
+        const int cb = kt % NCB;
+        named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt expanded into buffer cb
+        const int st = kt % NST;
+        const unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, 16, 1024);
         const unsigned char* const rs = smem + st * STAGE;  // the raw stage
         const unsigned char* const rsc = rs + A_SC;
         unsigned af[2][1][4];  // fragments of the step in flight and of the next one

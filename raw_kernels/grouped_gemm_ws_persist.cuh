@@ -48,24 +48,17 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
                                           int num_tiles) {
     constexpr int BM = 128, BN = 256;
     static_assert(AKIND == KIND_FP4_K && BKIND == KIND_FP4_K, "NVFP4 operands only");
-    constexpr int CANON_B = canon_bytes(BN);
+    using L = WsTmaLayout;  // gemm_ws's TMA layout, then the consumer warps' staging buffers
     constexpr int NST = kWsStages, NCB = kWsCanonBuffers, AHEAD = kWsAhead;
-    constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
-    constexpr int T_DA = raw_data_bytes(AKIND, BM), T_STAGE = T_DA + raw_data_bytes(BKIND, BN);
-    constexpr int T_CANON = NST * T_STAGE;
     constexpr int NSG = kWsScaleSlots, SGT = kWsScaleTiles;
-    constexpr int T_SLD = SGT * (kBK / LPM_NVFP4_BLOCK);  // 16
-    constexpr int T_SC = T_CANON + NCB * CANON_B, T_SLOT = ws_tma_scale_slot_bytes();
-    constexpr int T_SB = BM * T_SLD;  // B's rows in a slot
-    constexpr int T_EPI = T_SC + NSG * T_SLOT;  // the consumer warps' staging buffers
+    constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
     constexpr int SMEM = ws_p_smem_bytes();
-    static_assert(T_STAGE % 128 == 0 && T_DA % 128 == 0 && T_CANON % 1024 == 0 &&
-                      T_SLOT % 128 == 0 && T_SB % 128 == 0 && T_SLD == 16 &&
-                      T_EPI + (kWsConsumers / 32) * Epilogue::kWarpBufFloats * 4 + 1024 ==
+    static_assert(L::T_STAGE % 128 == 0 && L::T_DA % 128 == 0 && L::T_CANON % 1024 == 0 &&
+                      L::T_SLOT % 128 == 0 && L::T_SB % 128 == 0 && L::T_SLD == 16 &&
+                      L::T_END + (kWsConsumers / 32) * Epilogue::kWarpBufFloats * 4 + 1024 ==
                           SMEM && SMEM <= kMaxSmem,
-                  "TMA destinations (gemm_ws's TMA layout) and shared memory");
-    static_assert(AHEAD == 3 && NCB == 3 && NSG == 3 && SGT == 4 && kBK == 64,
-                  "scale-slot schedule below: group q issued at k-tile 4q - 6");
+                  "TMA destinations and shared memory");
+    static_assert(AHEAD == 3 && kBK == 64, "the leader's tile rows (below)");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned s0;
@@ -123,20 +116,20 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
                     ws_rows_of<BM, BN>(T0 + (ti + 1) * TS, tiles, n_col_tiles, desc, n_cols);
             const WsRows& rw = rows_of[ti & 1];
             const int st = j % NST;
-            const unsigned sb = s0 + st * T_STAGE, bar = dbar + 8 * st;
+            const unsigned sb = s0 + st * L::T_STAGE, bar = dbar + 8 * st;
             const int kb = kt * (kBK / 2);  // NVFP4: two elements per byte
-            mbar_arrive_expect_tx(bar, T_STAGE);
+            mbar_arrive_expect_tx(bar, L::T_STAGE);
             tma_load_2d(sb, tm_a, bar, kb, rw.a);
-            tma_load_2d(sb + T_DA, tm_b, bar, kb, rw.b);
+            tma_load_2d(sb + L::T_DA, tm_b, bar, kb, rw.b);
         };
         auto issue_scales = [&](int q) {
             const int ti = q / NGT, gl = q - ti * NGT;
             const int ras = rows_of[ti & 1].as, rbs = rows_of[ti & 1].bs;
             const int sl = q % NSG;
-            const unsigned sb = s0 + T_SC + sl * T_SLOT, bar = sbar + 8 * sl;
-            mbar_arrive_expect_tx(bar, T_SLOT);
-            tma_load_2d(sb, tm_as, bar, gl * T_SLD, ras);
-            tma_load_2d(sb + T_SB, tm_bs, bar, gl * T_SLD, rbs);
+            const unsigned sb = s0 + L::T_SC + sl * L::T_SLOT, bar = sbar + 8 * sl;
+            mbar_arrive_expect_tx(bar, L::T_SLOT);
+            tma_load_2d(sb, tm_as, bar, gl * L::T_SLD, ras);
+            tma_load_2d(sb + L::T_SB, tm_bs, bar, gl * L::T_SLD, rbs);
         };
         if (leader) {
 #pragma unroll
@@ -148,7 +141,7 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         // into a raw stage's B half, a scale slot's B rows and a canonical buffer.
         const int ur = static_cast<int>(t) >> 1, uh = static_cast<int>(t) & 1;
         const unsigned o_raw = static_cast<unsigned>(ur * (kBK / 2) + uh * 16);
-        const unsigned o_sc = static_cast<unsigned>(ur * T_SLD + uh * 2);
+        const unsigned o_sc = static_cast<unsigned>(ur * L::T_SLD + uh * 2);
         unsigned o_cn[4];
 #pragma unroll
         for (int jc = 0; jc < 4; ++jc)
@@ -160,23 +153,8 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         };
         int kt = 0, ti = 0, cv = cols_of(0);
         for (int j = 0; j < J; ++j) {
-            const int cb = j % NCB;
-            // k-tile j-NCB retired: its canonical buffer, its raw stage (which k-tile j+AHEAD
-            // takes) and, at the last k-tile of a scale group, its scale slot are free.
-            if (j >= NCB) named_sync(WS_BAR_EMPTY + cb, kWsThreads);
-            if (leader) {
-                if (j + AHEAD < J) issue_data(j + AHEAD);
-                // group q's slot last held group q - NSG, whose last k-tile 4q - 9 = j - NCB
-                if (j % SGT == 2 && (j + 6) / SGT < NG) issue_scales((j + 6) / SGT);
-            }
-            const int st = j % NST, g = j / SGT;
-            mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
-            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-            ws_fp4_expand_b(s0 + st * T_STAGE + T_DA + o_raw,
-                            s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (j % SGT) * 4 + o_sc,
-                            s0 + T_CANON + cb * CANON_B, o_cn, ur < cv, ur + 128 < cv);
-            fence_proxy_async();
-            named_arrive(WS_BAR_FULL + cb, kWsThreads);
+            ws_fp4_produce(j, J, NG, leader, s0, dbar, sbar, o_raw, o_sc, o_cn, ur < cv,
+                           ur + 128 < cv, issue_data, issue_scales);
             if (++kt == KT) {
                 kt = 0;
                 cv = cols_of(++ti);
@@ -197,9 +175,9 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     const int ar = wm0 + (lane >> 2), aq = lane & 3;
     float acc[NI * 4];
     float* const accf = acc;
-    float* const ws = reinterpret_cast<float*>(smem + T_EPI) + warp * Epilogue::kWarpBufFloats;
+    float* const ws = reinterpret_cast<float*>(smem + L::T_END) + warp * Epilogue::kWarpBufFloats;
     const unsigned a_off = static_cast<unsigned>(ar * (kBK / 2));
-    const unsigned s_off = static_cast<unsigned>(ar * T_SLD);
+    const unsigned s_off = static_cast<unsigned>(ar * L::T_SLD);
     int j = 0;
     for (int ti = 0; ti < my_tiles; ++ti) {
         // the tile's place, kept in few registers across the k-loop (only the epilogue uses it)
@@ -209,19 +187,9 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         const int rows_valid = tl.rows_valid<BM>(), cols_valid = tl.cols_valid<BN>();
 #pragma unroll
         for (int i = 0; i < NI * 4; ++i) acc[i] = 0.0f;
-        for (int kt = 0; kt < KT; ++kt, ++j) {
-            const int cb = j % NCB;
-            named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of k-tile j expanded into buffer cb
-            const int st = j % NST, g = j / SGT;
-            // the producers waited for these copies before arriving at FULL; waiting here too
-            // makes the TMA writes visible to this thread (already complete: one try_wait)
-            mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
-            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-            const unsigned long long db = wg_desc(s0 + T_CANON + cb * CANON_B, 16, 1024);
-            ws_fp4_consume<NI * 4>(accf, s0 + st * T_STAGE + a_off,
-                                   s0 + T_SC + (g % NSG) * T_SLOT + (j % SGT) * 4 + s_off, db,
-                                   aq, kt >= 1 && j - 1 + NCB < J, (j + NCB - 1) % NCB);
-        }
+        for (int kt = 0; kt < KT; ++kt, ++j)
+            ws_fp4_consume_ktile<NI * 4>(accf, j, kt >= 1 && j - 1 + NCB < J, s0, dbar, sbar,
+                                         a_off, s_off, aq);
         wg_wait0();
         wg_fence_acc<NI * 4>(accf);
         if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j - 1) % NCB, kWsThreads);

@@ -22,6 +22,7 @@ from lowprec_moe.gemm import _validate
 from conftest import assert_bytes_equal, requires_gpu
 from test_gemm import _expected, assert_gemm_close
 from test_gpu_gemm import MODES, _host_operands, _run, gpu
+from test_gpu_gemm_tma import ws_case_dims
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -41,16 +42,8 @@ def few_ctas(monkeypatch):
 
 
 def _case(mode, fmt, tiles, seed):
-    """(a, b, splits, kw): ragged experts (an empty one, tiles that end mid-expert), a partial
-    second column tile; fprop with bias and probs."""
-    from lowprec_moe.cuda import gemm as C
-
-    contraction = tiles * C.BK
-    if mode == "wgrad":
-        splits, n, k = [contraction] * 3, 320, 512
-    else:
-        splits = [0, 300, 37, 260, 5, 129]
-        n, k = (320, contraction) if mode == "fprop" else (contraction, 320)
+    """(a, b, splits, kw): ws_case_dims' problem; fprop with bias and probs."""
+    splits, n, k = ws_case_dims(mode, tiles)
     a, b = _host_operands(mode, fmt, seed=seed, splits=splits, n=n, k=k)
     rng = np.random.default_rng(seed)
     kw = {}

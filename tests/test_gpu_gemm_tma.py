@@ -45,6 +45,19 @@ def test_gpu_swap_tma_contraction_lengths(mode, contraction, monkeypatch):
                        f"TMA vs cp.async swap {mode} contraction {contraction}")
 
 
+def ws_case_dims(mode, tiles):
+    """(splits, n, k) of a warp-specialised-kernel case with `tiles` k-tiles: ragged experts
+    (an empty one, tiles ending mid-expert) and a partial second column tile; wgrad: three
+    experts of `tiles` k-tiles of tokens."""
+    from lowprec_moe.cuda import gemm as C
+
+    contraction = tiles * C.BK
+    if mode == "wgrad":
+        return [contraction] * 3, 320, 512
+    n, k = (320, contraction) if mode == "fprop" else (contraction, 320)
+    return [0, 300, 37, 260, 5, 129], n, k
+
+
 def _setup(mode, fmt, splits, n, k, seed, rng_seed):
     """(a, b, kw, launch) of a GEMM case: host operands, fprop's bias and probs (kw; empty for
     the other modes) and a function returning the kernel the launcher picks for them now."""
@@ -134,12 +147,7 @@ def test_gpu_ws_tma_equals_cp_async(mode, tiles, fmt, monkeypatch):
 
     if C._device_caps()[0] != (9, 0):
         pytest.skip("the warp-specialised kernel needs an sm_90 GPU")
-    contraction = tiles * C.BK
-    if mode == "wgrad":
-        splits, n, k = [contraction] * 3, 320, 512
-    else:
-        splits = [0, 300, 37, 260, 5, 129]
-        n, k = (320, contraction) if mode == "fprop" else (contraction, 320)
+    splits, n, k = ws_case_dims(mode, tiles)
     a, b, kw, launch = _setup(mode, fmt, splits, n, k, 29 + tiles, tiles)
     assert launch().kernel == "lpm_gg_nvfp4_kk_y", launch()
     got = _run(mode, a, b, splits, out_dtype="float32", **kw)
