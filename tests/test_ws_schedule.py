@@ -86,10 +86,14 @@ def _source_has(name, text):
 @pytest.mark.parametrize("kernel", ["nvfp4", "mxfp8"])
 def test_ws_tma_copy_schedule(kernel):
     if kernel == "nvfp4":
+        # the rule of ws_fp4_produce, whose k-tile index runs over one tile (gemm_ws) or over
+        # all of a persistent CTA's tiles (gemm_ws_p): the same schedule, a longer sequence
         assert _source_has("grouped_gemm_ws.cuh",
-                           "if (kt % SGT == 2 && (kt + 6) / SGT < NG) issue_scales((kt + 6) / SGT);")
+                           "if (j % SGT == 2 && (j + 6) / SGT < NG) issue_scales((j + 6) / SGT);")
         assert _source_has("grouped_gemm_ws.cuh",
                            "for (int g = 0; g < 2 && g < NG; ++g) issue_scales(g);")
+        assert _source_has("grouped_gemm_ws_persist.cuh",
+                           "for (int q = 0; q < 2 && q < NG; ++q) issue_scales(q);")
         params = (C.WS_AHEAD, C.WS_CANON_BUFFERS, C.WS_SCALE_TILES, C.WS_SCALE_SLOTS, 2,
                   _nvfp4_group, False)
     else:
