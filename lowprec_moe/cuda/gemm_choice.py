@@ -64,9 +64,13 @@ Kernel choice
   tokens per expert for wgrad, a multiple of 256), every expert starts at a whole row and all
   experts contract the same whole number of k-tiles; bitwise the cp.async build's results.
   ``LOWPREC_MOE_GEMM_TMA`` = ``auto`` (default) | ``off`` switches both TMA builds off.
+  Its persistent form ``_kk_z`` (``raw_kernels/grouped_gemm_ws_persist.cuh``: one CTA per SM
+  over many tiles, the next tile's copies and expansion overlapping this tile's end and
+  epilogue; bitwise ``_kk_y``) takes its place for contractions of at most
+  ``PERSIST_MAX_KTILES`` k-tiles (a whole number of scale groups) with more tiles than SMs;
+  ``LOWPREC_MOE_GEMM_PERSIST`` = ``auto`` (default) | ``on`` | ``off``.
 * On sm_90, MXFP8 fprop and dgrad with the 128-row tile run the warp-specialised MXFP8 kernel
-  (fprop ``_kk_y``, dgrad ``_kn_y``)
-  (``raw_kernels/grouped_gemm_ws_mx.cuh``) wherever its TMA loads apply (the ``_kk_y``
+  (fprop ``_kk_y``, dgrad ``_kn_y``; ``raw_kernels/grouped_gemm_ws_mx.cuh``) wherever its TMA loads apply (the ``_kk_y``
   conditions above; the contraction a multiple of 512): the whole CTA first checks the tile
   against the fp16 window, then two producer warpgroups widen B (TMA data tiles, 64-byte
   swizzle) while two consumer warpgroups widen A straight into wgmma registers, on fp16 or
