@@ -376,7 +376,8 @@ def test_ws_p_smem_formula():
     constant agrees with the kernel header."""
     from lowprec_moe.cuda import gemm as C
 
-    src = (Path(__file__).resolve().parents[1] / "raw_kernels" / "grouped_gemm_base.cuh").read_text()
+    src = (Path(__file__).resolve().parents[1] / "raw_kernels"
+           / "grouped_gemm_base.cuh").read_text()
     assert int(re.search(r"constexpr int kEpiWarpLd = (\d+);", src).group(1)) == C.EPI_WARP_LD
     pers = C._ws_p_smem_bytes()
     assert pers == 6 * (128 + 256) * 32 + 3 * 256 * 128 + 3 * (128 + 256) * 16 + 8 * 16 * 68 * 4 \
