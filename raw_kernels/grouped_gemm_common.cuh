@@ -77,6 +77,10 @@
 //                             accumulators' powers of two (mx_rescale)
 //   grouped_gemm_kernel.cuh   the kernel body gemm_mma and the entry-point macros
 //                             (LPM_GG_DEFINE, LPM_GG_DEFINE_WG)
+//   grouped_gemm_ws_roles.cuh what the warp-specialised kernels share: role sizes, register
+//                             budgets, named barriers, the consumers' step start and epilogue
+//   grouped_gemm_ws_fp4.cuh   the NVFP4 TMA build's k-tile steps (layout, copy requests,
+//                             producer and consumer k-tiles), shared by gemm_ws and gemm_ws_p
 //   grouped_gemm_ws.cuh       the warp-specialised wgmma kernel body gemm_ws (instantiated
 //                             for NVFP4: two producer warpgroups copy and expand B, two
 //                             consumer warpgroups decode A into registers and multiply)
@@ -102,6 +106,8 @@
 #include "grouped_gemm_epilogue.cuh"
 #include "grouped_gemm_mxf16.cuh"
 #include "grouped_gemm_kernel.cuh"
+#include "grouped_gemm_ws_roles.cuh"
+#include "grouped_gemm_ws_fp4.cuh"
 #include "grouped_gemm_ws.cuh"
 #include "grouped_gemm_ws_mx.cuh"
 #include "grouped_gemm_ws_persist.cuh"

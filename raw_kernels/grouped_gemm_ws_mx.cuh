@@ -26,7 +26,9 @@
 #ifndef LPM_GROUPED_GEMM_WS_MX_CUH
 #define LPM_GROUPED_GEMM_WS_MX_CUH
 
-#include "grouped_gemm_ws.cuh"
+#include "grouped_gemm_dequant.cuh"
+#include "grouped_gemm_tma.cuh"
+#include "grouped_gemm_ws_roles.cuh"
 #include "grouped_gemm_mxf16.cuh"
 
 namespace lpm_gg {

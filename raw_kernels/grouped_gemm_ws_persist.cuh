@@ -20,27 +20,9 @@
 #ifndef LPM_GROUPED_GEMM_WS_PERSIST_CUH
 #define LPM_GROUPED_GEMM_WS_PERSIST_CUH
 
-#include "grouped_gemm_ws.cuh"
+#include "grouped_gemm_ws_fp4.cuh"
 
 namespace lpm_gg {
-
-// The first rows of an output tile in the four tensor maps (A data, B data, A scales, B scales).
-struct WsRows {
-    int a, b, as, bs;
-};
-
-template <int BM, int BN>
-__device__ __forceinline__ WsRows ws_rows_of(int tile, const int* tiles, int n_col_tiles,
-                                             const long long* desc, long long n_cols) {
-    const CtaTile t = locate_tile_at<BM, BN>(tile, tiles, n_col_tiles, desc, n_cols);
-    const long long* d = t.d;
-    WsRows r;
-    r.a = static_cast<int>(d[D_A_OFF] / d[D_A_LD] + t.r0);
-    r.b = static_cast<int>(d[D_B_OFF] / d[D_B_LD] + t.c0);
-    r.as = static_cast<int>(d[D_A_SOFF] / d[D_A_SLD] + t.r0);
-    r.bs = static_cast<int>(d[D_B_SOFF] / d[D_B_SLD] + t.c0);
-    return r;
-}
 
 template <int AKIND, int BKIND>
 __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
@@ -53,11 +35,9 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     constexpr int NSG = kWsScaleSlots, SGT = kWsScaleTiles;
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
     constexpr int SMEM = ws_p_smem_bytes();
-    static_assert(L::T_STAGE % 128 == 0 && L::T_DA % 128 == 0 && L::T_CANON % 1024 == 0 &&
-                      L::T_SLOT % 128 == 0 && L::T_SB % 128 == 0 && L::T_SLD == 16 &&
-                      L::T_END + (kWsConsumers / 32) * Epilogue::kWarpBufFloats * 4 + 1024 ==
+    static_assert(L::T_END + (kWsConsumers / 32) * Epilogue::kWarpBufFloats * 4 + 1024 ==
                           SMEM && SMEM <= kMaxSmem,
-                  "TMA destinations and shared memory");
+                  "shared memory: the TMA build's, then the staging buffers");
     static_assert(AHEAD == 3 && kBK == 64, "the leader's tile rows (below)");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -114,38 +94,14 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
             if (kt == 0 && ti > 0 && ti + 1 < my_tiles)  // the stream enters tile ti
                 rows_of[(ti + 1) & 1] =
                     ws_rows_of<BM, BN>(T0 + (ti + 1) * TS, tiles, n_col_tiles, desc, n_cols);
-            const WsRows& rw = rows_of[ti & 1];
-            const int st = j % NST;
-            const unsigned sb = s0 + st * L::T_STAGE, bar = dbar + 8 * st;
-            const int kb = kt * (kBK / 2);  // NVFP4: two elements per byte
-            mbar_arrive_expect_tx(bar, L::T_STAGE);
-            tma_load_2d(sb, tm_a, bar, kb, rw.a);
-            tma_load_2d(sb + L::T_DA, tm_b, bar, kb, rw.b);
+            ws_fp4_issue_data(s0, dbar, j % NST, kt, rows_of[ti & 1], tm_a, tm_b);
         };
         auto issue_scales = [&](int q) {
-            const int ti = q / NGT, gl = q - ti * NGT;
-            const int ras = rows_of[ti & 1].as, rbs = rows_of[ti & 1].bs;
-            const int sl = q % NSG;
-            const unsigned sb = s0 + L::T_SC + sl * L::T_SLOT, bar = sbar + 8 * sl;
-            mbar_arrive_expect_tx(bar, L::T_SLOT);
-            tma_load_2d(sb, tm_as, bar, gl * L::T_SLD, ras);
-            tma_load_2d(sb + L::T_SB, tm_bs, bar, gl * L::T_SLD, rbs);
+            const int ti = q / NGT;
+            ws_fp4_issue_scales(s0, sbar, q % NSG, q - ti * NGT, rows_of[ti & 1], tm_as, tm_bs);
         };
-        if (leader) {
-#pragma unroll
-            for (int s = 0; s < AHEAD; ++s)
-                if (s < J) issue_data(s);
-            for (int q = 0; q < 2 && q < NG; ++q) issue_scales(q);
-        }
-        // This thread's units (gemm_ws's: rows ur and ur + 128, contraction half uh) as offsets
-        // into a raw stage's B half, a scale slot's B rows and a canonical buffer.
-        const int ur = static_cast<int>(t) >> 1, uh = static_cast<int>(t) & 1;
-        const unsigned o_raw = static_cast<unsigned>(ur * (kBK / 2) + uh * 16);
-        const unsigned o_sc = static_cast<unsigned>(ur * L::T_SLD + uh * 2);
-        unsigned o_cn[4];
-#pragma unroll
-        for (int jc = 0; jc < 4; ++jc)
-            o_cn[jc] = static_cast<unsigned>(k_canon_off(ur, 4 * uh + jc));
+        if (leader) ws_fp4_issue_first(J, NG, issue_data, issue_scales);
+        const WsFp4Units u(t);
         // columns of the current tile (units past them are not expanded)
         auto cols_of = [&](int ti) {
             const long long cv = n_cols - static_cast<long long>((T0 + ti * TS) % n_col_tiles) * BN;
@@ -153,8 +109,7 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         };
         int kt = 0, ti = 0, cv = cols_of(0);
         for (int j = 0; j < J; ++j) {
-            ws_fp4_produce(j, J, NG, leader, s0, dbar, sbar, o_raw, o_sc, o_cn, ur < cv,
-                           ur + 128 < cv, issue_data, issue_scales);
+            ws_fp4_produce(j, J, NG, leader, s0, dbar, sbar, u, cv, issue_data, issue_scales);
             if (++kt == KT) {
                 kt = 0;
                 cv = cols_of(++ti);

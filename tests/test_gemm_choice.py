@@ -1,13 +1,10 @@
-"""The GPU GEMM kernel choice (``lowprec_moe.cuda.gemm.choose_kernel``) and the shared-memory
-formulas it relies on, checked on the CPU: the device capabilities are passed in, so no GPU is
-needed. Which kernel, tile, copy chunk and shared memory each problem takes; TMA eligibility; the
-environment overrides.
+"""The GPU GEMM kernel choice (``lowprec_moe.cuda.gemm.choose_kernel``), checked on the CPU: the
+device capabilities are passed in, so no GPU is needed. Which kernel, tile, copy chunk and shared
+memory each problem takes, and the environment overrides (TMA conditions and tensor maps:
+test_gemm_tma.py; shared-memory formulas: test_gemm_smem.py).
 """
 
 from __future__ import annotations
-
-import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,34 +93,6 @@ def test_choose_kernel_few_tokens_swap(mode, fmt, family, monkeypatch):
         p3 = _policy_problem(mode, fmt, [16, 0, 32, 3, 16], n=160, k=160)
         ln3 = C.choose_kernel(p3, C.plan(p3), caps=H200_CAPS)
         assert ln3.kernel.endswith("_t") == (not fmt.startswith("nvfp4")), ln3
-
-
-def test_tma_eligibility():
-    """The TMA build needs one tensor map per operand: a uniform row stride that is a multiple
-    of 16 bytes, experts starting at whole rows, int32 row coordinates, one contraction length
-    that is a multiple of the k-tile."""
-    from lowprec_moe.cuda import gemm as C
-
-    p = _policy_problem("fprop", "nvfp4", [16, 0, 32, 3, 16])
-    pl = C.plan(p)
-    assert C._use_tma(pl)
-    a = pl.a
-    a.ld = a.ld.copy()
-    a.ld[1] += 16
-    assert not C._tma_rows_ok(a, 32) and not C._use_tma(pl)  # strides differ
-    a.ld[:] = 136
-    assert not C._tma_rows_ok(a, 32)  # not a multiple of 16
-    a.ld[:] = 128
-    assert C._tma_rows_ok(a, 32)
-    assert not C._tma_rows_ok(a, 2**31)  # row coordinates past int32
-    a.off = a.off + 64
-    assert not C._tma_rows_ok(a, 32)  # expert offsets not whole rows
-    pl = C.plan(p)
-    pl.length = pl.length.copy()
-    pl.length[0] += C.BK
-    assert not C._use_tma(pl)  # contraction lengths differ
-    pl.length[:] = 3 * C.BK + 16
-    assert not C._use_tma(pl)  # a ragged last k-tile
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -263,161 +232,6 @@ def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
     assert ln.kernel == "lpm_gg_mxfp8_nn_w" and ln.threads == C.THREADS, ln
 
 
-def test_ws_tma_scale_eligibility():
-    """The scale maps of the ``_kk_y`` build: one scale row stride (a multiple of 16 bytes),
-    experts starting at whole scale rows, int32 row coordinates."""
-    from lowprec_moe.cuda import gemm as C
-
-    p = _policy_problem("fprop", "nvfp4", [0, 300, 37, 260, 5, 129], n=512, k=768)
-    pl = C.plan(p)
-    a = pl.a
-    assert C._tma_scale_rows_ok(a, 128)
-    assert not C._tma_scale_rows_ok(a, 2**31)  # row coordinates past int32
-    a.soff = a.soff + 16
-    assert not C._tma_scale_rows_ok(a, 128)  # experts not at whole scale rows
-    a.soff = a.soff - 16
-    a.sld = a.sld.copy()
-    a.sld[1] += 16
-    assert not C._tma_scale_rows_ok(a, 128)  # strides differ
-    a.sld[:] = 40
-    assert not C._tma_scale_rows_ok(a, 128)  # not a multiple of 16
-    assert not C._use_ws_tma(pl)
-
-
-def test_tma_map_limits():
-    """The tensor-map argument checks name the violated limit."""
-    from lowprec_moe.cuda import tma
-
-    assert tma.check_2d_u8(256, 128, 1000, 128, 32, 128) is None
-    assert "aligned" in tma.check_2d_u8(8, 128, 1000, 128, 32, 128)
-    assert "stride" in tma.check_2d_u8(256, 120, 1000, 120, 32, 128)
-    assert "extents" in tma.check_2d_u8(256, 256, 1000, 128, 32, 128)
-    assert "box" in tma.check_2d_u8(256, 128, 1000, 128, 8, 128)
-    assert "box" in tma.check_2d_u8(256, 128, 1000, 128, 32, 512)
-    with pytest.raises(ValueError, match="no tensor map"):
-        tma.map_2d_u8(8, 128, 1000, 128, 32, 128)
-    assert tma.check_2d_u8(256, 128, 1000, 128, 64, 128, swizzle=64) is None
-    assert "span" in tma.check_2d_u8(256, 128, 1000, 128, 128, 128, swizzle=64)
-    assert "swizzle" in tma.check_2d_u8(256, 128, 1000, 128, 64, 128, swizzle=48)
-
-
-def test_ws_smem_formula():
-    """The warp-specialised NVFP4 kernel's shared memory (mirrors ws_smem_bytes): 6 raw stages
-    of a 128-row A and a 256-row B tile, 3 canonical B buffers (no canonical A: it is decoded
-    into registers), 1 KiB alignment; the fp32 epilogue tile fits in it, and so does the whole
-    under the 227 KiB opt-in limit."""
-    from lowprec_moe.cuda import gemm as C
-
-    nv = C._ws_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K)
-    stage = (128 * 32 + 128 * 4) + (256 * 32 + 256 * 4)  # nibbles + E4M3 scale bytes
-    ring = -(-6 * stage // 1024) * 1024  # rounded up to 1 KiB
-    assert nv == ring + 3 * 256 * 128 + 1024 == 81 * 1024 + 96 * 1024 + 1024
-    assert 128 * (256 + 8) * 4 + 1024 <= nv <= 227 * 1024
-
-
-def test_ws_tma_smem_formula():
-    """The TMA build of the warp-specialised kernel (mirrors ws_tma_smem_bytes): 6 raw stages
-    of data only, 3 canonical B buffers, 3 scale slots of 16 bytes (4 k-tiles) per row (128 + 256
-    rows), 1 KiB alignment; under the opt-in limit with the 1 KiB of static mbarrier space."""
-    from lowprec_moe.cuda import gemm as C
-
-    nv = C._ws_tma_smem_bytes()
-    assert nv == 6 * (128 + 256) * 32 + 3 * 256 * 128 + 3 * (128 + 256) * 16 + 1024
-    assert nv + 1024 <= 227 * 1024
-
-
-class _FakeArr:
-    """A device-array stand-in for the tensor-map builder: a pointer and a byte size."""
-
-    def __init__(self, ptr, nbytes):
-        self.data = type("Ptr", (), {"ptr": ptr})()
-        self.nbytes = nbytes
-
-
-@pytest.mark.parametrize("kernel", ["lpm_gg_nvfp4_kk_y", "lpm_gg_nvfp4_kk_z", "lpm_gg_mxfp8_kk_y",
-                                    "lpm_gg_mxfp8_kn_y", "lpm_gg_nvfp4_kk_u", "lpm_gg_nvfp4_kk_p"])
-def test_tma_map_geometry(kernel, monkeypatch):
-    """The tensor maps each TMA build gets (extents, strides, boxes, swizzle), recorded through
-    a stand-in encoder: data boxes one k-tile deep (NVFP4 32 bytes, MXFP8 64 with the 64-byte
-    swizzle), MN-major MXFP8 B (dgrad) as 128-column x 64-line panels with the 128-byte swizzle,
-    scale boxes of 16 bytes per row (MN-major: 256 columns x 16 block lines)."""
-    from lowprec_moe.cuda import gemm_tma, tma
-
-    calls = []
-    monkeypatch.setattr(tma, "map_2d_u8", lambda *a: calls.append(a) or len(calls))
-    k, n_cols = 2048, 320  # contraction, B rows (output columns)
-    mx = "_mxfp8_" in kernel
-    inner = k if mx else k // 2  # contraction bytes of a K-major row
-    a_ld, a_sld = inner, k // (32 if mx else 16)
-    b_mn = kernel.endswith("_kn_y")
-    b_ld, b_sld = (n_cols, n_cols) if b_mn else (inner, a_sld)
-    arrs = [_FakeArr(4096 * (i + 1), 1 << 20) for i in range(4)]  # a, a_scale, b, b_scale
-    maps = gemm_tma._tma_maps(kernel, (a_ld, b_ld, inner, a_sld, b_sld, n_cols), arrs[0],
-                              arrs[1], arrs[2], arrs[3])
-    assert maps == tuple(range(1, len(calls) + 1))
-    rows = lambda ld: (1 << 20) // ld  # noqa: E731
-    a_box = {"y": 128, "z": 128, "u": 32, "p": 16}[kernel[-1]]
-    b_box = {"y": 256, "z": 256, "u": 128, "p": 256}[kernel[-1]]
-    d_box, swz = (64, 64) if mx else (32, 0)
-    want = [(4096, inner, rows(a_ld), a_ld, d_box, a_box, swz)]
-    want.append((3 * 4096, n_cols, rows(b_ld), b_ld, 128, 64, 128) if b_mn else
-                (3 * 4096, inner, rows(b_ld), b_ld, d_box, b_box, swz))
-    if kernel.endswith(("_y", "_z")):
-        want.append((2 * 4096, a_sld, rows(a_sld), a_sld, 16, a_box, 0))
-        want.append((4 * 4096, n_cols, rows(b_sld), b_sld, 256, 16, 0) if b_mn else
-                    (4 * 4096, a_sld, rows(b_sld), b_sld, 16, b_box, 0))
-    assert calls == want, (calls, want)
-
-
-def test_ws_p_smem_formula():
-    """The persistent NVFP4 kernel (mirrors ws_p_smem_bytes): the TMA build's 6 raw stages, 3
-    canonical buffers and 3 scale slots, 8 consumer warps' [16][68] fp32 staging buffers, 1 KiB
-    alignment; under the opt-in limit with the 1 KiB of static mbarrier space; the padding
-    constant agrees with the kernel header."""
-    from lowprec_moe.cuda import gemm as C
-
-    src = (Path(__file__).resolve().parents[1] / "raw_kernels"
-           / "grouped_gemm_base.cuh").read_text()
-    assert int(re.search(r"constexpr int kEpiWarpLd = (\d+);", src).group(1)) == C.EPI_WARP_LD
-    pers = C._ws_p_smem_bytes()
-    assert pers == 6 * (128 + 256) * 32 + 3 * 256 * 128 + 3 * (128 + 256) * 16 + 8 * 16 * 68 * 4 \
-        + 1024
-    assert pers + 1024 <= C.MAX_SMEM
-
-
-def test_ws_mx_smem_formula():
-    """The warp-specialised MXFP8 kernel (mirrors ws_mx_smem_bytes): 5 raw stages of fp8 data
-    (128 + 256 rows of 64 bytes), 2 canonical B buffers, 2 scale slots of 16 bytes (8 k-tiles)
-    per row, the rows' and columns' largest codes, two fp32 factor tables of 2 x 256 entries
-    (MN-major B), 1 KiB alignment; under the opt-in limit with the 1 KiB of static mbarrier
-    space."""
-    from lowprec_moe.cuda import gemm as C
-
-    mx = C._ws_mx_smem_bytes()
-    assert mx == (5 * (128 + 256) * 64 + 2 * 256 * 128 + 2 * (128 + 256) * 16 + 384
-                  + 2 * 2 * 256 * 4 + 1024)
-    assert mx + 1024 <= 227 * 1024
-
-
-def test_swap_smem_formula():
-    """The swapped-operand kernel's shared memory (mirrors swap_smem_bytes): NVFP4 leaves room
-    for four CTAs per SM (1 KiB reserved per CTA; its 80-register bound allows three), MXFP8
-    two."""
-    from lowprec_moe.cuda import gemm as C
-
-    nv = C._swap_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K)
-    mx = C._swap_smem_bytes(C.KIND_FP8_K, C.KIND_FP8_K)
-    # ring: 6 (NVFP4) / 4 (MXFP8) x (128 weight rows + 32 token rows) raw, rounded to 1 KiB;
-    # 2 x canonical rows of 128 B: NVFP4 the 32 token rows (weights go to registers), MXFP8 160
-    assert nv == 34 * 1024 + 2 * 32 * 128 + 1024
-    assert mx == 45 * 1024 + 2 * 160 * 128 + 1024
-    assert 4 * (nv + 1024) <= 228 * 1024 and 2 * (mx + 1024) <= 228 * 1024
-    # the wide NVFP4 TMA build: 256 weight rows per stage, two CTAs per SM
-    wide = C._swap_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K, wide=True)
-    assert wide == 61 * 1024 + 2 * 32 * 128 + 1024
-    assert 2 * (wide + 1024) <= 228 * 1024
-
-
 @pytest.mark.parametrize("mode", ["fprop", "dgrad"])
 def test_choose_kernel_swap_wide(mode, monkeypatch):
     """sm_90, few tokens per expert, NVFP4 in the default family: the wide swapped-operand TMA
@@ -491,22 +305,3 @@ def test_mxfp8_mma_env(monkeypatch):
     monkeypatch.setenv(C.MXFP8_MMA_ENV, "fp16")
     with pytest.raises(ValueError, match="LOWPREC_MOE_MXFP8_MMA='fp16'"):
         C._mx_bf16()
-
-
-def test_mxfp8_wgmma_smem_has_exponent_bytes():
-    """The MXFP8 wgmma kernels keep one byte per tile row and column (the fp16 window's largest
-    block codes) after their canonical buffers; NVFP4 and mma.sync kernels do not."""
-    from lowprec_moe.cuda import gemm as C
-
-    def formula(ak, bk, bm, wg, extra):
-        ring = C._raw_ring_bytes(ak, bk, bm, 256)
-        canon = C._canon(bm) + C._canon(256)
-        ncb = 3 if wg and ring + 3 * canon + 1024 <= C.MAX_SMEM else 2
-        return max(ring + ncb * canon + extra, C._epi_bytes(bm, 256)) + 1024
-
-    fp8k, fp8mn, fp4 = C.KIND_FP8_K, C.KIND_FP8_MN, C.KIND_FP4_K
-    for bm in (64, 128):
-        for bk in (fp8k, fp8mn):
-            assert C._smem_bytes(fp8k, bk, bm, 256, True) == formula(fp8k, bk, bm, True, bm + 256)
-            assert C._smem_bytes(fp8k, bk, bm, 256, False) == formula(fp8k, bk, bm, False, 0)
-        assert C._smem_bytes(fp4, fp4, bm, 256, True) == formula(fp4, fp4, bm, True, 0)

@@ -162,7 +162,7 @@ def test_kernel_constants_match_sources():
     from lowprec_moe import kernels
     from lowprec_moe.cuda import gemm as C
 
-    ws = (kernels.kernel_dir() / "grouped_gemm_ws.cuh").read_text()
+    ws = (kernels.kernel_dir() / "grouped_gemm_ws_roles.cuh").read_text()
     assert "kWsThreads = kWsConsumers + kWsProducers;" in ws
     consumers = int(re.search(r"kWsConsumers = (\d+);", ws).group(1))
     producers = int(re.search(r"kWsProducers = (\d+);", ws).group(1))

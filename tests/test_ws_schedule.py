@@ -24,7 +24,7 @@ from lowprec_moe.cuda import gemm as C
 
 
 def _nvfp4_group(kt, sgt, nsg, ncb, ng):
-    """grouped_gemm_ws.cuh: group (kt + 6) / SGT when kt % SGT == 2."""
+    """grouped_gemm_ws_fp4.cuh (ws_fp4_produce): group (kt + 6) / SGT when kt % SGT == 2."""
     if kt % sgt == 2 and (kt + 6) // sgt < ng:
         return (kt + 6) // sgt
     return None
@@ -88,12 +88,10 @@ def test_ws_tma_copy_schedule(kernel):
     if kernel == "nvfp4":
         # the rule of ws_fp4_produce, whose k-tile index runs over one tile (gemm_ws) or over
         # all of a persistent CTA's tiles (gemm_ws_p): the same schedule, a longer sequence
-        assert _source_has("grouped_gemm_ws.cuh",
+        assert _source_has("grouped_gemm_ws_fp4.cuh",
                            "if (j % SGT == 2 && (j + 6) / SGT < NG) issue_scales((j + 6) / SGT);")
-        assert _source_has("grouped_gemm_ws.cuh",
+        assert _source_has("grouped_gemm_ws_fp4.cuh",
                            "for (int g = 0; g < 2 && g < NG; ++g) issue_scales(g);")
-        assert _source_has("grouped_gemm_ws_persist.cuh",
-                           "for (int q = 0; q < 2 && q < NG; ++q) issue_scales(q);")
         params = (C.WS_AHEAD, C.WS_CANON_BUFFERS, C.WS_SCALE_TILES, C.WS_SCALE_SLOTS, 2,
                   _nvfp4_group, False)
     else:

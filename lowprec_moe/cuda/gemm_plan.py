@@ -30,7 +30,7 @@ KIND_HP_K, KIND_HP_MN, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN = range(5)
 OUT_TYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
 BK = 64
 THREADS = 256
-#: threads of the warp-specialised wgmma kernels (kWsThreads in grouped_gemm_ws.cuh)
+#: threads of the warp-specialised wgmma kernels (kWsThreads in grouped_gemm_ws_roles.cuh)
 WS_THREADS = 512
 #: raw tiles requested ahead of the one being expanded, and canonical B buffers, of the
 #: warp-specialised kernel (kWsAhead / kWsCanonBuffers in grouped_gemm_base.cuh)
