@@ -433,10 +433,19 @@ struct Epilogue {
         return;                                                                              \
     }
 
+// Row of the tile held by half hf of a thread's accumulator fragment in the 16-row group
+// starting at m0: lane/4 + 8 hf, or with PAIRED (the MN-major A of gemm_ws_mx, whose fragment
+// rows are rows 2 (lane/4) and 2 (lane/4) + 1 of the group) 2 (lane/4) + hf.
+template <bool PAIRED>
+__device__ __forceinline__ int frag_row(int m0, int lane, int hf) {
+    return PAIRED ? m0 + 2 * (lane >> 2) + hf : m0 + (lane >> 2) + 8 * hf;
+}
+
 // Stage a warp's mma.sync-layout accumulators acc[MI][NI][4] (flattened: accf) into the fp32
 // tile cs ([rows][LD]):
-// fragment (mi, ni) holds rows wm0 + 16 mi + lane/4 (+8), columns wn0 + 8 ni + 2 (lane%4) (+1).
-template <int MI, int NI, int LD>
+// fragment (mi, ni) holds rows frag_row(wm0 + 16 mi, lane, 0 / 1), columns wn0 + 8 ni +
+// 2 (lane%4) (+1).
+template <int MI, int NI, int LD, bool PAIRED = false>
 __device__ __forceinline__ void stage_acc(float* cs, const float* accf, int wm0, int wn0,
                                           int lane) {
 #pragma unroll
@@ -445,7 +454,7 @@ __device__ __forceinline__ void stage_acc(float* cs, const float* accf, int wm0,
         for (int ni = 0; ni < NI; ++ni) {
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf) {
-                const int r = wm0 + mi * 16 + (lane >> 2) + hf * 8;
+                const int r = frag_row<PAIRED>(wm0 + mi * 16, lane, hf);
                 const int c = wn0 + ni * 8 + (lane & 3) * 2;
                 const float* f = accf + (mi * NI + ni) * 4 + 2 * hf;
                 *reinterpret_cast<float2*>(cs + r * LD + c) = make_float2(f[0], f[1]);

@@ -34,6 +34,7 @@
 #ifndef LPM_GROUPED_GEMM_MXF16_CUH
 #define LPM_GROUPED_GEMM_MXF16_CUH
 
+#include "grouped_gemm_epilogue.cuh"  // frag_row
 #include "grouped_gemm_staging.cuh"
 
 namespace lpm_gg {
@@ -201,8 +202,8 @@ __device__ __forceinline__ float mx_ldexp(float v, int x) {
 
 // The accumulators of a tile staged in the fp16 window, back to true scale: acc * 2^(exps_a[row]
 // + exps_b[col] - shift), shift = 2 * 127 + S_MAX(A) + S_MAX(B), rounded once (mx_ldexp).
-// Fragment layout of stage_acc.
-template <int MI, int NI>
+// Fragment layout of stage_acc (PAIRED: its paired rows).
+template <int MI, int NI, bool PAIRED = false>
 __device__ __forceinline__ void mx_rescale(float* accf, const unsigned char* exps_a,
                                            const unsigned char* exps_b, int shift, int wm0,
                                            int wn0, int lane) {
@@ -216,7 +217,7 @@ __device__ __forceinline__ void mx_rescale(float* accf, const unsigned char* exp
 #pragma unroll
                 for (int hf = 0; hf < 2; ++hf) {
                     float& v = accf[(mi * NI + ni) * 4 + 2 * hf + e];
-                    v = mx_ldexp(v, exps_a[wm0 + mi * 16 + (lane >> 2) + hf * 8] + eb);
+                    v = mx_ldexp(v, exps_a[frag_row<PAIRED>(wm0 + mi * 16, lane, hf)] + eb);
                 }
             }
         }

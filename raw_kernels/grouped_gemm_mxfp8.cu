@@ -19,10 +19,12 @@ LPM_GG_DEFINE_WG(lpm_gg_mxfp8_kk_v, 64, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_K, 
 LPM_GG_DEFINE_WG(lpm_gg_mxfp8_kn_w, 128, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_MN, false, 16)
 LPM_GG_DEFINE_WG(lpm_gg_mxfp8_kn_v, 64, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_MN, false, 16)
 LPM_GG_DEFINE_WG(lpm_gg_mxfp8_nn_w, 128, lpm_gg::KIND_FP8_MN, lpm_gg::KIND_FP8_MN, false, 16)
-// Warp-specialised with TMA loads (fprop and dgrad, 128x256; uniform strides, the launcher
-// checks): producers widen B, consumers widen A into wgmma registers (grouped_gemm_ws_mx.cuh).
-LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kk_y, false)
-LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kn_y, true)
+// Warp-specialised with TMA loads (fprop, dgrad and wgrad, 128x256; uniform strides, the
+// launcher checks): producers widen B, consumers widen A into wgmma registers
+// (grouped_gemm_ws_mx.cuh).
+LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kk_y, false, false)
+LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kn_y, false, true)
+LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_nn_y, true, true)
 // Few tokens per expert (fprop, sm_90a only): 32 tokens x 128 output columns, weights on the
 // wgmma M side (grouped_gemm_swap.cuh).
 LPM_GG_DEFINE_SWAP(lpm_gg_mxfp8_kk_t, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_K, false, 16, 2)

@@ -1,7 +1,8 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
-// warp-specialised MXFP8 kernel gemm_ws_mx with TMA loads -- A K-major (x in fprop, dy in dgrad),
-// B K-major (fprop: W's rows) or MN-major (BMN, dgrad: W's columnwise copy) -- and its entry-point
-// macro LPM_GG_DEFINE_WS_MX. 128 x 256 output tile, 512 threads, the roles of gemm_ws:
+// warp-specialised MXFP8 kernel gemm_ws_mx with TMA loads -- A K-major (x in fprop, dy in dgrad)
+// or MN-major (AMN, wgrad: dy's columnwise copy), B K-major (fprop: W's rows) or MN-major (BMN,
+// dgrad: W's columnwise copy, wgrad: x's) -- and its entry-point macro LPM_GG_DEFINE_WS_MX.
+// 128 x 256 output tile, 512 threads, the roles of gemm_ws:
 //   * all threads first check the tile against the fp16 window (mx_window_check, while the
 //     first tiles' copies fly): in the window, both operands are widened on fp16 as
 //     q * 2^(e - e_max + S_MAX) and the accumulators rescaled before the epilogue (mx_rescale);
@@ -10,11 +11,16 @@
 //   * warpgroups 0-1 ("consumers"): per 16-deep step they widen their A fragments straight from
 //     the raw stage into registers (rows ar, ar + 8; contraction 2q, 2q+1, 2q+8, 2q+9: half-word
 //     q % 2 of words q / 2 and q / 2 + 2 of the step's 16-byte chunk) and issue two m64n128k16
-//     with B from a canonical buffer; then the epilogue;
+//     with B from a canonical buffer; then the epilogue. An MN-major A (one raw panel of 64
+//     lines x 128 rows, 128-byte swizzle) is read with ldmatrix.trans of 16-bit row pairs, two
+//     steps per load: fragment rows ar and ar + 8 then hold tile rows 2 (lane/4) and
+//     2 (lane/4) + 1 of the warp's 16 (frag_row), a permutation of the rows that the window
+//     rescale and the epilogue's staging undo -- each output is the same dot product;
 //   * warpgroups 2-3 ("producers"): one thread issues the TMA copies (data tiles per k-tile --
 //     K-major rows of 64 bytes with the 64-byte swizzle, the raw layout of the cp.async kernels
-//     (swz<2>); MN-major B as two panels of 128 rows with the 128-byte swizzle -- and block
-//     scales kWmxScaleTiles k-tiles at a time); all of them widen B into a canonical buffer, two
+//     (swz<2>); MN-major B as two panels of 128 rows with the 128-byte swizzle, MN-major A as
+//     one -- and block scales kWmxScaleTiles k-tiles at a time); all of them widen B into a
+//     canonical buffer, two
 //     32-element units per thread and k-tile (K-major: rows ur, ur + 128, contraction half uh,
 //     one block factor each; MN-major: 32 rows of one contraction line, one factor per row from
 //     a table the producers fill per k-tile).
@@ -42,14 +48,15 @@ constexpr int kWmxMinKTiles = 8;
 // bytes, for data and scales; experts at whole rows; one contraction length, a multiple of the
 // k-tile). Rows past an expert's extent load the next expert's rows (or zeros past the array);
 // they only reach outputs that are never stored.
-template <bool BMN>
+template <bool AMN, bool BMN>
 __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
                                            const TmaMap* tm_as, const TmaMap* tm_bs) {
     constexpr int BM = 128, BN = 256;
+    constexpr int AKIND = AMN ? KIND_FP8_MN : KIND_FP8_K;
     constexpr int BKIND = BMN ? KIND_FP8_MN : KIND_FP8_K;
     constexpr int NST = kWmxStages, NCB = kWmxCanonBuffers, AHEAD = kWmxAhead;
     constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
-    constexpr int T_DA = raw_data_bytes(KIND_FP8_K, BM);              // 128 rows x 64 bytes
+    constexpr int T_DA = raw_data_bytes(AKIND, BM);  // 128 rows x 64 bytes or 64 lines x 128
     constexpr int T_STAGE = T_DA + raw_data_bytes(BKIND, BN);  // + 256 rows x 64 bytes
     constexpr int CANON_B = canon_bytes(BN);
     constexpr int T_CANON = NST * T_STAGE;
@@ -96,18 +103,23 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     }
     __syncthreads();
     int a_row = 0, b_row = 0, as_row = 0, bs_row = 0;
-    if (leader) {  // MN-major B: its first contraction line / block line (columns from c0)
-        a_row = static_cast<int>(d[D_A_OFF] / d[D_A_LD] + r0);
+    if (leader) {  // MN-major: the first contraction line / block line (columns from r0 / c0)
+        a_row = static_cast<int>(d[D_A_OFF] / d[D_A_LD] + (AMN ? 0 : r0));
         b_row = static_cast<int>(d[D_B_OFF] / d[D_B_LD] + (BMN ? 0 : c0));
-        as_row = static_cast<int>(d[D_A_SOFF] / d[D_A_SLD] + r0);
+        as_row = static_cast<int>(d[D_A_SOFF] / d[D_A_SLD] + (AMN ? 0 : r0));
         bs_row = static_cast<int>(d[D_B_SOFF] / d[D_B_SLD] + (BMN ? 0 : c0));
     }
-    const int bc = static_cast<int>(c0);  // MN-major B: the tile's first column
+    // MN-major: the tile's first row / column
+    const int ac = static_cast<int>(r0), bc = static_cast<int>(c0);
     auto issue_data = [&](int kt) {
         const int st = kt % NST;
         const unsigned sb = s0 + st * T_STAGE, bar = dbar + 8 * st;
         mbar_arrive_expect_tx(bar, T_STAGE);
-        tma_load_2d(sb, tm_a, bar, kt * kBK, a_row);
+        if constexpr (AMN) {  // one 128-row panel
+            tma_load_2d(sb, tm_a, bar, ac, a_row + kt * kBK);
+        } else {
+            tma_load_2d(sb, tm_a, bar, kt * kBK, a_row);
+        }
         if constexpr (BMN) {  // two 128-row panels
             tma_load_2d(sb + T_DA, tm_b, bar, bc, b_row + kt * kBK);
             tma_load_2d(sb + T_DA + P_RAW, tm_b, bar, bc + 128, b_row + kt * kBK);
@@ -119,7 +131,11 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
         const int sl = g % NSG;
         const unsigned sb = s0 + T_SC + sl * T_SLOT, bar = sbar + 8 * sl;
         mbar_arrive_expect_tx(bar, T_SLOT);
-        tma_load_2d(sb, tm_as, bar, g * T_SLD, as_row);
+        if constexpr (AMN) {
+            tma_load_2d(sb, tm_as, bar, ac, as_row + g * 2 * SGT);
+        } else {
+            tma_load_2d(sb, tm_as, bar, g * T_SLD, as_row);
+        }
         if constexpr (BMN) {
             tma_load_2d(sb + T_SB, tm_bs, bar, bc, bs_row + g * 2 * SGT);
         } else {
@@ -138,8 +154,8 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     unsigned char* const exps_b = exps_a + BM;
     const bool ea5 = a_e5m2 != 0, eb5 = b_e5m2 != 0;
     const long long a_sld = d[D_A_SLD], b_sld = d[D_B_SLD];
-    const bool f16m = mx_window_check<KIND_FP8_K, BKIND, BM, BN, kWsThreads>(
-        a_scale + d[D_A_SOFF] + r0 * a_sld, a_sld, rows_valid,
+    const bool f16m = mx_window_check<AKIND, BKIND, BM, BN, kWsThreads>(
+        a_scale + d[D_A_SOFF] + (AMN ? r0 : r0 * a_sld), a_sld, rows_valid,
         b_scale + d[D_B_SOFF] + (BMN ? c0 : c0 * b_sld), b_sld, cols_valid, len, ea5, eb5,
         mx_bf16 == 0 && KT >= kWmxMinKTiles, reinterpret_cast<unsigned*>(smem + T_CANON),
         exps_a, exps_b, threadIdx.x);
@@ -327,6 +343,10 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
     const int ar = wm0 + (lane >> 2), aq = lane & 3;
+    // The tile rows of the thread's fragment rows lane/4 and lane/4 + 8: ar and ar + 8, or for
+    // an MN-major A (frag_row<AMN>: ldmatrix.trans hands each thread a pair of adjacent rows)
+    // wm0 + 2 (lane/4) and the next; the epilogue and mx_rescale follow the same map.
+    const int ra0 = frag_row<AMN>(wm0, lane, 0), ra1 = frag_row<AMN>(wm0, lane, 1);
     float acc[NI * 4];
 #pragma unroll
     for (int i = 0; i < NI * 4; ++i) acc[i] = 0.0f;
@@ -336,8 +356,14 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     const unsigned sw = static_cast<unsigned>((ar >> 1) & 3);
     const unsigned a_off = static_cast<unsigned>(ar * kBK + ((aq >> 1) << 2));
     const unsigned sel = (aq & 1) ? 0x7632u : 0x5410u;  // the thread's half-word of each word
-    const unsigned s_off = static_cast<unsigned>(ar * T_SLD);
-    const unsigned ema0 = exps_a[ar], ema1 = exps_a[ar + 8];  // fp16 window only
+    const unsigned s_off = static_cast<unsigned>(AMN ? ra0 : ar * T_SLD);
+    // MN-major A (raw panel [64 lines][128 bytes], 128-byte swizzle: chunk c of line l at
+    // c ^ (l & 7)): steps 2p and 2p + 1 in one ldmatrix.x4.trans of 16-bit row pairs, lane l
+    // addressing line 32p + l at the warp's chunk wm0 / 16 -- the four 8 x 8 matrices are
+    // lines 0-7, 8-15 of step 2p and of step 2p + 1; each thread gets rows ra0, ra1 of
+    // contraction lines 2 (lane%4) and 2 (lane%4) + 1 (+ 8 in the second matrix).
+    const unsigned a_mn = static_cast<unsigned>(lane * 128 + (((wm0 >> 4) ^ (lane & 7)) << 4));
+    const unsigned ema0 = exps_a[ra0], ema1 = exps_a[ra1];  // fp16 window only
     const int bias_a = mx_s_max(ea5) + LPM_FP16_EXP_BIAS;
     // The k-tile count, for the MN-major build read again from the descriptor (a volatile load,
     // which the compiler cannot merge with the first): ptxas spilled the pre-split value there
@@ -356,30 +382,50 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             // B's canonical buffer (MN-major: 64-row panels 8 KiB apart, a step = 16 lines)
             const unsigned long long db =
                 wg_desc(s0 + T_CANON + cb * CANON_B, BMN ? kBK * 128 : 16, 1024);
-            const unsigned ra = s0 + st * T_STAGE + a_off;
-            const unsigned rsc = s0 + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 2 + s_off;
-            const unsigned ca = lds_u16(rsc), cr = lds_u16(rsc + 8 * T_SLD);  // blocks 0, 1
+            const unsigned ra = s0 + st * T_STAGE + (AMN ? a_mn : a_off);
+            const unsigned rsc = s0 + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 2 * (AMN ? BM : 1) +
+                                 s_off;
+            // the block codes of rows ra0 (ma*) and ra1 (mb*), blocks 0 and 1 (K-major: one
+            // half-word per row; MN-major: one per block line, rows ra0 and ra1 side by side)
+            const unsigned ca = lds_u16(rsc), cr = lds_u16(rsc + (AMN ? BM : 8 * T_SLD));
             const unsigned ma0 = mx_block_factor<H>(ca & 0xFFu, ema0, bias_a);
-            const unsigned ma1 = mx_block_factor<H>(ca >> 8, ema0, bias_a);
-            const unsigned mb0 = mx_block_factor<H>(cr & 0xFFu, ema1, bias_a);
+            const unsigned ma1 = mx_block_factor<H>((AMN ? cr : ca >> 8) & 0xFFu, ema0, bias_a);
+            const unsigned mb0 = mx_block_factor<H>(AMN ? ca >> 8 : cr & 0xFFu, ema1, bias_a);
             const unsigned mb1 = mx_block_factor<H>(cr >> 8, ema1, bias_a);
             auto chunk = [&](int s) { return ra + ((static_cast<unsigned>(s) ^ sw) << 4); };
-            // each step's words are loaded one step ahead, before the wgmma wait
-            unsigned wa0 = lds_u32(chunk(0)), wa1 = lds_u32(chunk(0) + 8);
-            unsigned wb0 = lds_u32(chunk(0) + 8 * kBK), wb1 = lds_u32(chunk(0) + 8 * kBK + 8);
+            // each step's words are loaded one step ahead, before the wgmma wait (MN-major:
+            // two steps' words per load, the second pair after step 1's decode)
+            unsigned wa0, wa1, wb0, wb1;
+            if constexpr (AMN) {
+                ldsm_x4_t(ra, wa0, wa1, wb0, wb1);
+            } else {
+                wa0 = lds_u32(chunk(0));
+                wa1 = lds_u32(chunk(0) + 8);
+                wb0 = lds_u32(chunk(0) + 8 * kBK);
+                wb1 = lds_u32(chunk(0) + 8 * kBK + 8);
+            }
             unsigned af[2][4];
 #pragma unroll
             for (int s = 0; s < kBK / 16; ++s) {
                 ws_step_begin<NCB, NI * 4>(s, kt, KTc, accf);
                 unsigned* const f = af[s & 1];
-                mx_decode4<E5, H>(__byte_perm(wa0, wa1, sel), s < 2 ? ma0 : ma1, f[0], f[2]);
-                mx_decode4<E5, H>(__byte_perm(wb0, wb1, sel), s < 2 ? mb0 : mb1, f[1], f[3]);
-                if (s + 1 < kBK / 16) {
-                    const unsigned c = chunk(s + 1);
-                    wa0 = lds_u32(c);
-                    wa1 = lds_u32(c + 8);
-                    wb0 = lds_u32(c + 8 * kBK);
-                    wb1 = lds_u32(c + 8 * kBK + 8);
+                if constexpr (AMN) {
+                    // step s: lines 0-7 in x, 8-15 in y; bytes (row ra0, line 2q), (ra1, 2q),
+                    // (ra0, 2q + 1), (ra1, 2q + 1) of each
+                    const unsigned x = (s & 1) ? wb0 : wa0, y = (s & 1) ? wb1 : wa1;
+                    mx_decode4<E5, H>(__byte_perm(x, y, 0x6420u), s < 2 ? ma0 : ma1, f[0], f[2]);
+                    mx_decode4<E5, H>(__byte_perm(x, y, 0x7531u), s < 2 ? mb0 : mb1, f[1], f[3]);
+                    if (s == 1) ldsm_x4_t(ra + 32 * 128, wa0, wa1, wb0, wb1);
+                } else {
+                    mx_decode4<E5, H>(__byte_perm(wa0, wa1, sel), s < 2 ? ma0 : ma1, f[0], f[2]);
+                    mx_decode4<E5, H>(__byte_perm(wb0, wb1, sel), s < 2 ? mb0 : mb1, f[1], f[3]);
+                    if (s + 1 < kBK / 16) {
+                        const unsigned c = chunk(s + 1);
+                        wa0 = lds_u32(c);
+                        wa1 = lds_u32(c + 8);
+                        wb0 = lds_u32(c + 8 * kBK);
+                        wb1 = lds_u32(c + 8 * kBK + 8);
+                    }
                 }
                 wg_fence();
 #pragma unroll
@@ -399,11 +445,11 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     };
     with_flags(f16m, ea5, loop);  // one k-loop per staging mode and A format
     if (f16m) {
-        mx_rescale<1, NI>(accf, exps_a, exps_b,
+        mx_rescale<1, NI, AMN>(accf, exps_a, exps_b,
                           2 * LPM_E8M0_BIAS + mx_s_max(ea5) + mx_s_max(eb5), wm0, 0, lane);
     }
     // (the staging tile ends below the exponents, which mx_rescale read before)
-    ws_epilogue<BN, NI, EPI_LD>(smem, accf, wm0, lane, ep, r0, c0, rows_valid, cols_valid);
+    ws_epilogue<BN, NI, EPI_LD, AMN>(smem, accf, wm0, lane, ep, r0, c0, rows_valid, cols_valid);
 }
 
 }  // namespace lpm_gg
@@ -412,13 +458,13 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
 // or, with BMN, MN-major): the tensor maps of A's and B's data (K-major: 64-byte swizzle;
 // MN-major B: 128-byte swizzle) and block scales follow the common parameters. On other
 // architectures the wgmma compile to traps; the launcher never selects it there.
-#define LPM_GG_DEFINE_WS_MX(NAME, BMN)                                                         \
+#define LPM_GG_DEFINE_WS_MX(NAME, AMN, BMN)                                                         \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
         NAME(LPM_GG_PARAMS, const __grid_constant__ lpm_gg::TmaMap tma_a,                      \
              const __grid_constant__ lpm_gg::TmaMap tma_b,                                     \
              const __grid_constant__ lpm_gg::TmaMap tma_as,                                    \
              const __grid_constant__ lpm_gg::TmaMap tma_bs) {                                  \
-        lpm_gg::gemm_ws_mx<BMN>(LPM_GG_ARGS, &tma_a, &tma_b, &tma_as, &tma_bs);                \
+        lpm_gg::gemm_ws_mx<AMN, BMN>(LPM_GG_ARGS, &tma_a, &tma_b, &tma_as, &tma_bs);                \
     }
 
 #endif  // LPM_GROUPED_GEMM_WS_MX_CUH

@@ -79,14 +79,15 @@ __device__ __forceinline__ void ws_step_begin(int s, int kt, int KT, float* accf
 // The consumers' epilogue (gemm_ws, gemm_ws_mx), after every consumer retired its MMAs: the
 // producers finished their last expansion before the last FULL and have no copy in flight, so
 // the shared memory from smem on (BM x EPI_LD floats, the front of the pipeline buffers) takes
-// the staged accumulators; then the epilogue's compact loop by the kWsConsumers threads.
-template <int BN, int NI, int EPI_LD>
+// the staged accumulators (PAIRED: stage_acc's paired rows); then the epilogue's compact loop
+// by the kWsConsumers threads.
+template <int BN, int NI, int EPI_LD, bool PAIRED = false>
 __device__ __forceinline__ void ws_epilogue(unsigned char* smem, const float* accf, int wm0,
                                             int lane, Epilogue& ep, long long r0, long long c0,
                                             int rows_valid, int cols_valid) {
     named_sync(WS_BAR_EPI, kWsConsumers);
     float* cs = reinterpret_cast<float*>(smem);
-    stage_acc<1, NI, EPI_LD>(cs, accf, wm0, 0, lane);
+    stage_acc<1, NI, EPI_LD, PAIRED>(cs, accf, wm0, 0, lane);
     named_sync(WS_BAR_EPI, kWsConsumers);
     ep.tile<BN, EPI_LD, kWsConsumers>(cs, r0, c0, rows_valid, cols_valid);
 }

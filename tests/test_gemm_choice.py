@@ -216,7 +216,7 @@ def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
     p = _policy_problem("fprop", fmt, splits, n=512, k=768)
     assert C.choose_kernel(p, C.plan(p), caps=H200_CAPS).kernel == "lpm_gg_mxfp8_kk_w"
     # dgrad (B MN-major: W's columnwise copy) has its build, taken by "auto" when its layout is
-    # in MXFP8_WS_AUTO, and by "all"; wgrad (both MN-major) keeps the plain kernel
+    # in MXFP8_WS_AUTO, and by "all"; so has wgrad (both MN-major)
     p = _policy_problem("dgrad", fmt, splits, n=1024, k=512)
     for mode in ("auto", "all"):
         monkeypatch.setenv(C.MXFP8_WS_ENV, mode)
@@ -226,10 +226,20 @@ def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
             assert ln.smem == C._ws_mx_smem_bytes(), ln
         else:
             assert ln.kernel == "lpm_gg_mxfp8_kn_w" and not ln.tma, ln
-    monkeypatch.delenv(C.MXFP8_WS_ENV)
     p = _policy_problem("wgrad", fmt, [256, 256, 256], n=512, k=1024)
-    ln = C.choose_kernel(p, C.plan(p), caps=H200_CAPS)
-    assert ln.kernel == "lpm_gg_mxfp8_nn_w" and ln.threads == C.THREADS, ln
+    for mode in ("auto", "all", "off"):
+        monkeypatch.setenv(C.MXFP8_WS_ENV, mode)
+        ln = C.choose_kernel(p, C.plan(p), caps=H200_CAPS)
+        if mode == "all" or (mode == "auto" and "nn" in C.MXFP8_WS_AUTO):
+            assert ln.kernel == "lpm_gg_mxfp8_nn_y" and ln.tma, ln
+            assert ln.smem == C._ws_mx_smem_bytes() and ln.threads == C.WS_THREADS, ln
+        else:
+            assert ln.kernel == "lpm_gg_mxfp8_nn_w" and ln.threads == C.THREADS, ln
+    # experts of different lengths (K-grouped) contract different k-tile counts: plain kernel
+    monkeypatch.setenv(C.MXFP8_WS_ENV, "all")
+    p = _policy_problem("wgrad", fmt, [256, 320, 256], n=512, k=1024)
+    assert C.choose_kernel(p, C.plan(p), caps=H200_CAPS).kernel == "lpm_gg_mxfp8_nn_w"
+    monkeypatch.delenv(C.MXFP8_WS_ENV)
 
 
 @pytest.mark.parametrize("mode", ["fprop", "dgrad"])

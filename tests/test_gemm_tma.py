@@ -86,35 +86,40 @@ class _FakeArr:
 
 
 @pytest.mark.parametrize("kernel", ["lpm_gg_nvfp4_kk_y", "lpm_gg_nvfp4_kk_z", "lpm_gg_mxfp8_kk_y",
-                                    "lpm_gg_mxfp8_kn_y", "lpm_gg_nvfp4_kk_u", "lpm_gg_nvfp4_kk_p"])
+                                    "lpm_gg_mxfp8_kn_y", "lpm_gg_mxfp8_nn_y", "lpm_gg_nvfp4_kk_u",
+                                    "lpm_gg_nvfp4_kk_p"])
 def test_tma_map_geometry(kernel, monkeypatch):
     """The tensor maps each TMA build gets (extents, strides, boxes, swizzle), recorded through
     a stand-in encoder: data boxes one k-tile deep (NVFP4 32 bytes, MXFP8 64 with the 64-byte
-    swizzle), MN-major MXFP8 B (dgrad) as 128-column x 64-line panels with the 128-byte swizzle,
-    scale boxes of 16 bytes per row (MN-major: 256 columns x 16 block lines)."""
+    swizzle), MN-major MXFP8 B (dgrad, wgrad) as 128-column x 64-line panels with the 128-byte
+    swizzle, MN-major A (wgrad) as one such panel, scale boxes of 16 bytes per row (MN-major:
+    256 columns of B, 128 of A, x 16 block lines)."""
     from lowprec_moe.cuda import gemm_tma, tma
 
     calls = []
     monkeypatch.setattr(tma, "map_2d_u8", lambda *a: calls.append(a) or len(calls))
-    k, n_cols = 2048, 320  # contraction, B rows (output columns)
+    k, n_cols, m_rows = 2048, 320, 192  # contraction, B rows (output columns), A rows
     mx = "_mxfp8_" in kernel
     inner = k if mx else k // 2  # contraction bytes of a K-major row
-    a_ld, a_sld = inner, k // (32 if mx else 16)
-    b_mn = kernel.endswith("_kn_y")
+    a_mn = kernel.endswith("_nn_y")
+    a_ld, a_sld = (m_rows, m_rows) if a_mn else (inner, k // (32 if mx else 16))
+    b_mn = kernel.endswith(("_kn_y", "_nn_y"))
     b_ld, b_sld = (n_cols, n_cols) if b_mn else (inner, a_sld)
     arrs = [_FakeArr(4096 * (i + 1), 1 << 20) for i in range(4)]  # a, a_scale, b, b_scale
-    maps = gemm_tma._tma_maps(kernel, (a_ld, b_ld, inner, a_sld, b_sld, n_cols), arrs[0],
-                              arrs[1], arrs[2], arrs[3])
+    maps = gemm_tma._tma_maps(kernel, (a_ld, b_ld, inner, a_sld, b_sld, n_cols, m_rows),
+                              arrs[0], arrs[1], arrs[2], arrs[3])
     assert maps == tuple(range(1, len(calls) + 1))
     rows = lambda ld: (1 << 20) // ld  # noqa: E731
     a_box = {"y": 128, "z": 128, "u": 32, "p": 16}[kernel[-1]]
     b_box = {"y": 256, "z": 256, "u": 128, "p": 256}[kernel[-1]]
     d_box, swz = (64, 64) if mx else (32, 0)
-    want = [(4096, inner, rows(a_ld), a_ld, d_box, a_box, swz)]
+    want = [(4096, m_rows, rows(a_ld), a_ld, 128, 64, 128) if a_mn else
+            (4096, inner, rows(a_ld), a_ld, d_box, a_box, swz)]
     want.append((3 * 4096, n_cols, rows(b_ld), b_ld, 128, 64, 128) if b_mn else
                 (3 * 4096, inner, rows(b_ld), b_ld, d_box, b_box, swz))
     if kernel.endswith(("_y", "_z")):
-        want.append((2 * 4096, a_sld, rows(a_sld), a_sld, 16, a_box, 0))
+        want.append((2 * 4096, m_rows, rows(a_sld), a_sld, 128, 16, 0) if a_mn else
+                    (2 * 4096, a_sld, rows(a_sld), a_sld, 16, a_box, 0))
         want.append((4 * 4096, n_cols, rows(b_sld), b_sld, 256, 16, 0) if b_mn else
                     (4 * 4096, a_sld, rows(b_sld), b_sld, 16, b_box, 0))
     assert calls == want, (calls, want)

@@ -1,7 +1,8 @@
-"""The warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_y`` / ``_kn_y``,
-raw_kernels/grouped_gemm_ws_mx.cuh) on the GPU: MXFP8 fprop and dgrad with the 128-row tile, TMA
-loads, producers widening B (dgrad: W's columnwise copy, MN-major) and consumers widening A into
-wgmma registers, each tile on fp16 (fp16 window) or bf16.
+"""The warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_y`` / ``_kn_y`` / ``_nn_y``,
+raw_kernels/grouped_gemm_ws_mx.cuh) on the GPU: MXFP8 fprop, dgrad and wgrad with the 128-row
+tile, TMA loads, producers widening B (dgrad: W's columnwise copy, wgrad: x's, MN-major) and
+consumers widening A into wgmma registers (wgrad: dy's columnwise copy, MN-major, read with
+ldmatrix.trans in row pairs), each tile on fp16 (fp16 window) or bf16.
 
 Checks, each against the plain wgmma kernel (``LOWPREC_MOE_GEMM_MXFP8_WS=off``) bit for bit and
 against the float64 product of the dequantized operands:
@@ -11,7 +12,9 @@ against the float64 product of the dequantized operands:
   E5M2 (the kernel needs K a multiple of 512, so it never sees fewer than 8 k-tiles);
 * the bf16 path forced (``LOWPREC_MOE_MXFP8_MMA=bf16``) and rows spanning more than the window;
 * ragged experts (empty, shorter than a tile, partial column tiles), bias and bf16 output;
-* grouped == per-expert calls.
+* grouped == per-expert calls;
+* wgrad (K-grouped: every expert contracts its own tokens) with 8 to 32 k-tiles, partial row and
+  column tiles, and accumulation into an fp32 buffer.
 """
 
 from __future__ import annotations
@@ -66,7 +69,7 @@ def _run(a, b, splits, monkeypatch, *, ws, check=True, mode="fprop", **kw):
     kw.setdefault("out_dtype", "float32")
     info = C.kernel_info(_validate(mode, ga, gb, splits, bias=kw.get("bias"), probs=None,
                                    out_dtype=kw["out_dtype"], out=None, accumulate=False))
-    lay = "kk" if mode == "fprop" else "kn"
+    lay = {"fprop": "kk", "dgrad": "kn", "wgrad": "nn"}[mode]
     if check:
         assert info["kernel"] == f"lpm_gg_mxfp8_{lay}_" + ("y" if ws else "w"), info
     out = to_host(grouped_gemm(ga, gb, splits, mode=mode, **kw))
@@ -163,3 +166,59 @@ def test_gpu_mxfp8_ws_grouped_equals_per_expert(monkeypatch):
         ag, bg, _ = _quantize("mxfp8-e4m3", xg, w, zeros[:t], one)
         got = _run(ag, bg, one, monkeypatch, ws=True, check=t >= 128)
         assert_bytes_equal(got, grouped[offs[g]:offs[g + 1]], f"expert {g} alone vs grouped")
+
+
+W_OUT, W_IN = 320, 384  # wgrad output rows (dy columns) and columns (x columns): partial tiles
+
+
+def _wgrad_problem(fmt, tokens, num_experts, seed, *, scale=None):
+    """(dy, x) columnwise GroupedTensors of a wgrad problem with ``tokens`` per expert;
+    ``scale`` multiplies the token rows of both."""
+    splits = [tokens] * num_experts
+    x, _, dy = _data(seed, sum(splits), W_OUT, W_IN)
+    if scale is not None:
+        x *= scale[:, None]
+        dy *= scale[:, None]
+    w = np.zeros((1, W_OUT, W_IN), np.float32)
+    xq, _, dq = _quantize(fmt, x, w, dy, splits)
+    return dq, xq, splits
+
+
+@pytest.mark.parametrize("mma", ["auto", "bf16"])
+@pytest.mark.parametrize("tokens", [512, 1024, 2048])
+@pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-e5m2", "mxfp8-hybrid"])
+def test_gpu_mxfp8_ws_wgrad_equals_plain(fmt, tokens, mma, monkeypatch):
+    """wgrad (``_nn_y``): 8, 16 and 32 k-tiles per expert (hybrid: E5M2 dy against E4M3 x)."""
+    _require_wgmma()
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setenv(C.MXFP8_MMA_ENV, mma)
+    a, b, splits = _wgrad_problem(fmt, tokens, 3, 50 + tokens)
+    ws = _run(a, b, splits, monkeypatch, ws=True, mode="wgrad")
+    plain = _run(a, b, splits, monkeypatch, ws=False, mode="wgrad")
+    exp, mag = _expected("wgrad", a, b, splits)
+    assert_gemm_close(ws, exp, mag, f"ws wgrad {fmt} tokens={tokens} {mma}")
+    assert_bytes_equal(ws, plain, f"ws vs plain wgrad {fmt} tokens={tokens} {mma}")
+
+
+def test_gpu_mxfp8_ws_wgrad_wide_rows_and_accumulate(monkeypatch):
+    """wgrad with every 7th token block scaled by 2^40 (rows beyond the window: bf16 path),
+    then accumulating into an fp32 buffer: the plain kernel's bits both times."""
+    _require_wgmma()
+    tokens = 1024
+    wide = np.ones(2 * tokens, np.float32)
+    wide[::7 * 32] = np.float32(2.0 ** 40)
+    a, b, splits = _wgrad_problem("mxfp8-e4m3", tokens, 2, 51, scale=wide)
+    ws = _run(a, b, splits, monkeypatch, ws=True, mode="wgrad")
+    plain = _run(a, b, splits, monkeypatch, ws=False, mode="wgrad")
+    exp, mag = _expected("wgrad", a, b, splits)
+    assert_gemm_close(ws, exp, mag, "ws wgrad wide rows")
+    assert_bytes_equal(ws, plain, "ws vs plain, wgrad wide rows")
+    base = np.random.default_rng(52).standard_normal(ws.shape).astype(np.float32)
+    acc = {}
+    for on in (True, False):
+        out = gpu(base.copy())
+        _run(a, b, splits, monkeypatch, ws=on, mode="wgrad", out=out, accumulate=True)
+        acc[on] = to_host(out)
+    assert_bytes_equal(acc[True], acc[False], "ws vs plain, wgrad accumulate")
+    assert_gemm_close(acc[True], exp + base, mag + np.abs(base), "ws wgrad accumulate")

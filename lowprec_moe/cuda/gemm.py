@@ -179,7 +179,8 @@ def _prepare(p, arrays):
     else:
         modes = ((launch.ch, int(a.e5m2)), (launch.ch, int(b.e5m2)))
     tma_geom = ((int(a.ld[0]), int(b.ld[0]), int(pl.length[0]) * a.es_num // a.es_den,
-                 int(a.sld[0]), int(b.sld[0]), int(pl.n_cols)) if launch.tma else None)
+                 int(a.sld[0]), int(b.sld[0]), int(pl.n_cols), int(pl.rows.max()))
+                if launch.tma else None)
     val = dict(launch=launch, tiles=tables[0], desc=tables[1], n_col_tiles=n_col_tiles,
                tma_geom=tma_geom,
                grid=grid, n_cols=pl.n_cols, modes=modes, a_vec=int(a.amax_vec),

@@ -69,16 +69,20 @@ Kernel choice
   epilogue; bitwise ``_kk_y``) takes its place for contractions of at most
   ``PERSIST_MAX_KTILES`` k-tiles (a whole number of scale groups) with more tiles than SMs;
   ``LOWPREC_MOE_GEMM_PERSIST`` = ``auto`` (default) | ``on`` | ``off``.
-* On sm_90, MXFP8 fprop and dgrad with the 128-row tile run the warp-specialised MXFP8 kernel
-  (fprop ``_kk_y``, dgrad ``_kn_y``; ``raw_kernels/grouped_gemm_ws_mx.cuh``) wherever its TMA
+* On sm_90, MXFP8 GEMMs with the 128-row tile run the warp-specialised MXFP8 kernel
+  (fprop ``_kk_y``, dgrad ``_kn_y``, wgrad ``_nn_y``; ``raw_kernels/grouped_gemm_ws_mx.cuh``),
+  for the layouts in ``MXFP8_WS_AUTO``, wherever its TMA
   loads apply (the ``_kk_y`` conditions above; the contraction a multiple of 512): the whole
   CTA first checks the tile against the fp16 window, then two producer warpgroups widen B (TMA
   data tiles, 64-byte swizzle) while two consumer warpgroups widen A straight into wgmma
   registers, on fp16 or bf16 per tile as the plain kernel would -- bitwise the plain kernel's
   results. The dgrad
   build (B MN-major: W's columnwise copy, two 128-row panels with the 128-byte swizzle) fills
-  a per-k-tile table of per-row block factors one tile ahead. ``LOWPREC_MOE_GEMM_MXFP8_WS``:
-  ``auto`` (default) takes the layouts in ``MXFP8_WS_AUTO``, ``all`` both, ``off`` none.
+  a per-k-tile table of per-row block factors one tile ahead; the wgrad build (A MN-major too:
+  dy's columnwise copy, one 128-row panel) reads its A fragments with ``ldmatrix.trans``, which
+  hands each thread two adjacent rows, and its epilogue puts the rows back in place.
+  ``LOWPREC_MOE_GEMM_MXFP8_WS``: ``auto`` (default) takes the layouts in ``MXFP8_WS_AUTO``,
+  ``all`` all three, ``off`` none.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
   swapped-operand one for few tokens per expert), without the warp-specialised one and without
@@ -123,8 +127,9 @@ SWAP_WIDE_MIN_CTAS_PER_SM = 4
 MXFP8_MMA_ENV = "LOWPREC_MOE_MXFP8_MMA"
 _MXFP8_MMA = ("auto", "bf16")
 #: Environment variable for the warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_y`` fprop,
-#: ``_kn_y`` dgrad): "auto" (default: the layouts in MXFP8_WS_AUTO, with the 128-row tile wherever
-#: its TMA loads apply), "all" (fprop and dgrad) or "off" (the plain wgmma kernel; A/B
+#: ``_kn_y`` dgrad, ``_nn_y`` wgrad): "auto" (default: the layouts in MXFP8_WS_AUTO, with the
+#: 128-row tile wherever its TMA loads apply), "all" (all three) or "off" (the plain wgmma
+#: kernel; A/B
 #: comparisons and cross-checks).
 MXFP8_WS_ENV = "LOWPREC_MOE_GEMM_MXFP8_WS"
 _MXFP8_WS_MODES = ("auto", "all", "off")
@@ -294,7 +299,7 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     ws = cfg == "w" and p.fmt == "nvfp4" and family == "auto"
     # ... and MXFP8 fprop / dgrad, whose warp-specialised kernel exists as a TMA build only
     mx_mode = _env_mode(MXFP8_WS_ENV, _MXFP8_WS_MODES)
-    mx_layouts = {"auto": MXFP8_WS_AUTO, "all": ("kk", "kn"), "off": ()}[mx_mode]
+    mx_layouts = {"auto": MXFP8_WS_AUTO, "all": ("kk", "kn", "nn"), "off": ()}[mx_mode]
     ws_mx = (cfg == "w" and p.fmt == "mxfp8" and layout in mx_layouts and ch == 16 and tma_ok
              and _use_ws_tma(pl))
     if ws or ws_mx:

@@ -88,14 +88,18 @@ def _tma_maps(kernel: str, geom: tuple, a_data, a_scale, b_data, b_scale) -> tup
     cp.async kernels. ``_kn_y`` (MXFP8 dgrad, B MN-major:
     lines of ``n_cols`` bytes along the contraction) loads B as two panels of 128 columns x one
     k-tile of lines (128-byte swizzle) and B's scales as ``2 * WMX_SCALE_TILES`` block lines of
-    256 columns."""
-    a_ld, b_ld, inner, a_sld, b_sld, n_cols = geom
+    256 columns. ``_nn_y`` (MXFP8 wgrad, A MN-major too: lines of ``m_rows`` bytes) loads A as one
+    panel of 128 columns x one k-tile of lines and A's scales as ``2 * WMX_SCALE_TILES`` block
+    lines of 128 columns."""
+    a_ld, b_ld, inner, a_sld, b_sld, n_cols, m_rows = geom
     ws = kernel.endswith(("_y", "_z"))
     mx = "_mxfp8_" in kernel
-    b_mn = kernel.endswith("_kn_y")
+    a_mn = kernel.endswith("_nn_y")
+    b_mn = kernel.endswith(("_kn_y", "_nn_y"))
     box_a, box_b = CONFIGS["x" if ws else kernel[-1] if kernel.endswith(("_r", "_p")) else "t"]
     d_box, swz = (BK, 64) if mx else (BK // 2, 0)
-    parts = [(a_data, a_ld, inner, d_box, box_a, swz)]
+    parts = [(a_data, a_ld, m_rows, box_a, BK, 128) if a_mn else
+             (a_data, a_ld, inner, d_box, box_a, swz)]
     parts.append((b_data, b_ld, n_cols, box_b // 2, BK, 128) if b_mn else
                  (b_data, b_ld, inner, d_box, box_b, swz))
     if ws:
@@ -103,7 +107,8 @@ def _tma_maps(kernel: str, geom: tuple, a_data, a_scale, b_data, b_scale) -> tup
         s_inner = inner // F.MXFP8_BLOCK if mx else inner * 2 // F.NVFP4_BLOCK
         s_box = (WMX_SCALE_TILES * BK // F.MXFP8_BLOCK if mx
                  else WS_SCALE_TILES * BK // F.NVFP4_BLOCK)
-        parts.append((a_scale, a_sld, s_inner, s_box, box_a, 0))
+        parts.append((a_scale, a_sld, m_rows, box_a, s_box, 0) if a_mn else
+                     (a_scale, a_sld, s_inner, s_box, box_a, 0))
         parts.append((b_scale, b_sld, n_cols, box_b, s_box, 0) if b_mn else
                      (b_scale, b_sld, s_inner, s_box, box_b, 0))
     maps = []
