@@ -66,8 +66,13 @@ __device__ __forceinline__ void mx_chunk_range(const uint4& w, unsigned& mx, uns
 // line stride sld, mx_scan_aligned) into smax[r] / smin[r] (shared, initialised to 0 / 255) with
 // shared-memory atomics, NT threads (t: this thread's index).
 //   K-major : row r's nb codes at sbase + r * sld (16-byte chunks, flat over rows x chunks);
-//   MN-major: block j of row r at sbase + j * sld + r (thread t keeps chunk t % (R/16) of
-//             every (NT / (R/16))-th line in registers, then folds its 16 rows).
+//   MN-major: block j of row r at sbase + j * sld + r: each thread keeps one 16-row chunk of
+//             every (NT / (R/16))-th line in registers. When the warps divide evenly among the
+//             R/16 chunks, each warp takes one chunk (lanes on consecutive lines), folds it
+//             across its lanes with shuffles and 16 lanes apply one row each: a few atomics per
+//             address (many threads folding the same rows serialize on them, which cost more
+//             than a short contraction's whole k-loop); otherwise thread t takes chunk
+//             t % (R/16) and folds its own 16 rows. Threads without a line skip the atomics.
 template <int KIND, int R, int NT>
 __device__ __forceinline__ void mx_scan(const unsigned char* sbase, long long sld, int valid,
                                         long long len, unsigned* smax, unsigned* smin,
@@ -101,19 +106,47 @@ __device__ __forceinline__ void mx_scan(const unsigned char* sbase, long long sl
             }
         }
     } else {
-        static_assert(R % 16 == 0 && NT % (R / 16) == 0, "MN-major scan chunks");
+        static_assert(R % 16 == 0 && NT % (R / 16) == 0 && NT % 32 == 0, "MN-major scan chunks");
         constexpr int CPL = R / 16, STEP = NT / CPL;
-        const int c = static_cast<int>(t) % CPL;
-        if (c * 16 >= valid) return;
+        constexpr bool WARP = (NT / 32) % CPL == 0;  // one chunk per warp
+        const int w = static_cast<int>(t) >> 5, lane = static_cast<int>(t) & 31;
+        const int c = WARP ? w % CPL : static_cast<int>(t) % CPL;
+        const int j0 = WARP ? 32 * (w / CPL) + lane : static_cast<int>(t) / CPL;
+        // (warp-uniform when WARP: the chunk, and whether the warp's first line exists)
+        if (c * 16 >= valid || (WARP ? j0 - lane : j0) >= nb) return;
         uint4 mx = make_uint4(0u, 0u, 0u, 0u), mn = make_uint4(~0u, ~0u, ~0u, ~0u);
         const unsigned char* p = sbase + c * 16;
 #pragma unroll 4
-        for (int j = static_cast<int>(t) / CPL; j < nb; j += STEP) {
+        for (int j = j0; j < nb; j += STEP) {
             const uint4 w = __ldg(reinterpret_cast<const uint4*>(p + j * sld));
             mx = make_uint4(__vmaxu4(mx.x, w.x), __vmaxu4(mx.y, w.y), __vmaxu4(mx.z, w.z),
                             __vmaxu4(mx.w, w.w));
             mn = make_uint4(__vminu4(mn.x, w.x), __vminu4(mn.y, w.y), __vminu4(mn.z, w.z),
                             __vminu4(mn.w, w.w));
+        }
+        if constexpr (WARP) {
+#pragma unroll
+            for (int o = 16; o >= 1; o >>= 1) {
+                mx.x = __vmaxu4(mx.x, __shfl_xor_sync(~0u, mx.x, o));
+                mx.y = __vmaxu4(mx.y, __shfl_xor_sync(~0u, mx.y, o));
+                mx.z = __vmaxu4(mx.z, __shfl_xor_sync(~0u, mx.z, o));
+                mx.w = __vmaxu4(mx.w, __shfl_xor_sync(~0u, mx.w, o));
+                mn.x = __vminu4(mn.x, __shfl_xor_sync(~0u, mn.x, o));
+                mn.y = __vminu4(mn.y, __shfl_xor_sync(~0u, mn.y, o));
+                mn.z = __vminu4(mn.z, __shfl_xor_sync(~0u, mn.z, o));
+                mn.w = __vminu4(mn.w, __shfl_xor_sync(~0u, mn.w, o));
+            }
+            // lane k < 16: row c * 16 + k
+            const int r = c * 16 + lane, sh = 8 * (lane & 3);
+            if (lane < 16 && r < valid) {
+                const unsigned wx = (lane >> 2) == 0 ? mx.x : (lane >> 2) == 1 ? mx.y
+                                  : (lane >> 2) == 2 ? mx.z : mx.w;
+                const unsigned wn = (lane >> 2) == 0 ? mn.x : (lane >> 2) == 1 ? mn.y
+                                  : (lane >> 2) == 2 ? mn.z : mn.w;
+                atomicMax(smax + r, (wx >> sh) & 0xFFu);
+                atomicMin(smin + r, (wn >> sh) & 0xFFu);
+            }
+            return;
         }
         const unsigned xs[4] = {mx.x, mx.y, mx.z, mx.w}, ns[4] = {mn.x, mn.y, mn.z, mn.w};
 #pragma unroll

@@ -39,10 +39,11 @@
 
 namespace lpm_gg {
 
-// Tiles with fewer k-tiles stay on bf16: the window check's fixed cost (a pass over the tile's
-// block scales and three CTA barriers) overlaps the first copies here, so the bar is lower than
-// the plain kernel's kMxMinKTiles.
-constexpr int kWmxMinKTiles = 8;
+// Tiles with fewer k-tiles stay on bf16: the window's fixed costs (a pass over the tile's block
+// scales with three CTA barriers, and the rescale of 128 accumulators per consumer thread)
+// overlap the first copies here, so the bar is lower than the plain kernel's kMxMinKTiles; at
+// 8 k-tiles they still cost 16 % (fine wgrad, bf16 1.685 ms against fp16 1.952).
+constexpr int kWmxMinKTiles = 16;
 
 // The launcher guarantees what gemm_ws's TMA build needs (uniform row strides, multiples of 16
 // bytes, for data and scales; experts at whole rows; one contraction length, a multiple of the
