@@ -144,10 +144,11 @@ _PERSIST_MODES = ("auto", "on", "off")
 #: qwen-fc2 fprop, 16: +1 %), while on long ones the one-CTA-per-tile build measured faster
 #: (qwen-fc2 wgrad, 40: -3 %; dsv3-fc1, 112-128: -7 %; benchmarks/RESULTS.md).
 PERSIST_MAX_KTILES = 16
-#: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk") and dgrad
-#: ("kn", B MN-major) both measured faster than the plain kernel on every compute-bound shape
-#: (fprop 6-18 %, dgrad 4-17 %; benchmarks/RESULTS.md).
-MXFP8_WS_AUTO = ("kk", "kn")
+#: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk"), dgrad
+#: ("kn", B MN-major) and wgrad ("nn", both MN-major) all measured faster than the plain kernel
+#: on every compute-bound shape where they apply (fprop 4-15 %, dgrad 8-20 %, wgrad 2-31 %;
+#: benchmarks/RESULTS.md).
+MXFP8_WS_AUTO = ("kk", "kn", "nn")
 
 
 def _env_mode(name: str, modes: tuple) -> str:
