@@ -235,52 +235,22 @@ __device__ __forceinline__ float mx_ldexp(float v, int x) {
 
 // The accumulators of a tile staged in the fp16 window, back to true scale: acc * 2^(exps_a[row]
 // + exps_b[col] - shift), shift = 2 * 127 + S_MAX(A) + S_MAX(B), rounded once (mx_ldexp).
-// Fragment layout of stage_acc (PAIRED: its paired rows). When every factor of the thread's
-// rows and columns is an fp32 normal (the common case: one pass over its column codes decides),
-// each factor's bits are the sum of a row term and a column term, and each accumulator takes
-// one integer add and mx_ldexp's multiply -- the same product, without the range test.
+// Fragment layout of stage_acc (PAIRED: its paired rows).
 template <int MI, int NI, bool PAIRED = false>
 __device__ __forceinline__ void mx_rescale(float* accf, const unsigned char* exps_a,
                                            const unsigned char* exps_b, int shift, int wm0,
                                            int wn0, int lane) {
-    int ea[MI][2], lo = 2 * LPM_E8M0_NAN, hi = 0;
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-        for (int hf = 0; hf < 2; ++hf) {
-            ea[mi][hf] = exps_a[frag_row<PAIRED>(wm0 + mi * 16, lane, hf)];
-            lo = min(lo, ea[mi][hf]);
-            hi = max(hi, ea[mi][hf]);
-        }
-    }
-    // (a rolled loop: the codes are loaded again below rather than held in registers)
-    int blo = 2 * LPM_E8M0_NAN, bhi = 0;
-#pragma unroll 1
-    for (int ni = 0; ni < NI; ++ni) {
-        const unsigned char* const pb = exps_b + wn0 + ni * 8 + (lane & 3) * 2;
-        blo = min(blo, min(static_cast<int>(pb[0]), static_cast<int>(pb[1])));
-        bhi = max(bhi, max(static_cast<int>(pb[0]), static_cast<int>(pb[1])));
-    }
-    const bool fast =
-        lo + blo - shift >= 1 - LPM_FP32_EXP_BIAS && hi + bhi - shift <= LPM_FP32_EXP_BIAS;
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int eb = exps_b[wn0 + ni * 8 + (lane & 3) * 2 + e] - shift;
-            // fast: (eb + bias) << mant, modulo 2^32, plus a row's ea << mant is the factor's
-            // exponent field, in [1, 254] by the test above
-            const unsigned fb = static_cast<unsigned>(eb + LPM_FP32_EXP_BIAS)
-                                << LPM_FP32_MANT_BITS;
 #pragma unroll
             for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
                 for (int hf = 0; hf < 2; ++hf) {
                     float& v = accf[(mi * NI + ni) * 4 + 2 * hf + e];
-                    v = fast ? lpm_mul_rn(v, __uint_as_float(
-                                                 (static_cast<unsigned>(ea[mi][hf])
-                                                  << LPM_FP32_MANT_BITS) + fb))
-                             : mx_ldexp(v, ea[mi][hf] + eb);
+                    v = mx_ldexp(v, exps_a[frag_row<PAIRED>(wm0 + mi * 16, lane, hf)] + eb);
                 }
             }
         }

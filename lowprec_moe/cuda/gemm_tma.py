@@ -31,13 +31,14 @@ def _ptr(arr) -> int:
 def _rows_mappable(arr, ld: np.ndarray, off: np.ndarray, box_rows: int) -> bool:
     """Whether the rows of every expert of ``arr`` (row strides ``ld``, byte offsets ``off``)
     form one 2-D byte tensor map: one row stride for all, positive and a multiple of 16 bytes
-    (wgrad over empty experts has no rows: stride 0), every expert starting at a whole row, and
-    int32 row coordinates for every box of ``box_rows`` rows."""
+    (wgrad over empty experts has no rows: stride 0), at least one row (an MN-major wgrad
+    operand of no tokens has none), every expert starting at a whole row, and int32 row
+    coordinates for every box of ``box_rows`` rows."""
     if not (ld.size and np.all(ld == ld[0]) and int(ld[0]) > 0
             and int(ld[0]) % tma.STRIDE_ALIGN == 0):
         return False
     rows = int(arr.nbytes) // int(ld[0])
-    return not np.any(off % ld[0]) and rows + box_rows < 2**31
+    return rows > 0 and not np.any(off % ld[0]) and rows + box_rows < 2**31
 
 
 def _tma_rows_ok(op: Operand, box_rows: int) -> bool:
@@ -47,9 +48,10 @@ def _tma_rows_ok(op: Operand, box_rows: int) -> bool:
 
 
 def _one_length(pl: Plan) -> bool:
-    """Every expert contracts the same whole number of k-tiles."""
+    """Every expert contracts the same whole, nonzero number of k-tiles."""
     length = pl.length
-    return bool(length.size) and bool(np.all(length == length[0])) and int(length[0]) % BK == 0
+    return (bool(length.size) and bool(np.all(length == length[0])) and int(length[0]) > 0
+            and int(length[0]) % BK == 0)
 
 
 def _use_tma(pl: Plan, wide: bool = False) -> bool:
