@@ -269,6 +269,12 @@ __device__ __forceinline__ uint2 lds_v2(unsigned addr) {
                  : "memory");
     return v;
 }
+// (volatile: read where it stands, never hoisted out of a loop into a register)
+__device__ __forceinline__ unsigned lds_u32_volatile(unsigned addr) {
+    unsigned v;
+    asm volatile("ld.volatile.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+    return v;
+}
 __device__ __forceinline__ unsigned lds_u32(unsigned addr) {
     unsigned v;
     asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");

@@ -97,10 +97,14 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     __shared__ __align__(8) unsigned long long ws_bar[NST + NSG];
     const unsigned dbar = smem_u32(ws_bar), sbar = dbar + 8 * NST;
     const bool leader = threadIdx.x == kWsConsumers;
+    // (MN-major A) the contraction's length in its last k-tile, 1..64
+    __shared__ unsigned ws_tail;
+    const unsigned tail_len = smem_u32(&ws_tail);
     if (leader) {
 #pragma unroll
         for (int i = 0; i < NST + NSG; ++i) mbar_init(dbar + 8 * i, 1);
         mbar_init_fence();
+        ws_tail = static_cast<unsigned>(len - static_cast<long long>(KT - 1) * kBK);
     }
     __syncthreads();
     int a_row = 0, b_row = 0, as_row = 0, bs_row = 0;
@@ -370,6 +374,11 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     // which the compiler cannot merge with the first): ptxas spilled the pre-split value there
     // and reloaded it from local memory in every k-tile.
     const int KTc = BMN ? static_cast<int>((ld_volatile_s64(d + D_LEN) + kBK - 1) / kBK) : KT;
+    // MN-major A (wgrad: each expert contracts its own tokens, a multiple of 16): in a last
+    // k-tile that ends early, the copies read the next expert's lines; the steps past the
+    // contraction multiply zero A fragments by zeroed B lines instead, +0 products as in the
+    // plain kernel's zero-filled tail. The tail's length sits in shared memory (tail_len, read
+    // in the last k-tile only): a register for it through the k-loop spills.
     auto loop = [&](auto h, auto e5) {
         constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
         for (int kt = 0; kt < KTc; ++kt) {
@@ -380,6 +389,23 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             // makes the TMA writes visible to this thread (already complete: one try_wait)
             mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+            if constexpr (AMN) {
+                // a last k-tile that ends early: its B lines from tail_len on (bytes
+                // 128 * tail_len on of each 64-column panel) become zeros, so that the steps
+                // there multiply zeros by the zero A fragments below, as the plain kernel does
+                if (kt == KTc - 1) {
+                    const unsigned tail = lds_u32_volatile(tail_len);
+                    if (tail < kBK) {
+                        const unsigned pb = s0 + T_CANON + cb * CANON_B +
+                                            (threadIdx.x >> 6) * (kBK * 128);
+                        for (unsigned o = tail * 128 + 16 * (threadIdx.x & 63); o < kBK * 128;
+                             o += 64 * 16)
+                            sts_v4(pb + o, 0u, 0u, 0u, 0u);
+                        fence_proxy_async();
+                        named_sync(WS_BAR_EPI, kWsConsumers);
+                    }
+                }
+            }
             // B's canonical buffer (MN-major: 64-row panels 8 KiB apart, a step = 16 lines)
             const unsigned long long db =
                 wg_desc(s0 + T_CANON + cb * CANON_B, BMN ? kBK * 128 : 16, 1024);
@@ -417,6 +443,8 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                     mx_decode4<E5, H>(__byte_perm(x, y, 0x6420u), s < 2 ? ma0 : ma1, f[0], f[2]);
                     mx_decode4<E5, H>(__byte_perm(x, y, 0x7531u), s < 2 ? mb0 : mb1, f[1], f[3]);
                     if (s == 1) ldsm_x4_t(ra + 32 * 128, wa0, wa1, wb0, wb1);
+                    if (s > 0 && kt == KTc - 1 && 16 * s >= lds_u32_volatile(tail_len))
+                        f[0] = f[1] = f[2] = f[3] = 0u;
                 } else {
                     mx_decode4<E5, H>(__byte_perm(wa0, wa1, sel), s < 2 ? ma0 : ma1, f[0], f[2]);
                     mx_decode4<E5, H>(__byte_perm(wb0, wb1, sel), s < 2 ? mb0 : mb1, f[1], f[3]);

@@ -15,7 +15,8 @@ against the float64 product of the dequantized operands:
 * ragged experts (empty, shorter than a tile, partial column tiles), bias and bf16 output;
 * grouped == per-expert calls;
 * wgrad (K-grouped: every expert contracts its own tokens) with 8 to 32 k-tiles, partial row and
-  column tiles, and accumulation into an fp32 buffer.
+  column tiles, and accumulation into an fp32 buffer; experts of different token counts, whose
+  last k-tile ends early (the next expert's lines are read and must not count).
 """
 
 from __future__ import annotations
@@ -172,10 +173,10 @@ def test_gpu_mxfp8_ws_grouped_equals_per_expert(monkeypatch):
 W_OUT, W_IN = 320, 384  # wgrad output rows (dy columns) and columns (x columns): partial tiles
 
 
-def _wgrad_problem(fmt, tokens, num_experts, seed, *, scale=None):
-    """(dy, x) columnwise GroupedTensors of a wgrad problem with ``tokens`` per expert;
-    ``scale`` multiplies the token rows of both."""
-    splits = [tokens] * num_experts
+def _wgrad_problem(fmt, tokens, num_experts, seed, *, scale=None, splits=None):
+    """(dy, x) columnwise GroupedTensors of a wgrad problem with ``tokens`` per expert (or the
+    given ``splits``); ``scale`` multiplies the token rows of both."""
+    splits = [tokens] * num_experts if splits is None else splits
     x, _, dy = _data(seed, sum(splits), W_OUT, W_IN)
     if scale is not None:
         x *= scale[:, None]
@@ -223,3 +224,19 @@ def test_gpu_mxfp8_ws_wgrad_wide_rows_and_accumulate(monkeypatch):
         acc[on] = to_host(out)
     assert_bytes_equal(acc[True], acc[False], "ws vs plain, wgrad accumulate")
     assert_gemm_close(acc[True], exp + base, mag + np.abs(base), "ws wgrad accumulate")
+
+
+@pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-hybrid"])
+@pytest.mark.parametrize("splits", [[0, 37, 300, 5, 0, 130, 16], [1056, 0, 544, 2080, 31]],
+                         ids=["short", "long"])
+def test_gpu_mxfp8_ws_wgrad_ragged(fmt, splits, monkeypatch):
+    """wgrad over experts of different token counts (padded to 32: last k-tiles of 32 lines;
+    1056 and 2080 tokens give 17 and 33 k-tiles, on fp16 in the warp-specialised kernel, the
+    latter in the plain one too): the plain kernel's bits, float64 within tolerance."""
+    _require_wgmma()
+    a, b, splits = _wgrad_problem(fmt, 0, 0, 53, splits=splits)
+    ws = _run(a, b, splits, monkeypatch, ws=True, mode="wgrad")
+    plain = _run(a, b, splits, monkeypatch, ws=False, mode="wgrad")
+    exp, mag = _expected("wgrad", a, b, splits)
+    assert_gemm_close(ws, exp, mag, f"ws wgrad ragged {fmt} {splits}")
+    assert_bytes_equal(ws, plain, f"ws vs plain wgrad ragged {fmt} {splits}")

@@ -80,7 +80,9 @@ Kernel choice
   build (B MN-major: W's columnwise copy, two 128-row panels with the 128-byte swizzle) fills
   a per-k-tile table of per-row block factors one tile ahead; the wgrad build (A MN-major too:
   dy's columnwise copy, one 128-row panel) reads its A fragments with ``ldmatrix.trans``, which
-  hands each thread two adjacent rows, and its epilogue puts the rows back in place.
+  hands each thread two adjacent rows, and its epilogue puts the rows back in place; its experts
+  may contract different token counts (any multiple of 16: a last k-tile that ends early
+  multiplies zeros past the end, as the plain kernel does).
   ``LOWPREC_MOE_GEMM_MXFP8_WS``: ``auto`` (default) takes the layouts in ``MXFP8_WS_AUTO``,
   ``all`` all three, ``off`` none.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
@@ -302,7 +304,7 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     mx_mode = _env_mode(MXFP8_WS_ENV, _MXFP8_WS_MODES)
     mx_layouts = {"auto": MXFP8_WS_AUTO, "all": ("kk", "kn", "nn"), "off": ()}[mx_mode]
     ws_mx = (cfg == "w" and p.fmt == "mxfp8" and layout in mx_layouts and ch == 16 and tma_ok
-             and _use_ws_tma(pl))
+             and _use_ws_tma(pl, ragged=layout == "nn"))
     if ws or ws_mx:
         cfg = "x"
     bm, bn = CONFIGS[cfg]

@@ -71,12 +71,23 @@ def _tma_scale_rows_ok(op: Operand, box_rows: int) -> bool:
     return _rows_mappable(op.scale, op.sld, op.soff, box_rows)
 
 
-def _use_ws_tma(pl: Plan) -> bool:
+def _ragged_lengths(pl: Plan) -> bool:
+    """Every expert contracts a multiple of 16 (MXFP8 wgrad: its tokens padded to 32), not all
+    of them nothing: the warp-specialised MXFP8 wgrad build (``_nn_y``, both operands MN-major,
+    one tensor map per operand over every expert's lines) handles a last k-tile that ends
+    early."""
+    length = pl.length
+    return bool(length.size) and bool(np.any(length > 0)) and not np.any(length % 16)
+
+
+def _use_ws_tma(pl: Plan, ragged: bool = False) -> bool:
     """Whether the warp-specialised NVFP4 / MXFP8 kernel can load its data tiles and block
     scales with TMA (the ``_kk_y`` builds): data and scales of both operands mapped by
-    :func:`_tma_rows_ok` / :func:`_tma_scale_rows_ok` and :func:`_one_length`."""
+    :func:`_tma_rows_ok` / :func:`_tma_scale_rows_ok` and :func:`_one_length`
+    (``ragged``, the MXFP8 wgrad build: :func:`_ragged_lengths`)."""
     bm, bn = CONFIGS["x"]
-    return (_one_length(pl) and _tma_rows_ok(pl.a, bm) and _tma_rows_ok(pl.b, bn)
+    lengths_ok = _ragged_lengths(pl) if ragged else _one_length(pl)
+    return (lengths_ok and _tma_rows_ok(pl.a, bm) and _tma_rows_ok(pl.b, bn)
             and _tma_scale_rows_ok(pl.a, bm) and _tma_scale_rows_ok(pl.b, bn))
 
 
