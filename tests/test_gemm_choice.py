@@ -37,10 +37,10 @@ def _policy_problem(mode, fmt, splits, n=128, k=256):
 @pytest.mark.parametrize("mode", MODES)
 def test_choose_kernel_policy(mode, fmt, family, monkeypatch):
     """sm_90: NVFP4 with the 128-row tile takes the warp-specialised kernel (512 threads) by
-    default, and so does MXFP8 wgrad (``_nn_y``: any token counts; fprop / dgrad here contract
-    160, not a multiple of 512, so they stay plain); bf16 takes the plain wgmma kernel; forcing
-    ``wgmma`` / ``mma`` selects those families. The shared memory equals the kernel's formula
-    for the tile."""
+    default; MXFP8 (fprop / dgrad here contract 160, not a multiple of 512; wgrad experts
+    average fewer than MXFP8_WS_WGRAD_MIN_LEN tokens) and bf16 take the plain wgmma kernel;
+    forcing ``wgmma`` / ``mma`` selects those families. The shared memory equals the kernel's
+    formula for the tile."""
     from lowprec_moe.cuda import gemm as C
 
     monkeypatch.setenv(C.KERNEL_ENV, family)
@@ -51,15 +51,12 @@ def test_choose_kernel_policy(mode, fmt, family, monkeypatch):
     ln = C.choose_kernel(p, pl, caps=H200_CAPS)
     assert not ln.simt and (ln.bm, ln.bn) == (128, 256), ln
     ws = family == "auto" and fmt.startswith("nvfp4")
-    ws_mx = family == "auto" and fmt.startswith("mxfp8") and mode == "wgrad"
-    cfg = "x" if ws else "y" if ws_mx else "w" if family in ("auto", "wgmma") else "l"
+    cfg = "x" if ws else "w" if family in ("auto", "wgmma") else "l"
     assert ln.kernel.endswith(f"_{cfg}"), ln
     assert ln.wgmma == (family != "mma"), ln
-    assert ln.threads == (C.WS_THREADS if ws or ws_mx else C.THREADS), ln
+    assert ln.threads == (C.WS_THREADS if ws else C.THREADS), ln
     if ws:
         assert ln.smem == C._ws_smem_bytes(pl.a.kind, pl.b.kind), ln
-    elif ws_mx:
-        assert ln.smem == C._ws_mx_smem_bytes() and ln.tma, ln
     else:
         assert ln.smem == C._smem_bytes(pl.a.kind, pl.b.kind, 128, 256, family != "mma"), ln
 
@@ -84,9 +81,8 @@ def test_choose_kernel_few_tokens_swap(mode, fmt, family, monkeypatch):
     swap = (family != "mma" and mode != "wgrad" and fmt != "bf16"
             and not (mode == "dgrad" and fmt.startswith("mxfp8")))
     assert ln.kernel.endswith(("_kk_t", "_kk_u")) == swap, ln
-    ws_mx = family == "auto" and mode == "wgrad" and fmt.startswith("mxfp8")  # _nn_y
     tma = swap and family == "auto" and fmt.startswith("nvfp4")
-    assert ln.tma == (tma or ws_mx) and ln.kernel.endswith("_kk_u") == tma, ln
+    assert ln.tma == tma and ln.kernel.endswith("_kk_u") == tma, ln
     if swap:
         assert (ln.bm, ln.bn) == C.CONFIGS["t"] == (32, 128) and ln.threads == C.THREADS, ln
         assert ln.wgmma and not ln.simt, ln
@@ -232,7 +228,7 @@ def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
             assert ln.smem == C._ws_mx_smem_bytes(), ln
         else:
             assert ln.kernel == "lpm_gg_mxfp8_kn_w" and not ln.tma, ln
-    p = _policy_problem("wgrad", fmt, [256, 256, 256], n=512, k=1024)
+    p = _policy_problem("wgrad", fmt, [512, 512, 512], n=512, k=1024)
     for mode in ("auto", "all", "off"):
         monkeypatch.setenv(C.MXFP8_WS_ENV, mode)
         ln = C.choose_kernel(p, C.plan(p), caps=H200_CAPS)
@@ -242,11 +238,16 @@ def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
         else:
             assert ln.kernel == "lpm_gg_mxfp8_nn_w" and ln.threads == C.THREADS, ln
     # experts of different token counts (K-grouped, padded to 32: a last k-tile may end early)
-    # keep the build; no tokens at all leave nothing to map
-    monkeypatch.setenv(C.MXFP8_WS_ENV, "all")
-    for splits, kernel in (([0, 37, 300, 5], "lpm_gg_mxfp8_nn_y"), ([0, 0, 0], "lpm_gg_mxfp8_nn_w")):
+    # keep the build; no tokens at all leave nothing to map; "auto" asks for a mean of at least
+    # MXFP8_WS_WGRAD_MIN_LEN tokens over the non-empty experts, "all" does not
+    for mode, splits, kernel in (("all", [0, 37, 300, 5], "y"), ("all", [0, 0, 0], "w"),
+                                 ("auto", [0, 37, 300, 5], "w"), ("auto", [0, 480, 600], "y"),
+                                 ("auto", [16] * 8, "w")):
+        monkeypatch.setenv(C.MXFP8_WS_ENV, mode)
         p = _policy_problem("wgrad", fmt, splits, n=512, k=1024)
-        assert C.choose_kernel(p, C.plan(p), caps=H200_CAPS).kernel == kernel, splits
+        ln = C.choose_kernel(p, C.plan(p), caps=H200_CAPS)
+        if "nn" in C.MXFP8_WS_AUTO or mode == "all":
+            assert ln.kernel == "lpm_gg_mxfp8_nn_" + kernel, (mode, splits, ln)
     monkeypatch.delenv(C.MXFP8_WS_ENV)
 
 

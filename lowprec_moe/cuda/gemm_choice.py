@@ -82,7 +82,8 @@ Kernel choice
   dy's columnwise copy, one 128-row panel) reads its A fragments with ``ldmatrix.trans``, which
   hands each thread two adjacent rows, and its epilogue puts the rows back in place; its experts
   may contract different token counts (any multiple of 16: a last k-tile that ends early
-  multiplies zeros past the end, as the plain kernel does).
+  multiplies zeros past the end, as the plain kernel does); ``auto`` takes it when they contract
+  ``MXFP8_WS_WGRAD_MIN_LEN`` tokens or more on average.
   ``LOWPREC_MOE_GEMM_MXFP8_WS``: ``auto`` (default) takes the layouts in ``MXFP8_WS_AUTO``,
   ``all`` all three, ``off`` none.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
@@ -151,6 +152,11 @@ PERSIST_MAX_KTILES = 16
 #: on every compute-bound shape where they apply (fprop 4-15 %, dgrad 8-20 %, wgrad 2-31 %;
 #: benchmarks/RESULTS.md).
 MXFP8_WS_AUTO = ("kk", "kn", "nn")
+#: "auto" gives MXFP8 wgrad the warp-specialised build only when its non-empty experts contract
+#: at least this many tokens on average: at 32 (16 tokens per expert, the memory-bound shape) it
+#: measured 15 % slower than the plain kernel, at 512 (fine) the same, on the skewed split
+#: (mean 683) 11 % faster and from 2560 on (qwen, dsv3) 20-31 % faster (benchmarks/RESULTS.md).
+MXFP8_WS_WGRAD_MIN_LEN = 512
 
 
 def _env_mode(name: str, modes: tuple) -> str:
@@ -304,7 +310,8 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     mx_mode = _env_mode(MXFP8_WS_ENV, _MXFP8_WS_MODES)
     mx_layouts = {"auto": MXFP8_WS_AUTO, "all": ("kk", "kn", "nn"), "off": ()}[mx_mode]
     ws_mx = (cfg == "w" and p.fmt == "mxfp8" and layout in mx_layouts and ch == 16 and tma_ok
-             and _use_ws_tma(pl, ragged=layout == "nn"))
+             and _use_ws_tma(pl, ragged=layout == "nn")
+             and (layout != "nn" or mx_mode == "all" or _long_wgrad(pl)))
     if ws or ws_mx:
         cfg = "x"
     bm, bn = CONFIGS[cfg]
@@ -342,6 +349,13 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
         return simt
     return Launch(f"grouped_gemm_{prefix}", name, False, bm, bn, ch, smem, use_wg,
                   WS_THREADS if ws else THREADS, use_tma, grid_cap)
+
+
+def _long_wgrad(pl: Plan) -> bool:
+    """Whether the non-empty experts of a wgrad plan contract at least
+    ``MXFP8_WS_WGRAD_MIN_LEN`` tokens on average."""
+    length = pl.length[pl.length > 0]
+    return bool(length.size) and float(length.mean()) >= MXFP8_WS_WGRAD_MIN_LEN
 
 
 def _persist(pl: Plan, sms: int) -> bool:
