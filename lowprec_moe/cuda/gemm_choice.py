@@ -71,13 +71,12 @@ Kernel choice
   ``LOWPREC_MOE_GEMM_PERSIST`` = ``auto`` (default) | ``on`` | ``off``.
 * On sm_90, MXFP8 GEMMs with the 128-row tile run the warp-specialised MXFP8 kernel
   (fprop ``_kk_y``, dgrad ``_kn_y``, wgrad ``_nn_y``; ``raw_kernels/grouped_gemm_ws_mx.cuh``),
-  for the layouts in ``MXFP8_WS_AUTO``, wherever its TMA
-  loads apply (the ``_kk_y`` conditions above; the contraction a multiple of 512): the whole
+  for the layouts in ``MXFP8_WS_AUTO``, wherever its TMA loads apply (fprop / dgrad: the
+  ``_kk_y`` conditions above, the contraction a multiple of 512; wgrad: see below): the whole
   CTA first checks the tile against the fp16 window, then two producer warpgroups widen B (TMA
   data tiles, 64-byte swizzle) while two consumer warpgroups widen A straight into wgmma
   registers, on fp16 or bf16 per tile as the plain kernel would -- bitwise the plain kernel's
-  results. The dgrad
-  build (B MN-major: W's columnwise copy, two 128-row panels with the 128-byte swizzle) fills
+  results. The dgrad build (B MN-major: W's columnwise copy, two 128-row panels with the 128-byte swizzle) fills
   a per-k-tile table of per-row block factors one tile ahead; the wgrad build (A MN-major too:
   dy's columnwise copy, one 128-row panel) reads its A fragments with ``ldmatrix.trans``, which
   hands each thread two adjacent rows, and its epilogue puts the rows back in place; its experts
