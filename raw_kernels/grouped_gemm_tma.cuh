@@ -74,4 +74,12 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap* map, uns
 
 }  // namespace lpm_gg
 
+// The four tensor maps of the warp-specialised TMA builds (A's and B's data, then their block
+// scales), passed by value: as entry-point parameters, and as the pointers the kernels take.
+#define LPM_GG_WS_TMA_PARAMS                                                                   \
+    const __grid_constant__ lpm_gg::TmaMap tma_a, const __grid_constant__ lpm_gg::TmaMap tma_b, \
+        const __grid_constant__ lpm_gg::TmaMap tma_as,                                         \
+        const __grid_constant__ lpm_gg::TmaMap tma_bs
+#define LPM_GG_WS_TMA_ARGS &tma_a, &tma_b, &tma_as, &tma_bs
+
 #endif  // LPM_GROUPED_GEMM_TMA_CUH

@@ -248,12 +248,8 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
 // B's data and block scales, passed by value.
 #define LPM_GG_DEFINE_WS_TMA(NAME, AKIND, BKIND, F16)                                          \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
-        NAME(LPM_GG_PARAMS, const __grid_constant__ lpm_gg::TmaMap tma_a,                      \
-             const __grid_constant__ lpm_gg::TmaMap tma_b,                                     \
-             const __grid_constant__ lpm_gg::TmaMap tma_as,                                    \
-             const __grid_constant__ lpm_gg::TmaMap tma_bs) {                                  \
-        lpm_gg::gemm_ws<AKIND, BKIND, F16, 16, true>(LPM_GG_ARGS, &tma_a, &tma_b, &tma_as,      \
-                                                     &tma_bs);                                 \
+        NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS) {                                            \
+        lpm_gg::gemm_ws<AKIND, BKIND, F16, 16, true>(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS);          \
     }
 
 #endif  // LPM_GROUPED_GEMM_WS_CUH

@@ -483,17 +483,14 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
 
 }  // namespace lpm_gg
 
-// extern "C" entry point NAME of the warp-specialised MXFP8 kernel (sm_90a; A K-major, B K-major
-// or, with BMN, MN-major): the tensor maps of A's and B's data (K-major: 64-byte swizzle;
-// MN-major B: 128-byte swizzle) and block scales follow the common parameters. On other
-// architectures the wgmma compile to traps; the launcher never selects it there.
-#define LPM_GG_DEFINE_WS_MX(NAME, AMN, BMN)                                                         \
+// extern "C" entry point NAME of the warp-specialised MXFP8 kernel (sm_90a; A K-major or, with
+// AMN, MN-major; B K-major or, with BMN, MN-major): the tensor maps of A's and B's data (K-major:
+// 64-byte swizzle; MN-major: 128-byte swizzle) and block scales follow the common parameters.
+// On other architectures the wgmma compile to traps; the launcher never selects it there.
+#define LPM_GG_DEFINE_WS_MX(NAME, AMN, BMN)                                                    \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
-        NAME(LPM_GG_PARAMS, const __grid_constant__ lpm_gg::TmaMap tma_a,                      \
-             const __grid_constant__ lpm_gg::TmaMap tma_b,                                     \
-             const __grid_constant__ lpm_gg::TmaMap tma_as,                                    \
-             const __grid_constant__ lpm_gg::TmaMap tma_bs) {                                  \
-        lpm_gg::gemm_ws_mx<AMN, BMN>(LPM_GG_ARGS, &tma_a, &tma_b, &tma_as, &tma_bs);                \
+        NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS) {                                            \
+        lpm_gg::gemm_ws_mx<AMN, BMN>(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS);                         \
     }
 
 #endif  // LPM_GROUPED_GEMM_WS_MX_CUH

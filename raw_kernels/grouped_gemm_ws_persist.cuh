@@ -162,12 +162,8 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
 // launcher never selects it there.
 #define LPM_GG_DEFINE_WS_P(NAME, AKIND, BKIND)                                                 \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
-        NAME(LPM_GG_PARAMS, const __grid_constant__ lpm_gg::TmaMap tma_a,                      \
-             const __grid_constant__ lpm_gg::TmaMap tma_b,                                     \
-             const __grid_constant__ lpm_gg::TmaMap tma_as,                                    \
-             const __grid_constant__ lpm_gg::TmaMap tma_bs, int num_tiles) {                   \
-        lpm_gg::gemm_ws_p<AKIND, BKIND>(LPM_GG_ARGS, &tma_a, &tma_b, &tma_as, &tma_bs,         \
-                                        num_tiles);                                            \
+        NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS, int num_tiles) {                             \
+        lpm_gg::gemm_ws_p<AKIND, BKIND>(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS, num_tiles);           \
     }
 
 #endif  // LPM_GROUPED_GEMM_WS_PERSIST_CUH
