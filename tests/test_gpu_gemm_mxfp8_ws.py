@@ -173,17 +173,16 @@ def test_gpu_mxfp8_ws_grouped_equals_per_expert(monkeypatch):
 W_OUT, W_IN = 320, 384  # wgrad output rows (dy columns) and columns (x columns): partial tiles
 
 
-def _wgrad_problem(fmt, tokens, num_experts, seed, *, scale=None, splits=None):
-    """(dy, x) columnwise GroupedTensors of a wgrad problem with ``tokens`` per expert (or the
-    given ``splits``); ``scale`` multiplies the token rows of both."""
-    splits = [tokens] * num_experts if splits is None else splits
+def _wgrad_problem(fmt, splits, seed, *, scale=None):
+    """(dy, x) columnwise GroupedTensors of a wgrad problem with ``splits`` tokens per expert;
+    ``scale`` multiplies the token rows of both."""
     x, _, dy = _data(seed, sum(splits), W_OUT, W_IN)
     if scale is not None:
         x *= scale[:, None]
         dy *= scale[:, None]
     w = np.zeros((1, W_OUT, W_IN), np.float32)
     xq, _, dq = _quantize(fmt, x, w, dy, splits)
-    return dq, xq, splits
+    return dq, xq
 
 
 @pytest.mark.parametrize("mma", ["auto", "bf16"])
@@ -195,7 +194,8 @@ def test_gpu_mxfp8_ws_wgrad_equals_plain(fmt, tokens, mma, monkeypatch):
     from lowprec_moe.cuda import gemm as C
 
     monkeypatch.setenv(C.MXFP8_MMA_ENV, mma)
-    a, b, splits = _wgrad_problem(fmt, tokens, 3, 50 + tokens)
+    splits = [tokens] * 3
+    a, b = _wgrad_problem(fmt, splits, 50 + tokens)
     ws = _run(a, b, splits, monkeypatch, ws=True, mode="wgrad")
     plain = _run(a, b, splits, monkeypatch, ws=False, mode="wgrad")
     exp, mag = _expected("wgrad", a, b, splits)
@@ -210,7 +210,8 @@ def test_gpu_mxfp8_ws_wgrad_wide_rows_and_accumulate(monkeypatch):
     tokens = 1024
     wide = np.ones(2 * tokens, np.float32)
     wide[::7 * 32] = np.float32(2.0 ** 40)
-    a, b, splits = _wgrad_problem("mxfp8-e4m3", tokens, 2, 51, scale=wide)
+    splits = [tokens] * 2
+    a, b = _wgrad_problem("mxfp8-e4m3", splits, 51, scale=wide)
     ws = _run(a, b, splits, monkeypatch, ws=True, mode="wgrad")
     plain = _run(a, b, splits, monkeypatch, ws=False, mode="wgrad")
     exp, mag = _expected("wgrad", a, b, splits)
@@ -234,7 +235,7 @@ def test_gpu_mxfp8_ws_wgrad_ragged(fmt, splits, monkeypatch):
     1056 and 2080 tokens give 17 and 33 k-tiles, on fp16 in the warp-specialised kernel, the
     latter in the plain one too): the plain kernel's bits, float64 within tolerance."""
     _require_wgmma()
-    a, b, splits = _wgrad_problem(fmt, 0, 0, 53, splits=splits)
+    a, b = _wgrad_problem(fmt, splits, 53)
     ws = _run(a, b, splits, monkeypatch, ws=True, mode="wgrad")
     plain = _run(a, b, splits, monkeypatch, ws=False, mode="wgrad")
     exp, mag = _expected("wgrad", a, b, splits)
