@@ -211,14 +211,17 @@ __host__ __device__ constexpr int ws_p_smem_bytes() {
            8 * 16 * kEpiWarpLd * 4 + 1024;
 }
 // The warp-specialised MXFP8 kernel (grouped_gemm_ws_mx.cuh, TMA only): an fp8 tile is twice an
-// NVFP4 one, so six raw stages and three canonical buffers do not fit; it keeps kWmxAhead tiles
-// in flight ahead of the expansion and kWmxCanonBuffers canonical B buffers (kWmxStages raw
-// stages), block scales in kWmxScaleSlots slots of kWmxScaleTiles k-tiles (16 bytes per row:
-// two E8M0 codes per k-tile), then the rows' and columns' largest block codes (fp16 window) and,
-// for an MN-major B (dgrad), the factor tables.
+// NVFP4 one, so one ring of six stages of both data tiles beside three canonical buffers does
+// not fit. A and B have rings of their own: the consumers read A from its raw stage until they
+// retire the k-tile (kWmxAhead + kWmxCanonBuffers stages of 8 KiB), while B's raw stage is free
+// once the producers widened it (kWmxAhead + 1 stages of 16 KiB). Then kWmxCanonBuffers
+// canonical B buffers, block scales in kWmxScaleSlots slots of kWmxScaleTiles k-tiles (16 bytes
+// per row: two E8M0 codes per k-tile), the rows' and columns' largest block codes (fp16 window)
+// and, for an MN-major B (dgrad, wgrad), the factor tables.
 constexpr int kWmxAhead = 3;
-constexpr int kWmxCanonBuffers = 2;
-constexpr int kWmxStages = kWmxAhead + kWmxCanonBuffers;
+constexpr int kWmxCanonBuffers = 3;
+constexpr int kWmxAStages = kWmxAhead + kWmxCanonBuffers;
+constexpr int kWmxBStages = kWmxAhead + 1;
 constexpr int kWmxScaleTiles = 8;
 constexpr int kWmxScaleSlots = 2;
 __host__ __device__ constexpr int ws_mx_scale_slot_bytes() {
@@ -229,8 +232,8 @@ __host__ __device__ constexpr int ws_mx_table_bytes() {
     return 2 * 2 * 256 * 4;
 }
 __host__ __device__ constexpr int ws_mx_smem_bytes() {
-    const int main = kWmxStages * (raw_data_bytes(KIND_FP8_K, 128) + raw_data_bytes(KIND_FP8_K, 256)) +
-                     kWmxCanonBuffers * canon_bytes(256) + kWmxScaleSlots * ws_mx_scale_slot_bytes() +
+    const int main = kWmxAStages * raw_data_bytes(KIND_FP8_K, 128) +
+                     kWmxBStages * raw_data_bytes(KIND_FP8_K, 256) + kWmxCanonBuffers * canon_bytes(256) + kWmxScaleSlots * ws_mx_scale_slot_bytes() +
                      (128 + 256) + ws_mx_table_bytes();
     const int epi = epi_bytes(128, 256);
     return (main > epi ? main : epi) + 1024;

@@ -55,12 +55,14 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     constexpr int BM = 128, BN = 256;
     constexpr int AKIND = AMN ? KIND_FP8_MN : KIND_FP8_K;
     constexpr int BKIND = BMN ? KIND_FP8_MN : KIND_FP8_K;
-    constexpr int NST = kWmxStages, NCB = kWmxCanonBuffers, AHEAD = kWmxAhead;
+    constexpr int NSA = kWmxAStages, NSB = kWmxBStages, NCB = kWmxCanonBuffers;
+    constexpr int AHEAD = kWmxAhead;
     constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     constexpr int T_DA = raw_data_bytes(AKIND, BM);  // 128 rows x 64 bytes or 64 lines x 128
-    constexpr int T_STAGE = T_DA + raw_data_bytes(BKIND, BN);  // + 256 rows x 64 bytes
+    constexpr int T_DB = raw_data_bytes(BKIND, BN);  // 256 rows x 64 bytes or 2 x 64 x 128
+    constexpr int T_B0 = NSA * T_DA;                 // A's ring, then B's
     constexpr int CANON_B = canon_bytes(BN);
-    constexpr int T_CANON = NST * T_STAGE;
+    constexpr int T_CANON = T_B0 + NSB * T_DB;
     constexpr int T_SLD = SGT * (kBK / LPM_MXFP8_BLOCK);  // scale bytes per row in a slot
     constexpr int T_SC = T_CANON + NCB * CANON_B, T_SLOT = ws_mx_scale_slot_bytes();
     constexpr int T_SB = BM * T_SLD;  // B's rows (MN-major: 2 SGT block lines of 256) in a slot
@@ -72,7 +74,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     constexpr int SMEM = ws_mx_smem_bytes();
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
     constexpr int B_STEP = BMN ? 16 * 128 : 32;  // bytes of a 16-deep step in a canonical B
-    static_assert(T_DA % 1024 == 0 && T_STAGE % 1024 == 0 && T_CANON % 1024 == 0 &&
+    static_assert(T_DA % 1024 == 0 && T_DB % 1024 == 0 && T_CANON % 1024 == 0 &&
                       CANON_B % 1024 == 0 && T_SLOT % 128 == 0 && T_SB % 128 == 0 &&
                       T_SLD == 16,
                   "TMA destinations (64-byte swizzle: 512-byte aligned) and swizzle atoms");
@@ -81,7 +83,8 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                   "shared memory");
     static_assert(BM * EPI_LD * 4 <= T_EXPS, "the epilogue staging tile spares the exponents");
     static_assert((BM + BN) * 8 <= CANON_B, "window-check scratch in canonical buffer 0");
-    static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && NST == AHEAD + NCB && kBK == 64,
+    static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && NSA == AHEAD + NCB && NSB == AHEAD + 1 &&
+                      kBK == 64,
                   "pipeline depth");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -92,17 +95,17 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     const int KT = static_cast<int>((len + kBK - 1) / kBK);
     const int NG = (KT + SGT - 1) / SGT;  // scale groups
 
-    // mbarriers of the raw stages (data) and of the scale slots: one arrival each (the issuing
+    // mbarriers of A's and B's raw stages and of the scale slots: one arrival each (the issuing
     // thread's expect_tx) plus the copies' bytes.
-    __shared__ __align__(8) unsigned long long ws_bar[NST + NSG];
-    const unsigned dbar = smem_u32(ws_bar), sbar = dbar + 8 * NST;
+    __shared__ __align__(8) unsigned long long ws_bar[NSA + NSB + NSG];
+    const unsigned abar = smem_u32(ws_bar), bbar = abar + 8 * NSA, sbar = bbar + 8 * NSB;
     const bool leader = threadIdx.x == kWsConsumers;
     // (MN-major A) the contraction's length in its last k-tile, 1..64
     __shared__ unsigned ws_tail;
     const unsigned tail_len = smem_u32(&ws_tail);
     if (leader) {
 #pragma unroll
-        for (int i = 0; i < NST + NSG; ++i) mbar_init(dbar + 8 * i, 1);
+        for (int i = 0; i < NSA + NSB + NSG; ++i) mbar_init(abar + 8 * i, 1);
         mbar_init_fence();
         ws_tail = static_cast<unsigned>(len - static_cast<long long>(KT - 1) * kBK);
     }
@@ -117,19 +120,20 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     // MN-major: the tile's first row / column
     const int ac = static_cast<int>(r0), bc = static_cast<int>(c0);
     auto issue_data = [&](int kt) {
-        const int st = kt % NST;
-        const unsigned sb = s0 + st * T_STAGE, bar = dbar + 8 * st;
-        mbar_arrive_expect_tx(bar, T_STAGE);
+        const unsigned sa = s0 + (kt % NSA) * T_DA, ba = abar + 8 * (kt % NSA);
+        const unsigned sb = s0 + T_B0 + (kt % NSB) * T_DB, bb = bbar + 8 * (kt % NSB);
+        mbar_arrive_expect_tx(ba, T_DA);
         if constexpr (AMN) {  // one 128-row panel
-            tma_load_2d(sb, tm_a, bar, ac, a_row + kt * kBK);
+            tma_load_2d(sa, tm_a, ba, ac, a_row + kt * kBK);
         } else {
-            tma_load_2d(sb, tm_a, bar, kt * kBK, a_row);
+            tma_load_2d(sa, tm_a, ba, kt * kBK, a_row);
         }
+        mbar_arrive_expect_tx(bb, T_DB);
         if constexpr (BMN) {  // two 128-row panels
-            tma_load_2d(sb + T_DA, tm_b, bar, bc, b_row + kt * kBK);
-            tma_load_2d(sb + T_DA + P_RAW, tm_b, bar, bc + 128, b_row + kt * kBK);
+            tma_load_2d(sb, tm_b, bb, bc, b_row + kt * kBK);
+            tma_load_2d(sb + P_RAW, tm_b, bb, bc + 128, b_row + kt * kBK);
         } else {
-            tma_load_2d(sb + T_DA, tm_b, bar, kt * kBK, b_row);
+            tma_load_2d(sb, tm_b, bb, kt * kBK, b_row);
         }
     };
     auto issue_scales = [&](int g) {
@@ -170,10 +174,17 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
         regs_release<kWsTmaProducerRegs>();
         const int t = static_cast<int>(threadIdx.x) - kWsConsumers;
         const int bias_b = mx_s_max(eb5) + LPM_FP16_EXP_BIAS;
-        // Tile kt-NCB retired: its canonical buffer, its raw stage (which tile kt+AHEAD takes)
-        // and, after the last tile of a scale group, its slot are free (both layouts).
+        // Tile kt-NCB retired: its canonical buffer, its raw A stage (which tile kt+AHEAD
+        // takes) and, after the last tile of a scale group, its slot are free (both layouts).
+        // B's raw stage for tile kt+AHEAD last held tile kt-1, which every producer has widened
+        // once all of them pass the barrier: EMPTY (consumers and producers), or before the
+        // first EMPTY the producers' own barrier.
         auto refill = [&](int kt) {
-            if (kt >= NCB) named_sync(WS_BAR_EMPTY + kt % NCB, kWsThreads);
+            if (kt >= NCB) {
+                named_sync(WS_BAR_EMPTY + kt % NCB, kWsThreads);
+            } else if (kt + AHEAD >= NSB) {
+                named_sync(WS_BAR_PROD, kWsProducers);
+            }
             if (leader) {
                 if (kt + AHEAD < KT) issue_data(kt + AHEAD);
                 // group g's slot last held group g - NSG, whose last tile SGT (g - NSG + 1) - 1
@@ -182,8 +193,8 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                 if (q > 0 && q % SGT == 0 && q / SGT + NSG - 1 < NG)
                     issue_scales(q / SGT + NSG - 1);
             }
-            const int st = kt % NST, g = kt / SGT;
-            mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
+            const int g = kt / SGT;
+            mbar_wait(bbar + 8 * (kt % NSB), static_cast<unsigned>(kt / NSB) & 1u);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
         };
         if constexpr (BMN) {
@@ -232,10 +243,10 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                 };
                 if (KT > 0) fill(0);
                 for (int kt = 0; kt < KT; ++kt) {
-                    const int cb = kt % NCB, st = kt % NST;
+                    const int cb = kt % NCB;
                     refill(kt);
                     const unsigned tab = s0 + T_TAB + (kt & 1) * TAB;
-                    const unsigned rb = s0 + st * T_STAGE + T_DA + o_raw;
+                    const unsigned rb = s0 + T_B0 + (kt % NSB) * T_DB + o_raw;
                     const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
                     const unsigned fb =
                         tab + static_cast<unsigned>(((lb >> 5) * BN + 32 * q) * FS);
@@ -304,9 +315,9 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             auto loop = [&](auto h, auto e5) {
                 constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
                 for (int kt = 0; kt < KT; ++kt) {
-                    const int cb = kt % NCB, st = kt % NST, g = kt / SGT;
+                    const int cb = kt % NCB, g = kt / SGT;
                     refill(kt);
-                    const unsigned rb = s0 + st * T_STAGE + T_DA + o_raw;
+                    const unsigned rb = s0 + T_B0 + (kt % NSB) * T_DB + o_raw;
                     const unsigned rsb =
                         s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 2 + o_sc;
                     const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
@@ -384,10 +395,11 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
         for (int kt = 0; kt < KTc; ++kt) {
             const int cb = kt % NCB;
             named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt widened into buffer cb
-            const int st = kt % NST, g = kt / SGT;
-            // the producers waited for these copies before arriving at FULL; waiting here too
-            // makes the TMA writes visible to this thread (already complete: one try_wait)
-            mbar_wait(dbar + 8 * st, static_cast<unsigned>(kt / NST) & 1u);
+            const int st = kt % NSA, g = kt / SGT;
+            // A's copies were issued with B's, which the producers waited for before arriving at
+            // FULL; the wait makes A's TMA writes visible to this thread (and is usually one
+            // try_wait)
+            mbar_wait(abar + 8 * st, static_cast<unsigned>(kt / NSA) & 1u);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
             if constexpr (AMN) {
                 // a last k-tile that ends early: its B lines from tail_len on (bytes
@@ -409,7 +421,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             // B's canonical buffer (MN-major: 64-row panels 8 KiB apart, a step = 16 lines)
             const unsigned long long db =
                 wg_desc(s0 + T_CANON + cb * CANON_B, BMN ? kBK * 128 : 16, 1024);
-            const unsigned ra = s0 + st * T_STAGE + (AMN ? a_mn : a_off);
+            const unsigned ra = s0 + st * T_DA + (AMN ? a_mn : a_off);
             const unsigned rsc = s0 + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 2 * (AMN ? BM : 1) +
                                  s_off;
             // the block codes of rows ra0 (ma*) and ra1 (mb*), blocks 0 and 1 (K-major: one

@@ -188,6 +188,10 @@ def test_kernel_constants_match_sources():
                         ("kWmxScaleTiles", C.WMX_SCALE_TILES),
                         ("kWmxScaleSlots", C.WMX_SCALE_SLOTS)):
         assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == value, name
+    assert "constexpr int kWmxAStages = kWmxAhead + kWmxCanonBuffers;" in src
+    assert "constexpr int kWmxBStages = kWmxAhead + 1;" in src
+    assert (C.WMX_A_STAGES, C.WMX_B_STAGES) == (C.WMX_AHEAD + C.WMX_CANON_BUFFERS,
+                                                C.WMX_AHEAD + 1)
     simt = (kernels.kernel_dir() / "grouped_gemm_simt.cu").read_text()
     for name in ("EK_F32", "EK_BF16", "EK_F16", "EK_FP4", "EK_E4M3", "EK_E5M2"):
         assert int(re.search(rf"\b{name} = (\d+)", simt).group(1)) == getattr(C, name), name

@@ -106,20 +106,23 @@ def _ws_p_smem_bytes() -> int:
 #: the warp-specialised MXFP8 kernel (kWmx* in raw_kernels/grouped_gemm_base.cuh): raw tiles in
 #: flight ahead of the expansion, canonical B buffers, k-tiles per scale slot, scale slots
 WMX_AHEAD = 3
-WMX_CANON_BUFFERS = 2
+WMX_CANON_BUFFERS = 3
 WMX_SCALE_TILES = 8
 WMX_SCALE_SLOTS = 2
+#: its raw rings: A's stages are held until the consumers retire the k-tile, B's until the
+#: producers widened it (kWmxAStages, kWmxBStages)
+WMX_A_STAGES = WMX_AHEAD + WMX_CANON_BUFFERS
+WMX_B_STAGES = WMX_AHEAD + 1
 
 
 def _ws_mx_smem_bytes() -> int:
     """Dynamic shared memory of the warp-specialised MXFP8 kernel (ws_mx_smem_bytes in
-    raw_kernels/grouped_gemm_base.cuh): WMX_AHEAD + WMX_CANON_BUFFERS raw stages of the two fp8
-    data tiles, the canonical B buffers, WMX_SCALE_SLOTS slots of WMX_SCALE_TILES k-tiles of
-    E8M0 codes (16 bytes per row of A and B), the rows' and columns' largest codes (one byte
-    each), the factor tables of an MN-major B, alignment; the fp32 epilogue tile reuses the
-    front."""
+    raw_kernels/grouped_gemm_base.cuh): WMX_A_STAGES raw A tiles and WMX_B_STAGES raw B tiles of
+    fp8 data, the canonical B buffers, WMX_SCALE_SLOTS slots of WMX_SCALE_TILES k-tiles of E8M0
+    codes (16 bytes per row of A and B), the rows' and columns' largest codes (one byte each),
+    the factor tables of an MN-major B, alignment; the fp32 epilogue tile reuses the front."""
     bm, bn = CONFIGS["x"]
-    stages = (WMX_AHEAD + WMX_CANON_BUFFERS) * (bm + bn) * BK
+    stages = (WMX_A_STAGES * bm + WMX_B_STAGES * bn) * BK
     slots = WMX_SCALE_SLOTS * (bm + bn) * WMX_SCALE_TILES * BK // F.MXFP8_BLOCK
     tables = 2 * 2 * bn * 4  # MN-major B: two fp32 tables of [2 blocks][256 rows] factors
     main = stages + WMX_CANON_BUFFERS * _canon(bn) + slots + bm + bn + tables
