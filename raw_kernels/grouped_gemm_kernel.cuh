@@ -318,8 +318,7 @@ __device__ __forceinline__ void gemm_mma(LPM_GG_PARAMS) {
                 wg_wait0();
                 wg_fence_acc<MI * NI * 4>(accf);
                 if constexpr (decltype(h)::value) {
-                    mx_rescale<MI, NI>(accf, exps_a, exps_b,
-                                       2 * LPM_E8M0_BIAS + mx_s_max(ea5) + mx_s_max(eb5), wm0,
+                    mx_rescale<MI, NI>(accf, exps_a, exps_b, mx_rescale_shift(ea5, eb5), wm0,
                                        wn0, lane);
                 }
             } else {

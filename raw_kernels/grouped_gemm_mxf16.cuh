@@ -42,6 +42,19 @@ namespace lpm_gg {
 // Tiles with fewer k-tiles than this stay on the bf16 path (the check's fixed cost).
 constexpr int kMxMinKTiles = 32;
 
+// The rescale's shift: the accumulator of row r and column c (fp16 window) is the true sum times
+// 2^(shift - exps_a[r] - exps_b[c]).
+__host__ __device__ constexpr int mx_rescale_shift(bool a_e5m2, bool b_e5m2) {
+    return 2 * LPM_E8M0_BIAS + mx_s_max(a_e5m2) + mx_s_max(b_e5m2);
+}
+
+// The tile's range of e_max over its valid rows and columns (A's largest, A's smallest, B's
+// largest, B's smallest), written by mx_window_check and read by mx_rescale: when every row's and
+// column's factor 2^(exps_a[r] + exps_b[c] - shift) is an fp32 normal, the rescale is one integer
+// add and one multiply per accumulator (otherwise mx_ldexp's range test and fp64 fallback).
+// Static shared memory: the pipeline buffers around it are rewritten while it is still read.
+__shared__ unsigned mx_tile_range[4];
+
 // Whether the scan can read an operand's tile scales with 16-byte loads.
 template <int KIND>
 __device__ __forceinline__ bool mx_scan_aligned(const unsigned char* sbase, long long sld,
@@ -161,10 +174,12 @@ __device__ __forceinline__ void mx_scan(const unsigned char* sbase, long long sl
 }
 
 // After mx_scan (and a barrier): exps[r] = e_max of row r (0 for rows >= valid); returns
-// whether this thread's rows fit the window and carry no NaN scale.
+// whether this thread's rows fit the window and carry no NaN scale, and folds their e_max into
+// hi / lo.
 template <int R, int NT>
 __device__ __forceinline__ bool mx_finish(const unsigned* smax, const unsigned* smin, int valid,
-                                          int window, unsigned char* exps, unsigned t) {
+                                          int window, unsigned char* exps, unsigned t,
+                                          unsigned& hi, unsigned& lo) {
     bool ok = true;
     for (int r = static_cast<int>(t); r < R; r += NT) {
         unsigned e = 0u;
@@ -172,6 +187,8 @@ __device__ __forceinline__ bool mx_finish(const unsigned* smax, const unsigned* 
             e = smax[r];
             ok = ok && e != LPM_E8M0_NAN &&
                  static_cast<int>(e) - static_cast<int>(smin[r]) <= window;
+            hi = max(hi, e);
+            lo = min(lo, e);
         }
         exps[r] = static_cast<unsigned char>(e);
     }
@@ -179,9 +196,10 @@ __device__ __forceinline__ bool mx_finish(const unsigned* smax, const unsigned* 
 }
 
 // The whole window check of a BM x BN tile, by all NT threads of the CTA (contains barriers):
-// exps_a / exps_b (shared, BM + BN bytes) receive the rows' / columns' e_max; `scratch` (shared,
-// (BM + BN) * 8 bytes, free until the caller's next barrier) holds the running ranges. Returns
-// the CTA-uniform verdict: true = stage this tile in the fp16 window.
+// exps_a / exps_b (shared, BM + BN bytes) receive the rows' / columns' e_max, mx_tile_range their
+// range over the tile; `scratch` (shared, (BM + BN) * 8 bytes, free until the caller's next
+// barrier) holds the running ranges. Returns the CTA-uniform verdict: true = stage this tile in
+// the fp16 window.
 template <int AKIND, int BKIND, int BM, int BN, int NT>
 __device__ __forceinline__ bool mx_window_check(const unsigned char* a_sbase, long long a_sld,
                                                 int rows_valid, const unsigned char* b_sbase,
@@ -201,12 +219,25 @@ __device__ __forceinline__ bool mx_window_check(const unsigned char* a_sbase, lo
         (isa ? amax_ : bmax_)[isa ? i : i - BM] = 0u;
         (isa ? amin_ : bmin_)[isa ? i : i - BM] = LPM_E8M0_NAN;
     }
+    if (t < 4) mx_tile_range[t] = (t & 1) ? LPM_E8M0_NAN : 0u;
     __syncthreads();
     mx_scan<AKIND, BM, NT>(a_sbase, a_sld, rows_valid, len, amax_, amin_, t);
     mx_scan<BKIND, BN, NT>(b_sbase, b_sld, cols_valid, len, bmax_, bmin_, t);
     __syncthreads();
-    bool ok = mx_finish<BM, NT>(amax_, amin_, rows_valid, mx_window(a_e5m2), exps_a, t);
-    ok = mx_finish<BN, NT>(bmax_, bmin_, cols_valid, mx_window(b_e5m2), exps_b, t) && ok;
+    unsigned ahi = 0u, alo = LPM_E8M0_NAN, bhi = 0u, blo = LPM_E8M0_NAN;
+    bool ok = mx_finish<BM, NT>(amax_, amin_, rows_valid, mx_window(a_e5m2), exps_a, t, ahi, alo);
+    ok = mx_finish<BN, NT>(bmax_, bmin_, cols_valid, mx_window(b_e5m2), exps_b, t, bhi, blo) && ok;
+    // the tile's range: folded across the warp, then one atomic per warp and word
+    ahi = __reduce_max_sync(~0u, ahi);
+    alo = __reduce_min_sync(~0u, alo);
+    bhi = __reduce_max_sync(~0u, bhi);
+    blo = __reduce_min_sync(~0u, blo);
+    if ((t & 31u) == 0u) {
+        atomicMax(&mx_tile_range[0], ahi);
+        atomicMin(&mx_tile_range[1], alo);
+        atomicMax(&mx_tile_range[2], bhi);
+        atomicMin(&mx_tile_range[3], blo);
+    }
     return __syncthreads_and(ok) != 0;
 }
 
@@ -234,12 +265,47 @@ __device__ __forceinline__ float mx_ldexp(float v, int x) {
 }
 
 // The accumulators of a tile staged in the fp16 window, back to true scale: acc * 2^(exps_a[row]
-// + exps_b[col] - shift), shift = 2 * 127 + S_MAX(A) + S_MAX(B), rounded once (mx_ldexp).
-// Fragment layout of stage_acc (PAIRED: its paired rows).
+// + exps_b[col] - shift), shift = mx_rescale_shift, rounded once (mx_ldexp). Fragment layout of
+// stage_acc (PAIRED: its paired rows). When mx_tile_range (CTA-uniform) puts every valid row's
+// and column's exponent sum in fp32's normal range, the factor's bits are a row term plus a
+// column term and the product is mx_ldexp's first case, bit for bit; rows and columns past the
+// valid extent (e_max 0) may get any factor there, and are never stored.
 template <int MI, int NI, bool PAIRED = false>
 __device__ __forceinline__ void mx_rescale(float* accf, const unsigned char* exps_a,
                                            const unsigned char* exps_b, int shift, int wm0,
                                            int wn0, int lane) {
+    const int top = static_cast<int>(mx_tile_range[0] + mx_tile_range[2]) - shift;
+    const int bottom = static_cast<int>(mx_tile_range[1] + mx_tile_range[3]) - shift;
+    if (top <= LPM_FP32_EXP_BIAS && bottom >= 1 - LPM_FP32_EXP_BIAS) {
+        unsigned rt[MI][2];  // (e_max(row) + 127 - shift) << 23
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+            for (int hf = 0; hf < 2; ++hf)
+                rt[mi][hf] = static_cast<unsigned>(
+                                 static_cast<int>(exps_a[frag_row<PAIRED>(wm0 + mi * 16, lane, hf)]) +
+                                 LPM_FP32_EXP_BIAS - shift)
+                             << LPM_FP32_MANT_BITS;
+        }
+#pragma unroll
+        for (int ni = 0; ni < NI; ++ni) {
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const unsigned ct = static_cast<unsigned>(
+                                        exps_b[wn0 + ni * 8 + (lane & 3) * 2 + e])
+                                    << LPM_FP32_MANT_BITS;
+#pragma unroll
+                for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+                    for (int hf = 0; hf < 2; ++hf) {
+                        float& v = accf[(mi * NI + ni) * 4 + 2 * hf + e];
+                        v = lpm_mul_rn(v, __uint_as_float(rt[mi][hf] + ct));
+                    }
+                }
+            }
+        }
+        return;
+    }
 #pragma unroll
     for (int ni = 0; ni < NI; ++ni) {
 #pragma unroll

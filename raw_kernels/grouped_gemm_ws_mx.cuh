@@ -486,8 +486,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     };
     with_flags(f16m, ea5, loop);  // one k-loop per staging mode and A format
     if (f16m) {
-        mx_rescale<1, NI, AMN>(accf, exps_a, exps_b,
-                          2 * LPM_E8M0_BIAS + mx_s_max(ea5) + mx_s_max(eb5), wm0, 0, lane);
+        mx_rescale<1, NI, AMN>(accf, exps_a, exps_b, mx_rescale_shift(ea5, eb5), wm0, 0, lane);
     }
     // (the staging tile ends below the exponents, which mx_rescale read before)
     ws_epilogue<BN, NI, EPI_LD, AMN>(smem, accf, wm0, lane, ep, r0, c0, rows_valid, cols_valid);
