@@ -229,6 +229,52 @@ struct Epilogue {
         }
     }
 
+    // tile8 for the plain epilogues (16-bit output; no row scaling, bias or accumulation; times
+    // alpha when SCALED): the same values and bits as group8's, with the flags' branches out of
+    // the loop and four rows in flight per thread. bf16: cvt.rn.bf16x2.f32 per pair; a NaN
+    // input is the only one that packs to a NaN pattern (|h| > 0x7F80), and a group holding one
+    // converts element by element (lpm_f32_to_bf16_bits_rn keeps the payload), as group8 does.
+    template <int BN, int LD, int OT, bool SCALED, int NTHR>
+    __device__ __forceinline__ void tile8_plain(const float* cs, long long r0, long long c0,
+                                                int rows_valid, int cols_valid) const {
+        constexpr int C8 = BN / 8, RPI = NTHR / C8;
+        const int c = (static_cast<int>(threadIdx.x) % C8) * 8;
+        if (c >= cols_valid) return;
+        const float a = SCALED ? alpha : 1.0f;
+        unsigned short* const o = static_cast<unsigned short*>(out) + out_off + r0 * n_cols + c0 + c;
+#pragma unroll 4
+        for (int r = static_cast<int>(threadIdx.x) / C8; r < rows_valid; r += RPI) {
+            const float4 lo = *reinterpret_cast<const float4*>(cs + r * LD + c);
+            const float4 hi = *reinterpret_cast<const float4*>(cs + r * LD + c + 4);
+            float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            if constexpr (SCALED) {
+#pragma unroll
+                for (int j = 0; j < 8; ++j) v[j] = lpm_mul_rn(v[j], a);
+            }
+            unsigned w[4];
+            if constexpr (OT == OUT_BF16) {
+                unsigned bad = 0u;
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    w[j] = pack_bf16x2_rn(v[2 * j], v[2 * j + 1]);
+                    bad |= (w[j] & 0x7FFF7FFFu) + 0x007F007Fu;
+                }
+                if (bad & 0x80008000u) {
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        w[j] = static_cast<unsigned>(lpm_f32_to_bf16_bits_rn(v[2 * j])) |
+                               (static_cast<unsigned>(lpm_f32_to_bf16_bits_rn(v[2 * j + 1])) << 16);
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    w[j] = static_cast<unsigned>(f32_to_f16_bits_rn(v[2 * j])) |
+                           (static_cast<unsigned>(f32_to_f16_bits_rn(v[2 * j + 1])) << 16);
+            }
+            st_global_v4(o + static_cast<long long>(r) * n_cols, w[0], w[1], w[2], w[3]);
+        }
+    }
+
     template <int BN, int LD, int OT, int NTHR>
     __device__ __forceinline__ void tile8(const float* cs, long long r0, long long c0,
                                           int rows_valid, int cols_valid) const {
@@ -280,6 +326,24 @@ struct Epilogue {
         // Fast path: whole 8-column groups (n_cols % 8 == 0, so cols_valid is a multiple of 8
         // and every group starts 16-byte aligned when the base pointer is).
         if ((n_cols & 7) == 0 && (reinterpret_cast<unsigned long long>(out) & 15ull) == 0) {
+            if (out_type != OUT_F32 && scale_mode != 2 && !has_bias) {
+                if (out_type == OUT_BF16) {
+                    if (scale_mode == 1) {
+                        tile8_plain<BN, LD, OUT_BF16, true, NTHR>(cs, r0, c0, rows_valid, cols_valid);
+                    } else {
+                        tile8_plain<BN, LD, OUT_BF16, false, NTHR>(cs, r0, c0, rows_valid,
+                                                                   cols_valid);
+                    }
+                } else {
+                    if (scale_mode == 1) {
+                        tile8_plain<BN, LD, OUT_F16, true, NTHR>(cs, r0, c0, rows_valid, cols_valid);
+                    } else {
+                        tile8_plain<BN, LD, OUT_F16, false, NTHR>(cs, r0, c0, rows_valid,
+                                                                  cols_valid);
+                    }
+                }
+                return;
+            }
             if (out_type == OUT_F32) {
                 tile8<BN, LD, OUT_F32, NTHR>(cs, r0, c0, rows_valid, cols_valid);
             } else if (out_type == OUT_BF16) {
