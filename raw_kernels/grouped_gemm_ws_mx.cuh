@@ -20,10 +20,9 @@
 //     K-major rows of 64 bytes with the 64-byte swizzle, the raw layout of the cp.async kernels
 //     (swz<2>); MN-major B as two panels of 128 rows with the 128-byte swizzle, MN-major A as
 //     one -- and block scales kWmxScaleTiles k-tiles at a time); all of them widen B into a
-//     canonical buffer, two
-//     32-element units per thread and k-tile (K-major: rows ur, ur + 128, contraction half uh,
-//     one block factor each; MN-major: 32 rows of one contraction line, one factor per row from
-//     a table the producers fill per k-tile).
+//     canonical buffer, 64 elements per thread and k-tile (K-major: two 32-element units, rows
+//     ur, ur + 128, contraction half uh, one block factor each; MN-major: 8 rows x 8
+//     contraction lines of one block, the 8 rows' factors computed from their codes).
 // The handshake is gemm_ws's (FULL / EMPTY named barriers, mbarriers for the copies). Every
 // output element gets the same products in the same 16-deep steps and order as in gemm_mma, on
 // the same 16-bit values, so the results are bitwise those of the plain wgmma kernel in the same
@@ -198,105 +197,85 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
         };
         if constexpr (BMN) {
-            // Units (line l, row group q) for l = lb and lb + 8, q = t / 32: raw panel q / 4
-            // ([64 lines][128 bytes], TMA 128-byte swizzle: chunk c of line l at c ^ (l & 7)),
-            // chunks 2 (q % 4) and 2 (q % 4) + 1 (the second at the first's address with bit 4
-            // flipped); canonical chunks 4q .. 4q + 3 of line l (mn_canon_off, canon_chunk4);
-            // the 32 rows' factors of the lines' block from the k-tile's factor table, which the
-            // producers fill (row t of both blocks) -- one factor per element, computed once
-            // per k-tile and row. Lines lb and lb + 8 share the swizzle (l & 7) and the block
-            // (l / 32), so the second unit sits 8 lines further on in both tiles and uses the
-            // first's factors; and a quarter-warp (8 consecutive threads) covers lb % 8 = 0..7
-            // of one row group: its raw loads and canonical stores hit 8 distinct 16-byte bank
-            // groups, and its factor loads are one broadcast.
-            const int q = t >> 5, i = t & 31;
-            const int lb = (i & 7) | ((i >> 3) << 4);
-            const unsigned o_raw = static_cast<unsigned>((q >> 2) * P_RAW + lb * 128 +
-                                                         (((2 * (q & 3)) ^ (lb & 7)) << 4));
-            const unsigned o_cn = static_cast<unsigned>(mn_canon_off(lb, 4 * q));
-            constexpr unsigned D_L8 = 8 * 128;  // 8 lines, raw and canonical
-            const bool live = 32 * q < cols_valid;
-            const unsigned emr = exps_b[t];  // fp16 window only
+            // Thread t widens 8 columns x 8 contraction lines of each k-tile: columns
+            // col .. col + 7 (col = 128 p + 8 g: half g % 2 of chunk g / 2 of raw panel p,
+            // [64 lines][128 bytes], TMA 128-byte swizzle: chunk c of line l at c ^ (l & 7)) of
+            // lines 8 w + j (j < 8, w = t / 32: one block, w / 4, per thread), stored as
+            // canonical chunk 16 p + g of each line (mn_canon_off). Its 8 factors per k-tile come
+            // from the 8 columns' codes (one 8-byte load from the scale slot), so no producer
+            // waits for another. Per line, the warp reads one whole 128-byte line of each panel
+            // and a quarter-warp stores 8 distinct 16-byte chunks of one canonical line.
+            const int g = t & 15, p = (t >> 4) & 1, w = t >> 5;
+            const int col = 128 * p + 8 * g;
+            const bool live = col < cols_valid;
+            // line 8 w + j: raw chunk gc ^ j, canonical chunk gk ^ j (mn_canon_off) of its line
+            const unsigned o_raw = static_cast<unsigned>(p * P_RAW + 8 * w * 128 + ((g & 1) << 3));
+            const unsigned o_cn = static_cast<unsigned>(mn_canon_off(8 * w, 16 * p + g) -
+                                                        ((g & 7) << 4));
+            const unsigned o_sc = static_cast<unsigned>(T_SB + (w >> 2) * BN + col);
+            const unsigned gc = static_cast<unsigned>(g >> 1), gk = static_cast<unsigned>(g & 7);
+            // fp16 window: the factor of code e in column c is 2^(e - e_max(c) + S_MAX), as fp16
+            // bits (mx_factor_bits: f = e - e_max + bias_b clamped to [0, 30], << 10). Per pair of
+            // columns, two halves at once: e + (256 + bias_b - e_max) = f + 256 stays in
+            // [1, 65535] per half (no carry between them); the clamp to [256, 286] and
+            // (<< 10) & 0x7C00 per half give f << 10.
+            unsigned dh[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const unsigned d0 = 256u + static_cast<unsigned>(bias_b) - exps_b[col + 2 * i];
+                const unsigned d1 = 256u + static_cast<unsigned>(bias_b) - exps_b[col + 2 * i + 1];
+                dh[i] = d0 | (d1 << 16);
+            }
             auto loop = [&](auto h, auto e5) {
                 constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
-                constexpr int FS = H ? 2 : 4;  // bytes per table entry
-                // The factor table of tile kt (row t of both blocks), filled one tile ahead,
-                // after the previous tile's FULL arrival: its barrier stays off the path from
-                // the EMPTY wait to FULL. The barrier also holds every producer past the units
-                // of tile kt-1, whose table buffer tile kt+1 takes.
-                auto fill = [&](int kt) {
-                    const int g = kt / SGT;
-                    // the group was requested at least one tile earlier (see refill)
-                    mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-                    const unsigned tab = s0 + T_TAB + (kt & 1) * TAB;
-                    const unsigned scl =
-                        s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 2 * BN + t;
-                    const unsigned e0 = lds_u8(scl), e1 = lds_u8(scl + BN);
-                    if constexpr (H) {
-                        sts_u16(tab + 2 * t, mx_factor_bits(e0, emr, bias_b));
-                        sts_u16(tab + 2 * (BN + t), mx_factor_bits(e1, emr, bias_b));
-                    } else {
-                        sts_u32(tab + 4 * t, __float_as_uint(lpm_e8m0_to_f32(e0)));
-                        sts_u32(tab + 4 * (BN + t), __float_as_uint(lpm_e8m0_to_f32(e1)));
-                    }
-                    named_sync(WS_BAR_PROD, kWsProducers);
-                };
-                if (KT > 0) fill(0);
                 for (int kt = 0; kt < KT; ++kt) {
-                    const int cb = kt % NCB;
+                    const int cb = kt % NCB, gs = kt / SGT;
                     refill(kt);
-                    const unsigned tab = s0 + T_TAB + (kt & 1) * TAB;
                     const unsigned rb = s0 + T_B0 + (kt % NSB) * T_DB + o_raw;
                     const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
-                    const unsigned fb =
-                        tab + static_cast<unsigned>(((lb >> 5) * BN + 32 * q) * FS);
-                    const uint4 x0 = lds_v4(rb), y0 = lds_v4(rb ^ 16u);
-                    const uint4 x1 = lds_v4(rb + D_L8), y1 = lds_v4((rb ^ 16u) + D_L8);
-                    auto store = [&](const unsigned (&o)[16], unsigned dst) {
+                    const uint2 sc =
+                        lds_v2(s0 + T_SC + (gs % NSG) * T_SLOT + (kt % SGT) * 2 * BN + o_sc);
+                    uint2 x[8];
 #pragma unroll
-                        for (int j = 0; j < 4; ++j)
-                            sts_v4(canon_chunk4(dst, j), o[4 * j], o[4 * j + 1], o[4 * j + 2],
-                                   o[4 * j + 3]);
-                    };
+                    for (int j = 0; j < 8; ++j)
+                        x[j] = lds_v2(rb + j * 128 + ((gc ^ static_cast<unsigned>(j)) << 4));
                     if (live) {
-                        if constexpr (H) {  // 32 fp16 factors: one f16x2 word per row pair
-                            uint4 m[4];
+                        if constexpr (H) {
+                            unsigned m[4];
 #pragma unroll
-                            for (int c = 0; c < 4; ++c) m[c] = lds_v4(fb + 16 * c);
-                            auto unit = [&](const uint4& x, const uint4& y, unsigned dst) {
-                                const unsigned w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
-                                unsigned o[16];
+                            for (int i = 0; i < 4; ++i) {
+                                const unsigned e2 = __byte_perm(i < 2 ? sc.x : sc.y, 0u,
+                                                                (i & 1) ? 0x4342u : 0x4140u);
+                                const unsigned v =
+                                    __vminu2(__vmaxu2(e2 + dh[i], 0x01000100u), 0x011E011Eu);
+                                m[i] = (v << LPM_FP16_MANT_BITS) & 0x7C007C00u;
+                            }
 #pragma unroll
-                                for (int c = 0; c < 4; ++c) {
-                                    fp8_decode4_f16<E5>(w[2 * c], m[c].x, m[c].y, o[4 * c],
-                                                        o[4 * c + 1]);
-                                    fp8_decode4_f16<E5>(w[2 * c + 1], m[c].z, m[c].w,
-                                                        o[4 * c + 2], o[4 * c + 3]);
-                                }
-                                store(o, dst);
-                            };
-                            unit(x0, y0, cbb);
-                            unit(x1, y1, cbb + D_L8);
-                        } else {  // 32 fp32 factors, reloaded per unit (registers)
-                            auto unit = [&](const uint4& x, const uint4& y, unsigned dst) {
-                                const unsigned w[8] = {x.x, x.y, x.z, x.w, y.x, y.y, y.z, y.w};
-                                unsigned o[16];
+                            for (int j = 0; j < 8; ++j) {
+                                unsigned o[4];
+                                fp8_decode4_f16<E5>(x[j].x, m[0], m[1], o[0], o[1]);
+                                fp8_decode4_f16<E5>(x[j].y, m[2], m[3], o[2], o[3]);
+                                sts_v4(cbb + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4), o[0],
+                                       o[1], o[2], o[3]);
+                            }
+                        } else {
+                            float f[8];
 #pragma unroll
-                                for (int c = 0; c < 8; ++c) {
-                                    const uint4 m = lds_v4(fb + 16 * c);
-                                    fp8_decode4<E5>(w[c], __uint_as_float(m.x),
-                                                    __uint_as_float(m.y), __uint_as_float(m.z),
-                                                    __uint_as_float(m.w), o[2 * c], o[2 * c + 1]);
-                                }
-                                store(o, dst);
-                            };
-                            unit(x0, y0, cbb);
-                            unit(x1, y1, cbb + D_L8);
+                            for (int i = 0; i < 8; ++i)
+                                f[i] = lpm_e8m0_to_f32(((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) &
+                                                       0xFFu);
+#pragma unroll
+                            for (int j = 0; j < 8; ++j) {
+                                unsigned o[4];
+                                fp8_decode4<E5>(x[j].x, f[0], f[1], f[2], f[3], o[0], o[1]);
+                                fp8_decode4<E5>(x[j].y, f[4], f[5], f[6], f[7], o[2], o[3]);
+                                sts_v4(cbb + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4), o[0],
+                                       o[1], o[2], o[3]);
+                            }
                         }
                     }
                     fence_proxy_async();
                     named_arrive(WS_BAR_FULL + cb, kWsThreads);
-                    if (kt + 1 < KT) fill(kt + 1);
                 }
             };
             with_flags(f16m, eb5, loop);  // one k-loop per staging mode and B format

@@ -11,8 +11,9 @@ issue rules written in the sources:
 * a refill never overwrites a stage or slot whose tiles are not all retired;
 * every tile's data and every scale group is requested exactly once, before any producer or
   consumer reads it, and stays until the consumers retired it;
-* the MN-major producers' factor table of tile kt + 1, filled at the end of iteration kt, finds
-  its scale group requested.
+* MXFP8, whose B tiles have a ring of their own (kWmxBStages = kWmxAhead + 1, refilled once
+  every producer has widened the stage's tile, iteration kt - 1): a B stage holds its tile
+  while the producers widen it.
 """
 
 from __future__ import annotations
@@ -38,17 +39,20 @@ def _mxfp8_group(kt, sgt, nsg, ncb, ng):
     return None
 
 
-def _emulate(kt_count, ahead, ncb, sgt, nsg, prologue_groups, rule, table_ahead=False):
+def _emulate(kt_count, ahead, ncb, sgt, nsg, prologue_groups, rule, b_stages=None):
     nst = ahead + ncb
     ng = -(-kt_count // sgt)
-    stage, slot, issued = {}, {}, set()
-    issued_at = {}
+    stage, slot, issued, b_stage = {}, {}, set(), {}
 
     def issue_data(t, retired):
         st = t % nst
         prev = stage.get(st)
         assert prev is None or prev <= retired, (kt_count, t, prev, retired)
         stage[st] = t
+        if b_stages is not None:  # B's ring: free once its tile is widened (iteration t-ahead-1)
+            prev = b_stage.get(t % b_stages)
+            assert prev is None or prev <= t - ahead - 1, (kt_count, t, prev)
+            b_stage[t % b_stages] = t
 
     def issue_group(g, retired, when):
         assert g not in issued, (kt_count, g)
@@ -57,7 +61,6 @@ def _emulate(kt_count, ahead, ncb, sgt, nsg, prologue_groups, rule, table_ahead=
         assert prev is None or sgt * (prev + 1) - 1 <= retired, (kt_count, g, prev, retired)
         slot[sl] = g
         issued.add(g)
-        issued_at[g] = when
 
     for s in range(min(ahead, kt_count)):
         issue_data(s, -1)
@@ -74,8 +77,8 @@ def _emulate(kt_count, ahead, ncb, sgt, nsg, prologue_groups, rule, table_ahead=
         for t in range(max(0, retired + 1), kt + 1):
             assert stage[t % nst] == t, (kt_count, kt, t)
             assert slot.get((t // sgt) % nsg) == t // sgt, (kt_count, kt, t)
-        if table_ahead and kt + 1 < kt_count:
-            assert issued_at.get((kt + 1) // sgt, kt + 1) <= kt, (kt_count, kt)
+        if b_stages is not None:
+            assert b_stage[kt % b_stages] == kt, (kt_count, kt)
     assert issued == set(range(ng)), (kt_count, issued)
 
 
@@ -93,18 +96,20 @@ def test_ws_tma_copy_schedule(kernel):
         assert _source_has("grouped_gemm_ws_fp4.cuh",
                            "for (int g = 0; g < 2 && g < NG; ++g) issue_scales(g);")
         params = (C.WS_AHEAD, C.WS_CANON_BUFFERS, C.WS_SCALE_TILES, C.WS_SCALE_SLOTS, 2,
-                  _nvfp4_group, False)
+                  _nvfp4_group, None)
     else:
         assert _source_has("grouped_gemm_ws_mx.cuh",
                            "if (q > 0 && q % SGT == 0 && q / SGT + NSG - 1 < NG)")
         assert _source_has("grouped_gemm_ws_mx.cuh",
                            "for (int g = 0; g < NSG && g < NG; ++g) issue_scales(g);")
-        assert _source_has("grouped_gemm_ws_mx.cuh", "if (kt + 1 < KT) fill(kt + 1);")
+        # B's stage for tile kt + AHEAD is refilled after a barrier of every producer (EMPTY,
+        # or before the first EMPTY their own): they have all widened tile kt - 1
+        assert _source_has("grouped_gemm_ws_mx.cuh", "} else if (kt + AHEAD >= NSB) {")
         params = (C.WMX_AHEAD, C.WMX_CANON_BUFFERS, C.WMX_SCALE_TILES, C.WMX_SCALE_SLOTS,
-                  C.WMX_SCALE_SLOTS, _mxfp8_group, True)
-    ahead, ncb, sgt, nsg, pro, rule, table = params
+                  C.WMX_SCALE_SLOTS, _mxfp8_group, C.WMX_B_STAGES)
+    ahead, ncb, sgt, nsg, pro, rule, b_stages = params
     for kt_count in range(1, 40 * sgt + 1):
-        _emulate(kt_count, ahead, ncb, sgt, nsg, pro, rule, table_ahead=table)
+        _emulate(kt_count, ahead, ncb, sgt, nsg, pro, rule, b_stages=b_stages)
 
 
 def test_emulation_catches_a_late_slot():
@@ -116,3 +121,12 @@ def test_emulation_catches_a_late_slot():
         for kt_count in range(1, 10 * C.WMX_SCALE_TILES):
             _emulate(kt_count, C.WMX_AHEAD, C.WMX_CANON_BUFFERS, C.WMX_SCALE_TILES,
                      C.WMX_SCALE_SLOTS, C.WMX_SCALE_SLOTS, early)
+
+
+def test_emulation_catches_a_short_b_ring():
+    """The emulation fails a B ring of kWmxAhead stages (the refill of tile kt + AHEAD would
+    overwrite tile kt, which the producers widen in this iteration)."""
+    with pytest.raises(AssertionError):
+        for kt_count in range(1, 4 * C.WMX_SCALE_TILES):
+            _emulate(kt_count, C.WMX_AHEAD, C.WMX_CANON_BUFFERS, C.WMX_SCALE_TILES,
+                     C.WMX_SCALE_SLOTS, C.WMX_SCALE_SLOTS, _mxfp8_group, b_stages=C.WMX_AHEAD)
