@@ -216,8 +216,8 @@ __host__ __device__ constexpr int ws_p_smem_bytes() {
 // retire the k-tile (kWmxAhead + kWmxCanonBuffers stages of 8 KiB), while B's raw stage is free
 // once the producers widened it (kWmxAhead + 1 stages of 16 KiB). Then kWmxCanonBuffers
 // canonical B buffers, block scales in kWmxScaleSlots slots of kWmxScaleTiles k-tiles (16 bytes
-// per row: two E8M0 codes per k-tile), the rows' and columns' largest block codes (fp16 window)
-// and, for an MN-major B (dgrad, wgrad), the factor tables.
+// per row: two E8M0 codes per k-tile) and the rows' and columns' largest block codes (fp16
+// window).
 constexpr int kWmxAhead = 3;
 constexpr int kWmxCanonBuffers = 3;
 constexpr int kWmxAStages = kWmxAhead + kWmxCanonBuffers;
@@ -227,14 +227,11 @@ constexpr int kWmxScaleSlots = 2;
 __host__ __device__ constexpr int ws_mx_scale_slot_bytes() {
     return (128 + 256) * kWmxScaleTiles * (kBK / LPM_MXFP8_BLOCK);
 }
-// MN-major B (dgrad): two tables of a k-tile's per-element factors, [2 blocks][256 rows] of fp32.
-__host__ __device__ constexpr int ws_mx_table_bytes() {
-    return 2 * 2 * 256 * 4;
-}
 __host__ __device__ constexpr int ws_mx_smem_bytes() {
     const int main = kWmxAStages * raw_data_bytes(KIND_FP8_K, 128) +
-                     kWmxBStages * raw_data_bytes(KIND_FP8_K, 256) + kWmxCanonBuffers * canon_bytes(256) + kWmxScaleSlots * ws_mx_scale_slot_bytes() +
-                     (128 + 256) + ws_mx_table_bytes();
+                     kWmxBStages * raw_data_bytes(KIND_FP8_K, 256) +
+                     kWmxCanonBuffers * canon_bytes(256) +
+                     kWmxScaleSlots * ws_mx_scale_slot_bytes() + (128 + 256);
     const int epi = epi_bytes(128, 256);
     return (main > epi ? main : epi) + 1024;
 }

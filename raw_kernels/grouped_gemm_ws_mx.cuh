@@ -66,8 +66,6 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     constexpr int T_SC = T_CANON + NCB * CANON_B, T_SLOT = ws_mx_scale_slot_bytes();
     constexpr int T_SB = BM * T_SLD;  // B's rows (MN-major: 2 SGT block lines of 256) in a slot
     constexpr int T_EXPS = T_SC + NSG * T_SLOT;
-    // MN-major B: two tables of the k-tile's factors, [2 blocks][256 rows] of fp16 / fp32
-    constexpr int T_TAB = T_EXPS + BM + BN, TAB = ws_mx_table_bytes() / 2;
     constexpr int P_RAW = kBK * 128;  // MN-major B: a raw panel of 128 rows, [64 lines][128 bytes]
     constexpr int EPI_LD = BN + 8;
     constexpr int SMEM = ws_mx_smem_bytes();
@@ -77,8 +75,8 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                       CANON_B % 1024 == 0 && T_SLOT % 128 == 0 && T_SB % 128 == 0 &&
                       T_SLD == 16,
                   "TMA destinations (64-byte swizzle: 512-byte aligned) and swizzle atoms");
-    static_assert(T_TAB % 16 == 0 && T_TAB + 2 * TAB + 1024 <= SMEM && SMEM <= kMaxSmem &&
-                      TAB == 2 * BN * 4 && BN * 2 * SGT == T_SLOT - T_SB,
+    static_assert(T_EXPS + BM + BN + 1024 <= SMEM && SMEM <= kMaxSmem &&
+                      BN * 2 * SGT == T_SLOT - T_SB,
                   "shared memory");
     static_assert(BM * EPI_LD * 4 <= T_EXPS, "the epilogue staging tile spares the exponents");
     static_assert((BM + BN) * 8 <= CANON_B, "window-check scratch in canonical buffer 0");

@@ -53,14 +53,13 @@ def test_ws_p_smem_formula():
 def test_ws_mx_smem_formula():
     """The warp-specialised MXFP8 kernel (mirrors ws_mx_smem_bytes): 6 raw A stages (128 rows of
     64 bytes) and 4 raw B stages (256 rows), 3 canonical B buffers, 2 scale slots of 16 bytes
-    (8 k-tiles) per row, the rows' and columns' largest codes, two fp32 factor tables of 2 x 256
-    entries (MN-major B), 1 KiB alignment; under the opt-in limit with the 1 KiB of static
-    shared memory that ptxas reports for the kernel."""
+    (8 k-tiles) per row, the rows' and columns' largest codes, 1 KiB alignment; under the opt-in
+    limit with the 1 KiB of static shared memory that ptxas reports for the kernel."""
     from lowprec_moe.cuda import gemm as C
 
     mx = C._ws_mx_smem_bytes()
     assert mx == (6 * 128 * 64 + 4 * 256 * 64 + 3 * 256 * 128 + 2 * (128 + 256) * 16 + 384
-                  + 2 * 2 * 256 * 4 + 1024)
+                  + 1024)
     assert mx + 1024 <= 227 * 1024
 
 

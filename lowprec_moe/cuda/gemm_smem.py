@@ -120,12 +120,11 @@ def _ws_mx_smem_bytes() -> int:
     raw_kernels/grouped_gemm_base.cuh): WMX_A_STAGES raw A tiles and WMX_B_STAGES raw B tiles of
     fp8 data, the canonical B buffers, WMX_SCALE_SLOTS slots of WMX_SCALE_TILES k-tiles of E8M0
     codes (16 bytes per row of A and B), the rows' and columns' largest codes (one byte each),
-    the factor tables of an MN-major B, alignment; the fp32 epilogue tile reuses the front."""
+    alignment; the fp32 epilogue tile reuses the front."""
     bm, bn = CONFIGS["x"]
     stages = (WMX_A_STAGES * bm + WMX_B_STAGES * bn) * BK
     slots = WMX_SCALE_SLOTS * (bm + bn) * WMX_SCALE_TILES * BK // F.MXFP8_BLOCK
-    tables = 2 * 2 * bn * 4  # MN-major B: two fp32 tables of [2 blocks][256 rows] factors
-    main = stages + WMX_CANON_BUFFERS * _canon(bn) + slots + bm + bn + tables
+    main = stages + WMX_CANON_BUFFERS * _canon(bn) + slots + bm + bn
     return max(main, _epi_bytes(bm, bn)) + 1024
 
 
