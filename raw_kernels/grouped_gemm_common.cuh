@@ -71,8 +71,9 @@
 //   grouped_gemm_dequant.cuh  exact in-kernel dequantization: fp4 / fp8 decoders, convert_unit,
 //                             fp4_a_frags (NVFP4 straight into wgmma A registers)
 //   grouped_gemm_mma.cuh      warp-level mma.sync steps, sm_90a wgmma wrappers
-//   grouped_gemm_epilogue.cuh the epilogue (Epilogue) and the tile set-up of a kernel body
-//                             (LPM_GG_TILE_SETUP)
+//   grouped_gemm_epilogue.cuh the epilogue (Epilogue)
+//   grouped_gemm_tile.cuh     a kernel body's output tile: set-up (LPM_GG_TILE_SETUP), the
+//                             accumulator fragment layout (frag_row) and staging (stage_acc)
 //   grouped_gemm_mxf16.cuh    MXFP8 on fp16: the tile's window check (scale scan) and the
 //                             accumulators' powers of two (mx_rescale)
 //   grouped_gemm_kernel.cuh   the kernel body gemm_mma and the entry-point macros
@@ -104,6 +105,7 @@
 #include "grouped_gemm_dequant.cuh"
 #include "grouped_gemm_mma.cuh"
 #include "grouped_gemm_epilogue.cuh"
+#include "grouped_gemm_tile.cuh"
 #include "grouped_gemm_mxf16.cuh"
 #include "grouped_gemm_kernel.cuh"
 #include "grouped_gemm_ws_roles.cuh"

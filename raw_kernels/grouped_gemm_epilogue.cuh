@@ -1,5 +1,6 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
-// epilogue (struct Epilogue; also used by grouped_gemm_simt.cu).
+// epilogue (struct Epilogue; also used by grouped_gemm_simt.cu). A kernel body's tile set-up,
+// fragment layout and accumulator staging are in grouped_gemm_tile.cuh.
 
 #ifndef LPM_GROUPED_GEMM_EPILOGUE_CUH
 #define LPM_GROUPED_GEMM_EPILOGUE_CUH
@@ -10,6 +11,28 @@ namespace lpm_gg {
 
 // ==========================================================================================
 // Epilogue (SPEC 7): NVFP4 scaling, bias (optionally times probs), cast or accumulate.
+
+// Eight consecutive floats of a staged tile (16-byte aligned).
+__device__ __forceinline__ void load8(const float* src, float (&v)[8]) {
+    const float4 lo = *reinterpret_cast<const float4*>(src);
+    const float4 hi = *reinterpret_cast<const float4*>(src + 4);
+    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+    v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+}
+
+// Eight floats to four words of 16-bit OT values (low half first), element by element:
+// lpm_f32_to_bf16_bits_rn (NaN payload kept) or cvt.rn.f16.f32.
+template <int OT>
+__device__ __forceinline__ void pack8_each(const float (&v)[8], unsigned (&w)[4]) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const unsigned h0 = OT == OUT_BF16 ? lpm_f32_to_bf16_bits_rn(v[2 * j])
+                                           : f32_to_f16_bits_rn(v[2 * j]);
+        const unsigned h1 = OT == OUT_BF16 ? lpm_f32_to_bf16_bits_rn(v[2 * j + 1])
+                                           : f32_to_f16_bits_rn(v[2 * j + 1]);
+        w[j] = h0 | (h1 << 16);
+    }
+}
 
 struct Epilogue {
     void* out;
@@ -172,9 +195,8 @@ struct Epilogue {
     __device__ __forceinline__ void group8(const float* src, long long row, long long col,
                                            const float (&ca)[8], const float (&bv)[8],
                                            float ra, float pr) const {
-        const float4 lo = *reinterpret_cast<const float4*>(src);
-        const float4 hi = *reinterpret_cast<const float4*>(src + 4);
-        float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+        float v[8];
+        load8(src, v);
         if (scale_mode == 1) {
 #pragma unroll
             for (int j = 0; j < 8; ++j) v[j] = lpm_mul_rn(v[j], alpha);
@@ -216,14 +238,7 @@ struct Epilogue {
 #pragma unroll
                 for (int j = 0; j < 4; ++j) w[j] = pack_bf16x2_rn(v[2 * j], v[2 * j + 1]);
             } else {
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    const unsigned h0 = OT == OUT_BF16 ? lpm_f32_to_bf16_bits_rn(v[2 * j])
-                                                       : f32_to_f16_bits_rn(v[2 * j]);
-                    const unsigned h1 = OT == OUT_BF16 ? lpm_f32_to_bf16_bits_rn(v[2 * j + 1])
-                                                       : f32_to_f16_bits_rn(v[2 * j + 1]);
-                    w[j] = h0 | (h1 << 16);
-                }
+                pack8_each<OT>(v, w);
             }
             st_global_v4(static_cast<unsigned short*>(out) + idx, w[0], w[1], w[2], w[3]);
         }
@@ -240,16 +255,14 @@ struct Epilogue {
         constexpr int C8 = BN / 8, RPI = NTHR / C8;
         const int c = (static_cast<int>(threadIdx.x) % C8) * 8;
         if (c >= cols_valid) return;
-        const float a = SCALED ? alpha : 1.0f;
         unsigned short* const o = static_cast<unsigned short*>(out) + out_off + r0 * n_cols + c0 + c;
 #pragma unroll 4
         for (int r = static_cast<int>(threadIdx.x) / C8; r < rows_valid; r += RPI) {
-            const float4 lo = *reinterpret_cast<const float4*>(cs + r * LD + c);
-            const float4 hi = *reinterpret_cast<const float4*>(cs + r * LD + c + 4);
-            float v[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            float v[8];
+            load8(cs + r * LD + c, v);
             if constexpr (SCALED) {
 #pragma unroll
-                for (int j = 0; j < 8; ++j) v[j] = lpm_mul_rn(v[j], a);
+                for (int j = 0; j < 8; ++j) v[j] = lpm_mul_rn(v[j], alpha);
             }
             unsigned w[4];
             if constexpr (OT == OUT_BF16) {
@@ -259,17 +272,9 @@ struct Epilogue {
                     w[j] = pack_bf16x2_rn(v[2 * j], v[2 * j + 1]);
                     bad |= (w[j] & 0x7FFF7FFFu) + 0x007F007Fu;
                 }
-                if (bad & 0x80008000u) {
-#pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        w[j] = static_cast<unsigned>(lpm_f32_to_bf16_bits_rn(v[2 * j])) |
-                               (static_cast<unsigned>(lpm_f32_to_bf16_bits_rn(v[2 * j + 1])) << 16);
-                }
+                if (bad & 0x80008000u) pack8_each<OT>(v, w);
             } else {
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    w[j] = static_cast<unsigned>(f32_to_f16_bits_rn(v[2 * j])) |
-                           (static_cast<unsigned>(f32_to_f16_bits_rn(v[2 * j + 1])) << 16);
+                pack8_each<OT>(v, w);
             }
             st_global_v4(o + static_cast<long long>(r) * n_cols, w[0], w[1], w[2], w[3]);
         }
@@ -472,60 +477,6 @@ struct Epilogue {
         }
     }
 };
-
-// The epilogue of expert descriptor D inside a kernel body whose parameters carry the names of
-// LPM_GG_PARAMS (grouped_gemm_base.cuh; the SIMT kernel uses the same names).
-#define LPM_GG_EPILOGUE_OF(D)                                                                  \
-    ::lpm_gg::Epilogue::of_expert((D), out, n_cols, out_type, accumulate, scale_mode, amax_a,  \
-                                  a_vec, amax_b, b_vec, bias, probs, has_bias, has_probs)
-
-// The start of a tensor-core kernel body (parameter names of LPM_GG_PARAMS): locate this CTA's
-// BM_ x BN_ output tile and declare `tile`, `d` (the expert's descriptor words), `len`, `r0`,
-// `c0`, the valid extents ROWS / COLS (names given) and the epilogue `ep`. Returns when the tile
-// holds no output; for the wgrad of an expert without tokens (dW_g = 0) NT threads write the
-// zero tile first. A macro because it returns from the kernel.
-#define LPM_GG_TILE_SETUP(BM_, BN_, ROWS, COLS, NT)                                           \
-    const ::lpm_gg::CtaTile tile =                                                           \
-        ::lpm_gg::locate_tile<BM_, BN_>(tiles, n_col_tiles, desc, n_cols);                   \
-    if (tile.rv <= 0 || tile.cv <= 0) return;                                                \
-    const long long* d = tile.d;                                                             \
-    const long long len = tile.len, r0 = tile.r0, c0 = tile.c0;                              \
-    const int ROWS = tile.rows_valid<BM_>(), COLS = tile.cols_valid<BN_>();                  \
-    ::lpm_gg::Epilogue ep = LPM_GG_EPILOGUE_OF(d);                                           \
-    if (len <= 0 && zero_if_empty) {                                                         \
-        ep.zero_tile(r0, c0, ROWS, COLS, NT);                                                \
-        return;                                                                              \
-    }
-
-// Row of the tile held by half hf of a thread's accumulator fragment in the 16-row group
-// starting at m0: lane/4 + 8 hf, or with PAIRED (the MN-major A of gemm_ws_mx, whose fragment
-// rows are rows 2 (lane/4) and 2 (lane/4) + 1 of the group) 2 (lane/4) + hf.
-template <bool PAIRED>
-__device__ __forceinline__ int frag_row(int m0, int lane, int hf) {
-    return PAIRED ? m0 + 2 * (lane >> 2) + hf : m0 + (lane >> 2) + 8 * hf;
-}
-
-// Stage a warp's mma.sync-layout accumulators acc[MI][NI][4] (flattened: accf) into the fp32
-// tile cs ([rows][LD]):
-// fragment (mi, ni) holds rows frag_row(wm0 + 16 mi, lane, 0 / 1), columns wn0 + 8 ni +
-// 2 (lane%4) (+1).
-template <int MI, int NI, int LD, bool PAIRED = false>
-__device__ __forceinline__ void stage_acc(float* cs, const float* accf, int wm0, int wn0,
-                                          int lane) {
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-        for (int ni = 0; ni < NI; ++ni) {
-#pragma unroll
-            for (int hf = 0; hf < 2; ++hf) {
-                const int r = frag_row<PAIRED>(wm0 + mi * 16, lane, hf);
-                const int c = wn0 + ni * 8 + (lane & 3) * 2;
-                const float* f = accf + (mi * NI + ni) * 4 + 2 * hf;
-                *reinterpret_cast<float2*>(cs + r * LD + c) = make_float2(f[0], f[1]);
-            }
-        }
-    }
-}
 
 }  // namespace lpm_gg
 

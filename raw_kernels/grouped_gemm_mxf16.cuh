@@ -34,7 +34,7 @@
 #ifndef LPM_GROUPED_GEMM_MXF16_CUH
 #define LPM_GROUPED_GEMM_MXF16_CUH
 
-#include "grouped_gemm_epilogue.cuh"  // frag_row
+#include "grouped_gemm_tile.cuh"  // frag_row
 #include "grouped_gemm_staging.cuh"
 
 namespace lpm_gg {

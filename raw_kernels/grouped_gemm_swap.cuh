@@ -53,7 +53,7 @@
 
 #include "grouped_gemm_dequant.cuh"
 #include "grouped_gemm_mma.cuh"
-#include "grouped_gemm_epilogue.cuh"
+#include "grouped_gemm_tile.cuh"
 #include "grouped_gemm_kernel.cuh"
 #include "grouped_gemm_tma.cuh"
 

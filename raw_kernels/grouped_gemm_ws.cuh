@@ -29,7 +29,7 @@
 
 #include "grouped_gemm_dequant.cuh"
 #include "grouped_gemm_mma.cuh"
-#include "grouped_gemm_epilogue.cuh"
+#include "grouped_gemm_tile.cuh"
 #include "grouped_gemm_tma.cuh"
 #include "grouped_gemm_ws_roles.cuh"
 #include "grouped_gemm_ws_fp4.cuh"

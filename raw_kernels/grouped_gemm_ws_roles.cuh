@@ -7,7 +7,7 @@
 #define LPM_GROUPED_GEMM_WS_ROLES_CUH
 
 #include "grouped_gemm_mma.cuh"
-#include "grouped_gemm_epilogue.cuh"
+#include "grouped_gemm_tile.cuh"
 #include "grouped_gemm_kernel.cuh"  // gemm_smem
 
 namespace lpm_gg {

@@ -57,13 +57,13 @@ def _byte_perm(x: int, y: int, sel: int) -> int:
 
 
 def _frag_row(m0: int, lane: int, hf: int, paired: bool) -> int:
-    """grouped_gemm_epilogue.cuh frag_row."""
+    """grouped_gemm_tile.cuh frag_row."""
     return m0 + 2 * (lane >> 2) + hf if paired else m0 + (lane >> 2) + 8 * hf
 
 
 def test_frag_row_matches_source():
     """The emulated frag_row is the header's formula."""
-    src = (Path(kernels.kernel_dir()) / "grouped_gemm_epilogue.cuh").read_text()
+    src = (Path(kernels.kernel_dir()) / "grouped_gemm_tile.cuh").read_text()
     body = re.search(r"int frag_row\(int m0, int lane, int hf\) \{\s*return (.*?);", src, re.S)
     assert body is not None
     assert " ".join(body.group(1).split()) == (
