@@ -1,4 +1,5 @@
-"""Shared fixtures: the ``xp`` backend fixture and byte-exact comparison helpers.
+"""Shared fixtures: the ``xp`` backend fixture, byte-exact comparison helpers, and a check that
+a kernel source holds the expressions a CPU emulation mirrors.
 
 Tests written once run on both backends through ``xp``: the NumPy run always happens, the CuPy
 run is marked ``gpu`` and skips cleanly when CuPy or a GPU is missing.
@@ -114,3 +115,13 @@ def spread_random(shape, seed: int, spread: int) -> np.ndarray:
         flat = x.reshape(-1)
         flat[rng.integers(0, flat.size, max(1, flat.size // 50))] = 0.0
     return x
+
+
+def assert_source_has(name: str, *texts: str) -> None:
+    """Assert that raw_kernels/<name> contains every text (the expressions a CPU emulation of
+    that kernel mirrors); the message names the first one missing."""
+    from lowprec_moe import kernels
+
+    src = (kernels.kernel_dir() / name).read_text()
+    for text in texts:
+        assert text in src, f"{name} no longer contains: {text}"

@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from conftest import assert_bytes_equal, assert_source_has
+
 from lowprec_moe import formats as F
-from lowprec_moe import kernels
 
 BIAS, MANT = F.FP32_EXP_BIAS, 23
 
@@ -72,10 +73,8 @@ def test_fast_rescale_is_mx_ldexp(shift, seed):
             assert ((x < 1 - BIAS) | (x > BIAS)).any(), "a rejected tile has every sum inside"
             continue
         taken += 1
-        got = _fast(v, ea, eb, shift)
-        bad = np.flatnonzero(got.view(np.uint32) != want.view(np.uint32))
-        assert bad.size == 0, (f"first mismatch at {np.unravel_index(bad[0], v.shape)}: "
-                               f"{got.flat[bad[0]]!r} != {want.flat[bad[0]]!r}")
+        assert_bytes_equal(_fast(v, ea, eb, shift), want,
+                           f"fast rescale, codes {lo}..{hi}, shift {shift}")
     assert taken >= 1
 
 
@@ -87,17 +86,17 @@ def test_fast_rescale_edges():
     assert _fast_ok(ea, eb, shift)
     v = _accumulators(np.random.default_rng(9), 2, 2)
     want = _mx_ldexp(v, ea[:, None] + eb[None, :] - shift)
-    np.testing.assert_array_equal(_fast(v, ea, eb, shift).view(np.uint32), want.view(np.uint32))
+    assert_bytes_equal(_fast(v, ea, eb, shift), want, "fast rescale at the boundary sums")
     assert not _fast_ok(np.array([0, 141]), np.array([141, 254]), shift)
     assert not _fast_ok(np.array([0, 142]), np.array([142, 254]), shift)
 
 
 def test_source_has_the_emulated_rescale():
-    src = (kernels.kernel_dir() / "grouped_gemm_mxf16.cuh").read_text()
-    for text in ("const int top = static_cast<int>(mx_tile_range[0] + mx_tile_range[2]) - shift;",
-                 "const int bottom = static_cast<int>(mx_tile_range[1] + mx_tile_range[3]) - shift;",
-                 "if (top <= LPM_FP32_EXP_BIAS && bottom >= 1 - LPM_FP32_EXP_BIAS) {",
-                 "LPM_FP32_EXP_BIAS - shift)",
-                 "v = lpm_mul_rn(v, __uint_as_float(rt[mi][hf] + ct));",
-                 "if (x >= 1 - LPM_FP32_EXP_BIAS && x <= LPM_FP32_EXP_BIAS) {"):
-        assert text in src, text
+    assert_source_has(
+        "grouped_gemm_mxf16.cuh",
+        "const int top = static_cast<int>(mx_tile_range[0] + mx_tile_range[2]) - shift;",
+        "const int bottom = static_cast<int>(mx_tile_range[1] + mx_tile_range[3]) - shift;",
+        "if (top <= LPM_FP32_EXP_BIAS && bottom >= 1 - LPM_FP32_EXP_BIAS) {",
+        "LPM_FP32_EXP_BIAS - shift)",
+        "v = lpm_mul_rn(v, __uint_as_float(rt[mi][hf] + ct));",
+        "if (x >= 1 - LPM_FP32_EXP_BIAS && x <= LPM_FP32_EXP_BIAS) {")

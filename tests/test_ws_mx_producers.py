@@ -13,13 +13,12 @@ wgrad; raw_kernels/grouped_gemm_ws_mx.cuh), emulated on the CPU.
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 import pytest
 
+from conftest import assert_bytes_equal, assert_source_has
+
 from lowprec_moe import formats as F
-from lowprec_moe import kernels
 
 LINES, PANEL_BYTES, P_RAW, BN = 64, 128, 64 * 128, 256
 
@@ -42,15 +41,15 @@ def _producer_addresses(t: int, j: int) -> tuple:
 
 
 def test_source_has_the_emulated_addresses():
-    src = (kernels.kernel_dir() / "grouped_gemm_ws_mx.cuh").read_text()
-    for text in ("const int g = t & 15, p = (t >> 4) & 1, w = t >> 5;",
-                 "p * P_RAW + 8 * w * 128 + ((g & 1) << 3)",
-                 "mn_canon_off(8 * w, 16 * p + g) -",
-                 "x[j] = lds_v2(rb + j * 128 + ((gc ^ static_cast<unsigned>(j)) << 4));",
-                 "sts_v4(cbb + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4)"):
-        assert text in src, text
-    staging = (kernels.kernel_dir() / "grouped_gemm_staging.cuh").read_text()
-    assert "return (c >> 3) * (kBK * 128) + l * 128 + (((c & 7) ^ (l & 7)) << 4);" in staging
+    assert_source_has(
+        "grouped_gemm_ws_mx.cuh",
+        "const int g = t & 15, p = (t >> 4) & 1, w = t >> 5;",
+        "p * P_RAW + 8 * w * 128 + ((g & 1) << 3)",
+        "mn_canon_off(8 * w, 16 * p + g) -",
+        "x[j] = lds_v2(rb + j * 128 + ((gc ^ static_cast<unsigned>(j)) << 4));",
+        "sts_v4(cbb + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4)")
+    assert_source_has("grouped_gemm_staging.cuh",
+                      "return (c >> 3) * (kBK * 128) + l * 128 + (((c & 7) ^ (l & 7)) << 4);")
 
 
 def test_mn_major_b_producer_map():
@@ -101,14 +100,12 @@ def test_packed_factor_pairs(e5m2):
     hi = np.clip(v >> 16, 0x100, 0x11E)
     words = (((lo | (hi << 16)) << F.FP16_MANT_BITS) & 0x7C007C00).astype(np.uint32)
     want = _mx_factor_bits(e0, m0, code_bias) | (_mx_factor_bits(e1, m1, code_bias) << 16)
-    bad = np.flatnonzero(words != want)
-    assert bad.size == 0, (f"first mismatch at e={e0[bad[0]]},{e1[bad[0]]} "
-                           f"e_max={m0[bad[0]]},{m1[bad[0]]}: {words[bad[0]]:#x} != "
-                           f"{want[bad[0]]:#x}")
+    assert_bytes_equal(words, want.astype(np.uint32), "packed factor words (index: e + 256 e_max)")
 
 
 def test_source_factor_constants():
-    src = (kernels.kernel_dir() / "grouped_gemm_ws_mx.cuh").read_text()
-    assert re.search(r"__vminu2\(__vmaxu2\(e2 \+ dh\[i\], 0x01000100u\), 0x011E011Eu\)", src)
-    assert "(v << LPM_FP16_MANT_BITS) & 0x7C007C00u" in src
-    assert "256u + static_cast<unsigned>(bias_b) - exps_b[col + 2 * i]" in src
+    assert_source_has(
+        "grouped_gemm_ws_mx.cuh",
+        "__vminu2(__vmaxu2(e2 + dh[i], 0x01000100u), 0x011E011Eu)",
+        "(v << LPM_FP16_MANT_BITS) & 0x7C007C00u",
+        "256u + static_cast<unsigned>(bias_b) - exps_b[col + 2 * i]")

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import pytest
 
-from lowprec_moe import kernels
+from conftest import assert_source_has
+
 from lowprec_moe.cuda import gemm as C
 
 
@@ -82,29 +83,25 @@ def _emulate(kt_count, ahead, ncb, sgt, nsg, prologue_groups, rule, b_stages=Non
     assert issued == set(range(ng)), (kt_count, issued)
 
 
-def _source_has(name, text):
-    return text in (kernels.kernel_dir() / name).read_text()
-
-
 @pytest.mark.parametrize("kernel", ["nvfp4", "mxfp8"])
 def test_ws_tma_copy_schedule(kernel):
     if kernel == "nvfp4":
         # the rule of ws_fp4_produce, whose k-tile index runs over one tile (gemm_ws) or over
         # all of a persistent CTA's tiles (gemm_ws_p): the same schedule, a longer sequence
-        assert _source_has("grouped_gemm_ws_fp4.cuh",
+        assert_source_has("grouped_gemm_ws_fp4.cuh",
                            "if (j % SGT == 2 && (j + 6) / SGT < NG) issue_scales((j + 6) / SGT);")
-        assert _source_has("grouped_gemm_ws_fp4.cuh",
+        assert_source_has("grouped_gemm_ws_fp4.cuh",
                            "for (int g = 0; g < 2 && g < NG; ++g) issue_scales(g);")
         params = (C.WS_AHEAD, C.WS_CANON_BUFFERS, C.WS_SCALE_TILES, C.WS_SCALE_SLOTS, 2,
                   _nvfp4_group, None)
     else:
-        assert _source_has("grouped_gemm_ws_mx.cuh",
+        assert_source_has("grouped_gemm_ws_mx.cuh",
                            "if (q > 0 && q % SGT == 0 && q / SGT + NSG - 1 < NG)")
-        assert _source_has("grouped_gemm_ws_mx.cuh",
+        assert_source_has("grouped_gemm_ws_mx.cuh",
                            "for (int g = 0; g < NSG && g < NG; ++g) issue_scales(g);")
         # B's stage for tile kt + AHEAD is refilled after a barrier of every producer (EMPTY,
         # or before the first EMPTY their own): they have all widened tile kt - 1
-        assert _source_has("grouped_gemm_ws_mx.cuh", "} else if (kt + AHEAD >= NSB) {")
+        assert_source_has("grouped_gemm_ws_mx.cuh", "} else if (kt + AHEAD >= NSB) {")
         params = (C.WMX_AHEAD, C.WMX_CANON_BUFFERS, C.WMX_SCALE_TILES, C.WMX_SCALE_SLOTS,
                   C.WMX_SCALE_SLOTS, _mxfp8_group, C.WMX_B_STAGES)
     ahead, ncb, sgt, nsg, pro, rule, b_stages = params
