@@ -205,10 +205,13 @@ __host__ __device__ constexpr int ws_tma_smem_bytes() {
 // a staging buffer of 16 rows x kEpiWarpLd floats per consumer warp (8) for the epilogue, which
 // cannot reuse the pipeline buffers (they already hold the next tile).
 constexpr int kEpiWarpLd = 68;  // 64 columns and 4 of padding
+// ... and a table of 128 column amaxes per consumer warp (the row-scaled register epilogue,
+// grouped_gemm_epi_regs.cuh).
+constexpr int kEpiColTable = 128;
 __host__ __device__ constexpr int ws_p_smem_bytes() {
     return kWsStages * (raw_data_bytes(KIND_FP4_K, 128) + raw_data_bytes(KIND_FP4_K, 256)) +
            kWsCanonBuffers * canon_bytes(256) + kWsScaleSlots * ws_tma_scale_slot_bytes() +
-           8 * 16 * kEpiWarpLd * 4 + 1024;
+           8 * (16 * kEpiWarpLd + kEpiColTable) * 4 + 1024;
 }
 // The warp-specialised MXFP8 kernel (grouped_gemm_ws_mx.cuh, TMA only): an fp8 tile is twice an
 // NVFP4 one, so one ring of six stages of both data tiles beside three canonical buffers does

@@ -78,6 +78,8 @@
 //                             accumulators' powers of two (mx_rescale)
 //   grouped_gemm_kernel.cuh   the kernel body gemm_mma and the entry-point macros
 //                             (LPM_GG_DEFINE, LPM_GG_DEFINE_WG)
+//   grouped_gemm_epi_regs.cuh the warp-specialised kernels' register epilogue (16-bit output
+//                             without bias: scale and convert in registers, stmatrix, 16-byte rows)
 //   grouped_gemm_ws_roles.cuh what the warp-specialised kernels share: role sizes, register
 //                             budgets, named barriers, the consumers' step start and epilogue
 //   grouped_gemm_ws_fp4.cuh   the NVFP4 TMA build's k-tile steps (layout, copy requests,
@@ -108,6 +110,7 @@
 #include "grouped_gemm_tile.cuh"
 #include "grouped_gemm_mxf16.cuh"
 #include "grouped_gemm_kernel.cuh"
+#include "grouped_gemm_epi_regs.cuh"
 #include "grouped_gemm_ws_roles.cuh"
 #include "grouped_gemm_ws_fp4.cuh"
 #include "grouped_gemm_ws.cuh"

@@ -34,6 +34,25 @@ __device__ __forceinline__ void pack8_each(const float (&v)[8], unsigned (&w)[4]
     }
 }
 
+// Eight floats to four words of 16-bit OT values, the bits of pack8_each. bf16: cvt.rn.bf16x2.f32
+// per pair, which rounds like lpm_f32_to_bf16_bits_rn for every non-NaN value; a NaN input is the
+// only one that packs to a NaN pattern (|h| > 0x7F80), and a group holding one converts element
+// by element (lpm_f32_to_bf16_bits_rn keeps the payload).
+template <int OT>
+__device__ __forceinline__ void pack8(const float (&v)[8], unsigned (&w)[4]) {
+    if constexpr (OT == OUT_BF16) {
+        unsigned bad = 0u;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            w[j] = pack_bf16x2_rn(v[2 * j], v[2 * j + 1]);
+            bad |= (w[j] & 0x7FFF7FFFu) + 0x007F007Fu;
+        }
+        if (bad & 0x80008000u) pack8_each<OT>(v, w);
+    } else {
+        pack8_each<OT>(v, w);
+    }
+}
+
 struct Epilogue {
     void* out;
     long long out_off;  // element offset of the expert's output row 0
@@ -245,10 +264,8 @@ struct Epilogue {
     }
 
     // tile8 for the plain epilogues (16-bit output; no row scaling, bias or accumulation; times
-    // alpha when SCALED): the same values and bits as group8's, with the flags' branches out of
-    // the loop and four rows in flight per thread. bf16: cvt.rn.bf16x2.f32 per pair; a NaN
-    // input is the only one that packs to a NaN pattern (|h| > 0x7F80), and a group holding one
-    // converts element by element (lpm_f32_to_bf16_bits_rn keeps the payload), as group8 does.
+    // alpha when SCALED): the same values and bits as group8's (pack8), with the flags' branches
+    // out of the loop and four rows in flight per thread.
     template <int BN, int LD, int OT, bool SCALED, int NTHR>
     __device__ __forceinline__ void tile8_plain(const float* cs, long long r0, long long c0,
                                                 int rows_valid, int cols_valid) const {
@@ -265,17 +282,7 @@ struct Epilogue {
                 for (int j = 0; j < 8; ++j) v[j] = lpm_mul_rn(v[j], alpha);
             }
             unsigned w[4];
-            if constexpr (OT == OUT_BF16) {
-                unsigned bad = 0u;
-#pragma unroll
-                for (int j = 0; j < 4; ++j) {
-                    w[j] = pack_bf16x2_rn(v[2 * j], v[2 * j + 1]);
-                    bad |= (w[j] & 0x7FFF7FFFu) + 0x007F007Fu;
-                }
-                if (bad & 0x80008000u) pack8_each<OT>(v, w);
-            } else {
-                pack8_each<OT>(v, w);
-            }
+            pack8<OT>(v, w);
             st_global_v4(o + static_cast<long long>(r) * n_cols, w[0], w[1], w[2], w[3]);
         }
     }

@@ -10,8 +10,10 @@
 // mbarrier phases and the copy schedule all run on the flattened k-tile index j, so the
 // producers request and expand the next tile's first k-tiles while the consumers finish the
 // current one and run its epilogue. Each consumer warp stages its accumulators through its
-// own small buffer past the pipeline's (Epilogue::warp_tile, no CTA barrier), because the
-// pipeline buffers already hold the next tile.
+// own small buffer past the pipeline's (no CTA barrier), because the pipeline buffers already
+// hold the next tile: 16-bit words, 128 columns at a time, for 16-bit output without bias
+// (reg_epi, grouped_gemm_epi_regs.cuh, with a column-amax table per warp when row-scaled),
+// else 64 fp32 columns at a time (Epilogue::warp_tile).
 // Conditions (the launcher's): those of the TMA build, one contraction length for every expert,
 // at least one k-tile and a whole number of scale groups (kWsScaleTiles k-tiles) per tile, so
 // that a scale group never straddles two tiles. Every output element gets the same products in
@@ -35,9 +37,12 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     constexpr int NSG = kWsScaleSlots, SGT = kWsScaleTiles;
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
     constexpr int SMEM = ws_p_smem_bytes();
-    static_assert(L::T_END + (kWsConsumers / 32) * Epilogue::kWarpBufFloats * 4 + 1024 ==
-                          SMEM && SMEM <= kMaxSmem,
-                  "shared memory: the TMA build's, then the staging buffers");
+    static_assert(L::T_END + (kWsConsumers / 32) * (Epilogue::kWarpBufFloats + kEpiColTable) * 4 +
+                          1024 == SMEM && SMEM <= kMaxSmem,
+                  "shared memory: the TMA build's, then the staging buffers and column tables");
+    static_assert(Epilogue::kWarpBufFloats * 4 == reg_epi_bytes<BN / 2>() && kEpiColTable == BN / 2,
+                  "a staging buffer holds half a warp's rows in 16 bits, a table their column "
+                  "amaxes (reg_epi)");
     static_assert(AHEAD == 3 && kBK == 64, "the leader's tile rows (below)");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -130,7 +135,6 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     const int ar = wm0 + (lane >> 2), aq = lane & 3;
     float acc[NI * 4];
     float* const accf = acc;
-    float* const ws = reinterpret_cast<float*>(smem + L::T_END) + warp * Epilogue::kWarpBufFloats;
     const unsigned a_off = static_cast<unsigned>(ar * (kBK / 2));
     const unsigned s_off = static_cast<unsigned>(ar * L::T_SLD);
     int j = 0;
@@ -150,7 +154,20 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j - 1) % NCB, kWsThreads);
         Epilogue ep = LPM_GG_EPILOGUE_OF(d);
         ep.init_alpha();
-        ep.warp_tile<NI>(ws, accf, wm0, lane, r0, c0, rows_valid, cols_valid);
+        // the warp's staging buffer and (row-scaled register epilogue) column table, after the
+        // pipeline buffers (computed here: nothing of the epilogue stays live in the k-loop)
+        float* const ws = reinterpret_cast<float*>(smem + L::T_END) +
+                          (threadIdx.x >> 5) * Epilogue::kWarpBufFloats;
+        if (reg_epi_ok(ep)) {
+            // 128 columns at a time: the staging buffer is reg_epi_bytes<128>() (static_assert)
+            const unsigned tab = smem_u32(smem + L::T_END) +
+                                 (kWsConsumers / 32) * Epilogue::kWarpBufFloats * 4 +
+                                 (threadIdx.x >> 5) * (kEpiColTable * 4);
+            reg_epi<NI, false, NI / 2>(ep, smem_u32(ws), tab, accf, wm0, lane, r0, c0,
+                                       rows_valid, cols_valid);
+        } else {
+            ep.warp_tile<NI>(ws, accf, wm0, lane, r0, c0, rows_valid, cols_valid);
+        }
     }
 }
 

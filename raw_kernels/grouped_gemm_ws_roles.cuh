@@ -9,6 +9,7 @@
 #include "grouped_gemm_mma.cuh"
 #include "grouped_gemm_tile.cuh"
 #include "grouped_gemm_kernel.cuh"  // gemm_smem
+#include "grouped_gemm_epi_regs.cuh"
 
 namespace lpm_gg {
 
@@ -78,14 +79,26 @@ __device__ __forceinline__ void ws_step_begin(int s, int kt, int KT, float* accf
 
 // The consumers' epilogue (gemm_ws, gemm_ws_mx), after every consumer retired its MMAs: the
 // producers finished their last expansion before the last FULL and have no copy in flight, so
-// the shared memory from smem on (BM x EPI_LD floats, the front of the pipeline buffers) takes
-// the staged accumulators (PAIRED: stage_acc's paired rows); then the epilogue's compact loop
+// once every consumer is here the shared memory from smem on is free. 16-bit output without
+// bias (reg_epi_ok): each warp's register epilogue through its own staging buffer (8 of
+// reg_epi_bytes<BN>() from smem on, then 8 column tables of BN floats). Otherwise the staged
+// tile (BM x EPI_LD floats; PAIRED: stage_acc's paired rows), then the epilogue's compact loop
 // by the kWsConsumers threads.
 template <int BN, int NI, int EPI_LD, bool PAIRED = false>
 __device__ __forceinline__ void ws_epilogue(unsigned char* smem, const float* accf, int wm0,
                                             int lane, Epilogue& ep, long long r0, long long c0,
                                             int rows_valid, int cols_valid) {
+    constexpr int NW = kWsConsumers / 32;
+    static_assert(NW * (reg_epi_bytes<BN>() + 4 * BN) <= 128 * EPI_LD * 4,
+                  "staging buffers and column tables within the staged tile's bytes");
     named_sync(WS_BAR_EPI, kWsConsumers);
+    if (reg_epi_ok(ep)) {
+        const unsigned warp = threadIdx.x >> 5, s = smem_u32(smem);
+        reg_epi<NI, PAIRED, NI>(ep, s + warp * reg_epi_bytes<BN>(),
+                                s + NW * reg_epi_bytes<BN>() + warp * (4 * BN), accf, wm0, lane,
+                                r0, c0, rows_valid, cols_valid);
+        return;
+    }
     float* cs = reinterpret_cast<float*>(smem);
     stage_acc<1, NI, EPI_LD, PAIRED>(cs, accf, wm0, 0, lane);
     named_sync(WS_BAR_EPI, kWsConsumers);

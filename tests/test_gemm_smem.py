@@ -36,7 +36,8 @@ def test_ws_tma_smem_formula():
 
 def test_ws_p_smem_formula():
     """The persistent NVFP4 kernel (mirrors ws_p_smem_bytes): the TMA build's 6 raw stages, 3
-    canonical buffers and 3 scale slots, 8 consumer warps' [16][68] fp32 staging buffers, 1 KiB
+    canonical buffers and 3 scale slots, 8 consumer warps' [16][68] fp32 staging buffers and
+    128-float column tables, 1 KiB
     alignment; under the opt-in limit with the 1 KiB of static mbarrier space; the padding
     constant agrees with the kernel header."""
     from lowprec_moe.cuda import gemm as C
@@ -45,8 +46,10 @@ def test_ws_p_smem_formula():
            / "grouped_gemm_base.cuh").read_text()
     assert int(re.search(r"constexpr int kEpiWarpLd = (\d+);", src).group(1)) == C.EPI_WARP_LD
     pers = C._ws_p_smem_bytes()
-    assert pers == 6 * (128 + 256) * 32 + 3 * 256 * 128 + 3 * (128 + 256) * 16 + 8 * 16 * 68 * 4 \
-        + 1024
+    assert int(re.search(r"constexpr int kEpiColTable = (\d+);", src).group(1)) == \
+        C.EPI_COL_TABLE
+    assert pers == 6 * (128 + 256) * 32 + 3 * 256 * 128 + 3 * (128 + 256) * 16 \
+        + 8 * (16 * 68 + 128) * 4 + 1024
     assert pers + 1024 <= C.MAX_SMEM
 
 

@@ -56,8 +56,8 @@ from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     WS_AHEAD, WS_CANON_BUFFERS, WS_THREADS, _cdiv,
     _flat_amax, descriptors, plan, tile_table)
 from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
-    EPI_WARP_LD, MAX_SMEM, WMX_A_STAGES, WMX_AHEAD, WMX_B_STAGES, WMX_CANON_BUFFERS,
-    WMX_SCALE_SLOTS, WMX_SCALE_TILES,
+    EPI_COL_TABLE, EPI_WARP_LD, MAX_SMEM, WMX_A_STAGES, WMX_AHEAD, WMX_B_STAGES,
+    WMX_CANON_BUFFERS, WMX_SCALE_SLOTS, WMX_SCALE_TILES,
     WS_SCALE_SLOTS, WS_SCALE_TILES, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes, _smem_bytes,
     _swap_smem_bytes, _ws_mx_smem_bytes, _ws_p_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
 

@@ -91,16 +91,20 @@ def _ws_tma_smem_bytes() -> int:
 #: floats per row of a consumer warp's epilogue staging buffer in the persistent kernel
 #: (kEpiWarpLd in raw_kernels/grouped_gemm_base.cuh): 64 columns and 4 of padding
 EPI_WARP_LD = 68
+#: ... and floats per consumer warp of its column-amax table (kEpiColTable)
+EPI_COL_TABLE = 128
 
 
 def _ws_p_smem_bytes() -> int:
     """Dynamic shared memory of the persistent form of the NVFP4 TMA build (ws_p_smem_bytes in
     raw_kernels/grouped_gemm_base.cuh): the TMA build's stages, canonical buffers and scale
-    slots, then a 16-row staging buffer per consumer warp (8) for the epilogue, alignment."""
+    slots, then a 16-row staging buffer and a column-amax table per consumer warp (8) for the
+    epilogue, alignment."""
     bm, bn = CONFIGS["x"]
     stages = (WS_AHEAD + WS_CANON_BUFFERS) * (bm + bn) * BK // 2
     slots = WS_SCALE_SLOTS * (bm + bn) * WS_SCALE_TILES * BK // F.NVFP4_BLOCK
-    return stages + WS_CANON_BUFFERS * _canon(bn) + slots + 8 * 16 * EPI_WARP_LD * 4 + 1024
+    return (stages + WS_CANON_BUFFERS * _canon(bn) + slots
+            + 8 * (16 * EPI_WARP_LD + EPI_COL_TABLE) * 4 + 1024)
 
 
 #: the warp-specialised MXFP8 kernel (kWmx* in raw_kernels/grouped_gemm_base.cuh): raw tiles in
