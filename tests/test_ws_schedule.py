@@ -127,3 +127,27 @@ def test_emulation_catches_a_short_b_ring():
         for kt_count in range(1, 4 * C.WMX_SCALE_TILES):
             _emulate(kt_count, C.WMX_AHEAD, C.WMX_CANON_BUFFERS, C.WMX_SCALE_TILES,
                      C.WMX_SCALE_SLOTS, C.WMX_SCALE_SLOTS, _mxfp8_group, b_stages=C.WMX_AHEAD)
+
+
+def test_ws_ring_period_constants():
+    """ws_fp4_consume_period (grouped_gemm_ws_fp4.cuh) replaces the ring indices of k-tile
+    j = k0 + u (k0 a multiple of kWsRingPeriod) by constants of u and one phase bit of k0: they
+    must equal the divided-out indices of ws_fp4_consume_ktile for every k-tile."""
+    assert_source_has("grouped_gemm_ws_fp4.cuh",
+                      "constexpr int kWsRingPeriod = 12;",
+                      "const unsigned ph_s = static_cast<unsigned>(k0 / P) & 1u;",
+                      "const int cb = u % NCB, st = u % NST, sl = u / SGT;",
+                      "mbar_wait(dbar + 8 * st, static_cast<unsigned>((u / NST) & 1));",
+                      "sl * L::T_SLOT + (u % SGT) * 4 + s_off",
+                      "kt >= 1 && kt - 1 + NCB < KT, (u + NCB - 1) % NCB);")
+    ncb, nst, nsg, sgt, period = 3, 6, 3, 4, 12
+    assert (C.WS_CANON_BUFFERS, C.WS_SCALE_SLOTS, C.WS_SCALE_TILES) == (ncb, nsg, sgt)
+    assert C.WS_AHEAD + C.WS_CANON_BUFFERS == nst
+    for j in range(10 * period):
+        k0, u = j - j % period, j % period
+        g = j // sgt
+        assert u % ncb == j % ncb
+        assert u % nst == j % nst and (u // nst) & 1 == (j // nst) & 1
+        assert u // sgt == g % nsg and (k0 // period) & 1 == (g // nsg) & 1
+        assert u % sgt == j % sgt
+        assert (u + ncb - 1) % ncb == (j + ncb - 1) % ncb
