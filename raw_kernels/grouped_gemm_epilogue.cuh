@@ -272,7 +272,8 @@ struct Epilogue {
         constexpr int C8 = BN / 8, RPI = NTHR / C8;
         const int c = (static_cast<int>(threadIdx.x) % C8) * 8;
         if (c >= cols_valid) return;
-        unsigned short* const o = static_cast<unsigned short*>(out) + out_off + r0 * n_cols + c0 + c;
+        unsigned short* const o =
+            static_cast<unsigned short*>(out) + out_off + r0 * n_cols + c0 + c;
 #pragma unroll 4
         for (int r = static_cast<int>(threadIdx.x) / C8; r < rows_valid; r += RPI) {
             float v[8];
@@ -339,21 +340,16 @@ struct Epilogue {
         // and every group starts 16-byte aligned when the base pointer is).
         if ((n_cols & 7) == 0 && (reinterpret_cast<unsigned long long>(out) & 15ull) == 0) {
             if (out_type != OUT_F32 && scale_mode != 2 && !has_bias) {
+#define LPM_GG_TILE8_PLAIN(OT, SCALED) \
+    tile8_plain<BN, LD, OT, SCALED, NTHR>(cs, r0, c0, rows_valid, cols_valid)
                 if (out_type == OUT_BF16) {
-                    if (scale_mode == 1) {
-                        tile8_plain<BN, LD, OUT_BF16, true, NTHR>(cs, r0, c0, rows_valid, cols_valid);
-                    } else {
-                        tile8_plain<BN, LD, OUT_BF16, false, NTHR>(cs, r0, c0, rows_valid,
-                                                                   cols_valid);
-                    }
+                    if (scale_mode == 1) LPM_GG_TILE8_PLAIN(OUT_BF16, true);
+                    else LPM_GG_TILE8_PLAIN(OUT_BF16, false);
                 } else {
-                    if (scale_mode == 1) {
-                        tile8_plain<BN, LD, OUT_F16, true, NTHR>(cs, r0, c0, rows_valid, cols_valid);
-                    } else {
-                        tile8_plain<BN, LD, OUT_F16, false, NTHR>(cs, r0, c0, rows_valid,
-                                                                  cols_valid);
-                    }
+                    if (scale_mode == 1) LPM_GG_TILE8_PLAIN(OUT_F16, true);
+                    else LPM_GG_TILE8_PLAIN(OUT_F16, false);
                 }
+#undef LPM_GG_TILE8_PLAIN
                 return;
             }
             if (out_type == OUT_F32) {

@@ -282,10 +282,11 @@ __device__ __forceinline__ void mx_rescale(float* accf, const unsigned char* exp
         for (int mi = 0; mi < MI; ++mi) {
 #pragma unroll
             for (int hf = 0; hf < 2; ++hf)
-                rt[mi][hf] = static_cast<unsigned>(
-                                 static_cast<int>(exps_a[frag_row<PAIRED>(wm0 + mi * 16, lane, hf)]) +
-                                 LPM_FP32_EXP_BIAS - shift)
-                             << LPM_FP32_MANT_BITS;
+                rt[mi][hf] =
+                    static_cast<unsigned>(
+                        static_cast<int>(exps_a[frag_row<PAIRED>(wm0 + mi * 16, lane, hf)]) +
+                        LPM_FP32_EXP_BIAS - shift)
+                    << LPM_FP32_MANT_BITS;
         }
 #pragma unroll
         for (int ni = 0; ni < NI; ++ni) {

@@ -76,8 +76,9 @@ Kernel choice
   CTA first checks the tile against the fp16 window, then two producer warpgroups widen B (TMA
   data tiles, 64-byte swizzle) while two consumer warpgroups widen A straight into wgmma
   registers, on fp16 or bf16 per tile as the plain kernel would -- bitwise the plain kernel's
-  results. The dgrad build (B MN-major: W's columnwise copy, two 128-row panels with the 128-byte swizzle) fills
-  a per-k-tile table of per-row block factors one tile ahead; the wgrad build (A MN-major too:
+  results. In the dgrad build (B MN-major: W's columnwise copy, two 128-row panels with the
+  128-byte swizzle) each producer thread widens 8 columns x 8 lines of one block per k-tile,
+  its factors computed from the block codes; the wgrad build (A MN-major too:
   dy's columnwise copy, one 128-row panel) reads its A fragments with ``ldmatrix.trans``, which
   hands each thread two adjacent rows, and its epilogue puts the rows back in place; its experts
   may contract different token counts (any multiple of 16: a last k-tile that ends early
