@@ -192,12 +192,19 @@ __host__ __device__ constexpr int ws_smem_bytes(int akind, int bkind) {
 // 16 bytes wide), kWsScaleSlots of them, after the canonical buffers.
 constexpr int kWsScaleTiles = 4;
 constexpr int kWsScaleSlots = 3;
+// gemm_ws's TMA build: the producers decode the first kWsFragSteps 16-deep steps of every
+// consumer thread's A fragments (grouped_gemm_ws_fp4.cuh) into one buffer per canonical buffer:
+// step s of consumer thread c at s * kWsFragStepBytes + 16 c.
+constexpr int kWsFragSteps = 2;
+constexpr int kWsFragStepBytes = 16 * 256;
+constexpr int kWsFragBytes = kWsFragSteps * kWsFragStepBytes;
 __host__ __device__ constexpr int ws_tma_scale_slot_bytes() {
     return (128 + 256) * kWsScaleTiles * (kBK / LPM_NVFP4_BLOCK);
 }
 __host__ __device__ constexpr int ws_tma_smem_bytes() {
     const int main = kWsStages * (raw_data_bytes(KIND_FP4_K, 128) + raw_data_bytes(KIND_FP4_K, 256)) +
-                     kWsCanonBuffers * canon_bytes(256) + kWsScaleSlots * ws_tma_scale_slot_bytes();
+                     kWsCanonBuffers * canon_bytes(256) + kWsScaleSlots * ws_tma_scale_slot_bytes() +
+                     kWsCanonBuffers * kWsFragBytes;
     const int epi = epi_bytes(128, 256);
     return (main > epi ? main : epi) + 1024;
 }

@@ -105,9 +105,10 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
         };
         if (leader) ws_fp4_issue_first(KT, NG, issue_data, issue_scales);
         const WsFp4Units u(t);
+        const WsFragUnit fu(t);
         for (int kt = 0; kt < KT; ++kt)
-            ws_fp4_produce(kt, KT, NG, leader, s0, dbar, sbar, u, cols_valid, issue_data,
-                           issue_scales);
+            ws_fp4_produce<true>(kt, KT, NG, leader, s0, dbar, sbar, u, cols_valid, issue_data,
+                                 issue_scales, fu);
         return;
     }
 

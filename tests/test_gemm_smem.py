@@ -26,11 +26,19 @@ def test_ws_smem_formula():
 def test_ws_tma_smem_formula():
     """The TMA build of the warp-specialised kernel (mirrors ws_tma_smem_bytes): 6 raw stages
     of data only, 3 canonical B buffers, 3 scale slots of 16 bytes (4 k-tiles) per row (128 + 256
-    rows), 1 KiB alignment; under the opt-in limit with the 1 KiB of static mbarrier space."""
+    rows), 3 A-fragment buffers (2 steps x 256 consumer threads x 16 bytes), 1 KiB alignment;
+    under the opt-in limit with the 1 KiB of static mbarrier space; the step count agrees with
+    the kernel header."""
     from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.cuda import gemm_smem as S
 
+    src = (Path(__file__).resolve().parents[1] / "raw_kernels"
+           / "grouped_gemm_base.cuh").read_text()
+    assert int(re.search(r"constexpr int kWsFragSteps = (\d+);", src).group(1)) == \
+        S.WS_FRAG_STEPS == 2
     nv = C._ws_tma_smem_bytes()
-    assert nv == 6 * (128 + 256) * 32 + 3 * 256 * 128 + 3 * (128 + 256) * 16 + 1024
+    assert nv == (6 * (128 + 256) * 32 + 3 * 256 * 128 + 3 * (128 + 256) * 16
+                  + 3 * 2 * 256 * 16 + 1024)
     assert nv + 1024 <= 227 * 1024
 
 

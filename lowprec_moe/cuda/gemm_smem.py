@@ -75,17 +75,20 @@ def _ws_smem_bytes(a_kind: int, b_kind: int) -> int:
 #: build (kWsScaleTiles / kWsScaleSlots in raw_kernels/grouped_gemm_base.cuh)
 WS_SCALE_TILES = 4
 WS_SCALE_SLOTS = 3
+WS_FRAG_STEPS = 2  # 16-deep steps of A fragments the producers decode (kWsFragSteps)
 
 
 def _ws_tma_smem_bytes() -> int:
     """Dynamic shared memory of the warp-specialised NVFP4 kernel's TMA build (ws_tma_smem_bytes
     in raw_kernels/grouped_gemm_base.cuh): raw stages of the two data tiles only, canonical B
     buffers, then WS_SCALE_SLOTS slots of WS_SCALE_TILES k-tiles of block scales (16 bytes per
-    row of A and B), alignment; the fp32 epilogue tile reuses it."""
+    row of A and B), one A-fragment buffer per canonical buffer (WS_FRAG_STEPS steps x 256
+    consumer threads x 16 bytes), alignment; the fp32 epilogue tile reuses it."""
     bm, bn = CONFIGS["x"]
     stages = (WS_AHEAD + WS_CANON_BUFFERS) * (bm + bn) * BK // 2
     slots = WS_SCALE_SLOTS * (bm + bn) * WS_SCALE_TILES * BK // F.NVFP4_BLOCK
-    return max(stages + WS_CANON_BUFFERS * _canon(bn) + slots, _epi_bytes(bm, bn)) + 1024
+    frags = WS_CANON_BUFFERS * WS_FRAG_STEPS * 16 * 256  # 16 bytes per consumer thread
+    return max(stages + WS_CANON_BUFFERS * _canon(bn) + slots + frags, _epi_bytes(bm, bn)) + 1024
 
 
 #: floats per row of a consumer warp's epilogue staging buffer in the persistent kernel
