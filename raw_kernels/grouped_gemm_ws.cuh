@@ -196,13 +196,13 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
     float* const accf = &acc[0][0][0];
-    // TMA build: this thread's A row in a raw stage and in a scale slot, as shared offsets
-    const unsigned a_off = static_cast<unsigned>(ar * (kBK / 2));
-    const unsigned s_off = static_cast<unsigned>(ar * L::T_SLD);
     if constexpr (TMA) {
+        // this thread's A row in a raw stage and a scale slot, and its place in the fragment
+        // buffers (the producer thread of the same index decodes its first steps there)
+        const WsFragUnit me(threadIdx.x);
         // whole ring periods: every ring index a constant of the unrolled k-tiles
         for (int k0 = 0; k0 < KT; k0 += kWsRingPeriod)
-            ws_fp4_consume_period<NI * 4>(accf, k0, KT, s0, dbar, sbar, a_off, s_off, aq);
+            ws_fp4_consume_period<NI * 4>(accf, k0, KT, s0, dbar, sbar, me, aq);
     } else {
         for (int kt = 0; kt < KT; ++kt) {
             const int cb = kt % NCB;

@@ -135,9 +135,10 @@ struct WsFp4Units {
     }
 };
 
-// Consumer thread c's A row and fragment places (gemm_ws, TMA build), for producer thread
-// t = c: its row ar in a raw stage (a_off) and a scale slot (s_off), fp4_a_step's selector and
-// its fragment offset.
+// Consumer thread c's A row and fragment places (gemm_ws, TMA build), used by consumer thread
+// c itself and by producer thread t = c, which decodes its first kWsFragSteps steps: its row ar
+// (gemm_ws's consumer rows) in a raw stage (a_off) and a scale slot (s_off), fp4_a_step's
+// selector and its offset in a fragment buffer.
 struct WsFragUnit {
     unsigned a_off = 0, s_off = 0, sel = 0, o_fr = 0;
     __device__ __forceinline__ WsFragUnit() {}
@@ -291,14 +292,15 @@ constexpr int kWsRingPeriod = 12;
 // the unrolled loop -- buffer u % 3, stage u % 6 and its phase (u / 6) & 1, scale slot u / 4
 // and k-tile u % 4 in it -- except the scale slots' phase, (k0 / 12) & 1. The k-tile head then
 // needs no divisions, and B's descriptors become immediates (SASS: 158 instructions per warp
-// and k-tile instead of 212). ptxas serializes this loop's wgmma groups (C7511: no registers
-// left for a group in flight across the 12 unrolled k-tiles), so each step waits for its own
-// group; the two consumer warpgroups still keep the tensor cores fed in turn, and the build
-// measured 1-2 % faster than the rolled loop with one group in flight.
+// and k-tile instead of 212). ptxas serializes this loop's wgmma groups (C7511; it checks wgmma
+// against the 512-thread launch's 128-register target, not the consumers' setmaxnreg count),
+// so each step waits for its own group; the two consumer warpgroups still keep the tensor
+// cores fed in turn, and the build measured 1-2 % faster than the rolled loop with one group
+// in flight. `me`: this thread's A row offsets and fragment place (WsFragUnit).
 template <int NACC>
 __device__ __forceinline__ void ws_fp4_consume_period(float* accf, int k0, int KT, unsigned s0,
                                                       unsigned dbar, unsigned sbar,
-                                                      unsigned a_off, unsigned s_off, int aq) {
+                                                      const WsFragUnit& me, int aq) {
     using L = WsTmaLayout;
     constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
     constexpr int SGT = kWsScaleTiles, P = kWsRingPeriod;
@@ -314,10 +316,10 @@ __device__ __forceinline__ void ws_fp4_consume_period(float* accf, int k0, int K
         mbar_wait(dbar + 8 * st, static_cast<unsigned>((u / NST) & 1));
         mbar_wait(sbar + 8 * sl, ph_s);
         const unsigned long long db = wg_desc(s0 + L::T_CANON + cb * L::CANON_B, 16, 1024);
-        ws_fp4_consume<NACC, true>(accf, s0 + st * L::T_STAGE + a_off,
-                                   s0 + L::T_SC + sl * L::T_SLOT + (u % SGT) * 4 + s_off, db,
-                                   aq, kt >= 1 && kt - 1 + NCB < KT, (u + NCB - 1) % NCB,
-                                   s0 + L::T_FRAG + cb * kWsFragBytes + 16 * threadIdx.x);
+        ws_fp4_consume<NACC, true>(accf, s0 + st * L::T_STAGE + me.a_off,
+                                   s0 + L::T_SC + sl * L::T_SLOT + (u % SGT) * 4 + me.s_off,
+                                   db, aq, kt >= 1 && kt - 1 + NCB < KT, (u + NCB - 1) % NCB,
+                                   s0 + L::T_FRAG + cb * kWsFragBytes + me.o_fr);
     }
 }
 

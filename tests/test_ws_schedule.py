@@ -138,7 +138,7 @@ def test_ws_ring_period_constants():
                       "const unsigned ph_s = static_cast<unsigned>(k0 / P) & 1u;",
                       "const int cb = u % NCB, st = u % NST, sl = u / SGT;",
                       "mbar_wait(dbar + 8 * st, static_cast<unsigned>((u / NST) & 1));",
-                      "sl * L::T_SLOT + (u % SGT) * 4 + s_off",
+                      "sl * L::T_SLOT + (u % SGT) * 4 + me.s_off,",
                       "kt >= 1 && kt - 1 + NCB < KT, (u + NCB - 1) % NCB,")
     ncb, nst, nsg, sgt, period = 3, 6, 3, 4, 12
     assert (C.WS_CANON_BUFFERS, C.WS_SCALE_SLOTS, C.WS_SCALE_TILES) == (ncb, nsg, sgt)
@@ -154,25 +154,25 @@ def test_ws_ring_period_constants():
 
 
 def test_ws_fragment_unit_matches_consumer_rows():
-    """The producers decode consumer thread c's A fragments of steps 0 and 1 (WsFragUnit) for
-    the row and quad gemm_ws's consumer thread c decodes the other steps of; every consumer
-    thread's place (16 bytes at 16 c per step) is distinct and the two steps' buffers do not
-    overlap. A wrong row here gives wrong products only in the steps the producers decode."""
+    """Consumer thread c and producer thread t = c take c's A row, quad and fragment place from
+    one WsFragUnit, whose row formula is gemm_ws's consumer rows (the epilogue's too); over the
+    256 consumer threads each (ar, quad) pair comes once, and rows ar and ar + 8 together cover
+    the 128-row tile exactly. A wrong row would give wrong products only in the steps the
+    producers decode."""
     assert_source_has("grouped_gemm_ws_fp4.cuh",
                       "const unsigned ar = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2), "
                       "aq = lane & 3;",
-                      "o_fr = 16 * c;",
-                      "s0 + L::T_FRAG + cb * kWsFragBytes + 16 * threadIdx.x);")
+                      "s0 + L::T_FRAG + cb * kWsFragBytes + me.o_fr);")
     assert_source_has("grouped_gemm_ws.cuh",
                       "const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);",
                       "const int ar = wm0 + (lane >> 2), aq = lane & 3;",
+                      "const WsFragUnit me(threadIdx.x);",
                       "const WsFragUnit fu(t);")
-    rows = set()
+    pairs, covered = set(), set()
     for c in range(256):
         warp, lane = c >> 5, c & 31
         ar = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2)
-        rows.add((ar, lane & 3))
-        assert 0 <= ar and ar + 8 < 128
-    assert len(rows) == 256  # every (row, quad) of the 128-row tile's upper halves once
-    places = {s * 16 * 256 + 16 * c for s in range(2) for c in range(256)}
-    assert len(places) == 512 and max(places) + 16 <= 2 * 16 * 256
+        pairs.add((ar, lane & 3))
+        covered |= {ar, ar + 8}
+    assert len(pairs) == 256
+    assert covered == set(range(128))
