@@ -56,7 +56,9 @@ __device__ __forceinline__ void ws_fp4_expand_b(unsigned rb, unsigned rsb, unsig
 // whether step 1 hands the previous k-tile's canonical buffer (pb) back to the producers.
 // PRE (gemm_ws): the first kWsFragSteps steps' fragments are the producers' (ws_fp4_produce's
 // AFR), loaded from this thread's place fr in the buffer's fragment buffer; the same values.
-template <int NACC, bool PRE = false>
+// N256 (gemm_ws_n256, NT = its 384 threads): one m64n256k16 per step instead of two
+// m64n128k16, the same products in the same order.
+template <int NACC, bool PRE = false, int NT = kWsThreads, bool N256 = false>
 __device__ __forceinline__ void ws_fp4_consume(float* accf, unsigned ra_s, unsigned rsc_s,
                                                unsigned long long db, int aq, bool release,
                                                int pb, unsigned fr = 0) {
@@ -68,7 +70,7 @@ __device__ __forceinline__ void ws_fp4_consume(float* accf, unsigned ra_s, unsig
     uint2 wa = lds_v2(ra_s + S0 * 8), wb = lds_v2(ra_s + 8 * (kBK / 2) + S0 * 8);
 #pragma unroll
     for (int s = 0; s < kBK / 16; ++s) {
-        ws_step_wait<NACC>(s, release, pb, accf);
+        ws_step_wait<NACC, NT>(s, release, pb, accf);
         if (s < S0) {  // the producers' fragments
             const uint4 f = lds_v4(fr + s * kWsFragStepBytes);
             af[s & 1][0] = f.x;
@@ -84,11 +86,17 @@ __device__ __forceinline__ void ws_fp4_consume(float* accf, unsigned ra_s, unsig
         }
         wg_fence();
         // B's descriptor as two words: the steps and halves add to the low word only
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-            wgmma_m64n128k16_rs(accf + 64 * n, af[s & 1],
-                                static_cast<unsigned>(db) + ((n * (128 * 128) + s * 32) >> 4),
+        if constexpr (N256) {
+            wgmma_m64n256k16_rs(accf, af[s & 1], static_cast<unsigned>(db) + ((s * 32) >> 4),
                                 static_cast<unsigned>(db >> 32));
+        } else {
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+                wgmma_m64n128k16_rs(
+                    accf + 64 * n, af[s & 1],
+                    static_cast<unsigned>(db) + ((n * (128 * 128) + s * 32) >> 4),
+                    static_cast<unsigned>(db >> 32));
+        }
         wg_commit();
         wg_fence_acc<NACC>(accf);
     }
@@ -297,7 +305,9 @@ constexpr int kWsRingPeriod = 12;
 // so each step waits for its own group; the two consumer warpgroups still keep the tensor
 // cores fed in turn, and the build measured 1-2 % faster than the rolled loop with one group
 // in flight. `me`: this thread's A row offsets and fragment place (WsFragUnit).
-template <int NACC>
+// gemm_ws_n256 (N256, NT = 384; PRE = false: its producers decode no A fragments) takes the
+// same loop with m64n256k16.
+template <int NACC, bool PRE = true, int NT = kWsThreads, bool N256 = false>
 __device__ __forceinline__ void ws_fp4_consume_period(float* accf, int k0, int KT, unsigned s0,
                                                       unsigned dbar, unsigned sbar,
                                                       const WsFragUnit& me, int aq) {
@@ -312,11 +322,11 @@ __device__ __forceinline__ void ws_fp4_consume_period(float* accf, int k0, int K
         const int kt = k0 + u;
         if (kt >= KT) break;
         const int cb = u % NCB, st = u % NST, sl = u / SGT;
-        named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of k-tile kt expanded into buffer cb
+        named_sync(WS_BAR_FULL + cb, NT);  // B of k-tile kt expanded into buffer cb
         mbar_wait(dbar + 8 * st, static_cast<unsigned>((u / NST) & 1));
         mbar_wait(sbar + 8 * sl, ph_s);
         const unsigned long long db = wg_desc(s0 + L::T_CANON + cb * L::CANON_B, 16, 1024);
-        ws_fp4_consume<NACC, true>(accf, s0 + st * L::T_STAGE + me.a_off,
+        ws_fp4_consume<NACC, PRE, NT, N256>(accf, s0 + st * L::T_STAGE + me.a_off,
                                    s0 + L::T_SC + sl * L::T_SLOT + (u % SGT) * 4 + me.s_off,
                                    db, aq, kt >= 1 && kt - 1 + NCB < KT, (u + NCB - 1) % NCB,
                                    s0 + L::T_FRAG + cb * kWsFragBytes + me.o_fr);

@@ -66,11 +66,12 @@ __device__ __forceinline__ void regs_claim() {
 // The same with the release decided by the caller (ws_step_begin's rule for one tile's k-tiles;
 // the persistent kernel's for a CTA's whole sequence): whether step 1 hands canonical buffer pb,
 // the previous k-tile's, back to the producers.
-template <int NACC>
+// NT: the CTA's threads (the EMPTY barrier's count; gemm_ws_n256: 384).
+template <int NACC, int NT = kWsThreads>
 __device__ __forceinline__ void ws_step_wait(int s, bool release, int pb, float* accf) {
     wg_wait<1>();
     wg_fence_acc<NACC>(accf);
-    if (s == 1 && release) named_arrive(WS_BAR_EMPTY + pb, kWsThreads);
+    if (s == 1 && release) named_arrive(WS_BAR_EMPTY + pb, NT);
 }
 template <int NCB, int NACC>
 __device__ __forceinline__ void ws_step_begin(int s, int kt, int KT, float* accf) {

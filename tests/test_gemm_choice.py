@@ -99,8 +99,9 @@ def test_choose_kernel_few_tokens_swap(mode, fmt, family, monkeypatch):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_choose_kernel_ws_tma(mode, monkeypatch):
-    """sm_90, NVFP4 with the 128-row tile: the warp-specialised kernel's TMA build (``_kk_y``,
-    its own shared-memory formula) when data and scales of both operands have uniform strides
+    """sm_90, NVFP4 with the 128-row tile: the warp-specialised kernel's TMA build in its
+    384-thread form (``_kk_q``; ``_kk_y`` with ``LOWPREC_MOE_GEMM_WS_N256=off``; both with
+    their own shared-memory formula) when data and scales of both operands have uniform strides
     that are multiples of 16 bytes (K and N multiples of 256; wgrad: equal splits, multiples of
     256) and one contraction length; the cp.async build ``_kk_x`` otherwise, with
     ``LOWPREC_MOE_GEMM_TMA=off`` and outside the default family."""
@@ -113,8 +114,16 @@ def test_choose_kernel_ws_tma(mode, monkeypatch):
         pl = C.plan(p)
         assert C._use_ws_tma(pl)
         ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+        assert ln.kernel == "lpm_gg_nvfp4_kk_q" and ln.tma and ln.threads == 384, ln
+        assert ln.smem == C._ws_tma_smem_bytes(), ln
+        monkeypatch.setenv(C.WS_N256_ENV, "off")
+        ln = C.choose_kernel(p, pl, caps=H200_CAPS)
         assert ln.kernel == "lpm_gg_nvfp4_kk_y" and ln.tma and ln.threads == C.WS_THREADS, ln
         assert ln.smem == C._ws_tma_smem_bytes(), ln
+        monkeypatch.setenv(C.WS_N256_ENV, "sometimes")
+        with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_WS_N256"):
+            C.choose_kernel(p, pl, caps=H200_CAPS)
+        monkeypatch.delenv(C.WS_N256_ENV)
         monkeypatch.setenv(C.TMA_ENV, "off")
         ln = C.choose_kernel(p, pl, caps=H200_CAPS)
         assert ln.kernel == "lpm_gg_nvfp4_kk_x" and not ln.tma, ln
@@ -162,7 +171,7 @@ def test_choose_kernel_persistent(mode, monkeypatch):
         assert ln.smem == C._ws_p_smem_bytes() and ln.threads == C.WS_THREADS, ln
         monkeypatch.setenv(C.PERSIST_ENV, "off")
         ln = C.choose_kernel(p, pl, caps=H200_CAPS)
-        assert ln.kernel == "lpm_gg_nvfp4_kk_y" and ln.grid_cap == 0, ln
+        assert ln.kernel == "lpm_gg_nvfp4_kk_q" and ln.grid_cap == 0, ln
         monkeypatch.setenv(C.PERSIST_ENV, "sometimes")
         with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_PERSIST"):
             C.choose_kernel(p, pl, caps=H200_CAPS)
@@ -171,7 +180,7 @@ def test_choose_kernel_persistent(mode, monkeypatch):
         p = _policy_problem(mode, fmt, splits, n=512, k=1024)
         pl = C.plan(p)
         assert C.num_tiles(pl, 128, 256) <= sms
-        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_y"
+        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_q"
         monkeypatch.setenv(C.PERSIST_ENV, "on")
         assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_z"
         # (16-byte scale rows already make every _kk_y contraction whole scale groups; the

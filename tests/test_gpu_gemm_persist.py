@@ -82,13 +82,13 @@ def test_gpu_persistent_equals_per_tile(mode, tiles, fmt, monkeypatch, few_ctas)
     base = np.random.default_rng(tiles).standard_normal(got.shape).astype(np.float32)
     acc = _run(mode, a, b, splits, out=gpu(base.copy()), accumulate=True, **kw)
     monkeypatch.setenv(C.PERSIST_ENV, "off")
-    assert _kernel(mode, a, b, splits).kernel == "lpm_gg_nvfp4_kk_y"
+    assert _kernel(mode, a, b, splits).kernel == "lpm_gg_nvfp4_kk_q"
     assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32", **kw),
-                       f"{what} vs _kk_y")
+                       f"{what} vs _kk_q")
     assert_bytes_equal(got16, _run(mode, a, b, splits, out_dtype="bfloat16", **kw),
-                       f"{what} vs _kk_y, bf16 output")
+                       f"{what} vs _kk_q, bf16 output")
     assert_bytes_equal(acc, _run(mode, a, b, splits, out=gpu(base.copy()), accumulate=True,
-                                 **kw), f"{what} vs _kk_y, accumulating")
+                                 **kw), f"{what} vs _kk_q, accumulating")
 
 
 def test_gpu_persistent_many_tiles_default(monkeypatch):
@@ -103,6 +103,6 @@ def test_gpu_persistent_many_tiles_default(monkeypatch):
     assert _kernel("fprop", a, b, splits).kernel == "lpm_gg_nvfp4_kk_z"
     got = _run("fprop", a, b, splits, out_dtype="bfloat16")
     monkeypatch.setenv(C.PERSIST_ENV, "off")
-    assert _kernel("fprop", a, b, splits).kernel == "lpm_gg_nvfp4_kk_y"
+    assert _kernel("fprop", a, b, splits).kernel == "lpm_gg_nvfp4_kk_q"
     assert_bytes_equal(got, _run("fprop", a, b, splits, out_dtype="bfloat16"),
-                       "persistent (auto) vs _kk_y")
+                       "persistent (auto) vs _kk_q")

@@ -40,16 +40,21 @@ def _plain(mode, a, b, splits, monkeypatch, **kw):
     return out
 
 
+@pytest.mark.parametrize("kernel", ["_kk_q", "_kk_y"])
 @pytest.mark.parametrize("out_dtype", OUT16)
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
 @pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
-def test_gpu_reg_epilogue_nvfp4(mode, fmt, out_dtype, monkeypatch):
+def test_gpu_reg_epilogue_nvfp4(mode, fmt, out_dtype, kernel, monkeypatch):
     _require_wgmma()
+    from lowprec_moe.cuda import gemm as C
+
     if mode == "dgrad" and fmt != "nvfp4":
         pytest.skip("dgrad operands are never row-scaled")
     splits, n, k = ws_case_dims(mode, 8)
     a, b, _, launch = _setup(mode, fmt, splits, n, k, 71, 72)
-    assert launch().kernel == "lpm_gg_nvfp4_kk_y", launch()
+    if kernel == "_kk_y":
+        monkeypatch.setenv(C.WS_N256_ENV, "off")
+    assert launch().kernel == "lpm_gg_nvfp4" + kernel, launch()
     got = _run(mode, a, b, splits, out_dtype=out_dtype)
     want = _plain(mode, a, b, splits, monkeypatch, out_dtype=out_dtype)
     assert_bytes_equal(got, want, f"register epilogue {mode} {fmt} {out_dtype} vs plain wgmma")

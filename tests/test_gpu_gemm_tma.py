@@ -138,24 +138,34 @@ def test_gpu_swap_wide16_equals_wide(mode, contraction, fmt, monkeypatch):
 @pytest.mark.parametrize("tiles", [4, 12, 28])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_ws_tma_equals_cp_async(mode, tiles, fmt, monkeypatch):
-    """The TMA build of the warp-specialised NVFP4 kernel (``_kk_y``: data tiles and block
-    scales through tensor maps and mbarriers) over 4, 12 and 28 k-tiles (one scale group; every
-    scale slot once; the six raw stages and three scale slots wrapping, their mbarrier phases
-    flipping): against float64 and bit for bit against the cp.async build and the plain wgmma
-    kernel, with a partial column tile, bias and probs (fprop) and bf16 output."""
+    """The TMA build of the warp-specialised NVFP4 kernel in its 384-thread form (``_kk_q``)
+    and its 512-thread form (``_kk_y``) -- data tiles and block scales through tensor maps and
+    mbarriers -- over 4, 12 and 28 k-tiles (one scale group; every scale slot once; the six raw
+    stages and three scale slots wrapping, their mbarrier phases flipping): against float64 and
+    bit for bit against each other, the cp.async build and the plain wgmma kernel, with a
+    partial column tile, bias and probs (fprop) and bf16 output."""
     from lowprec_moe.cuda import gemm as C
 
     if C._device_caps()[0] != (9, 0):
         pytest.skip("the warp-specialised kernel needs an sm_90 GPU")
     splits, n, k = ws_case_dims(mode, tiles)
     a, b, kw, launch = _setup(mode, fmt, splits, n, k, 29 + tiles, tiles)
-    assert launch().kernel == "lpm_gg_nvfp4_kk_y", launch()
+    ln = launch()
+    assert ln.kernel == "lpm_gg_nvfp4_kk_q" and ln.threads == C.WS_N256_THREADS, ln
     got = _run(mode, a, b, splits, out_dtype="float32", **kw)
     got16 = _run(mode, a, b, splits, out_dtype="bfloat16", **kw)
     exp, mag = _expected(mode, a, b, splits, **kw)
     assert_gemm_close(got, exp, mag, f"TMA ws {mode} {fmt} {tiles} k-tiles")
     assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32", **kw),
                        f"TMA ws run to run {mode} {fmt} {tiles}")
+    monkeypatch.setenv(C.WS_N256_ENV, "off")
+    ln = launch()
+    assert ln.kernel == "lpm_gg_nvfp4_kk_y" and ln.threads == C.WS_THREADS, ln
+    assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32", **kw),
+                       f"384 vs 512 threads ws {mode} {fmt} {tiles}")
+    assert_bytes_equal(got16, _run(mode, a, b, splits, out_dtype="bfloat16", **kw),
+                       f"384 vs 512 threads ws bf16 {mode} {fmt} {tiles}")
+    monkeypatch.delenv(C.WS_N256_ENV)
     monkeypatch.setenv(C.TMA_ENV, "off")
     assert launch().kernel == "lpm_gg_nvfp4_kk_x", launch()
     assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32", **kw),

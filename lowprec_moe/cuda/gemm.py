@@ -44,16 +44,15 @@ from .. import kernels
 from . import gemm_choice  # noqa: F401 - tests patch the policy helpers (_chunk, ...) there
 from .gemm_choice import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     KERNEL_ENV, MXFP8_MMA_ENV, MXFP8_WS_AUTO, MXFP8_WS_ENV, PERSIST_ENV, PERSIST_MAX_KTILES,
-    SWAP_N16_ENV,
-    SWAP_WIDE_ENV, SWAP_WIDE_MIN_CTAS_PER_SM, TMA_ENV, Launch, _chunk, _device_caps, _env_mode,
-    _mx_bf16, _cupy, _persist, _pick_bm, _swap_wide, _use_swap, choose_kernel, kernel_info,
-    num_tiles)
+    SWAP_N16_ENV, SWAP_WIDE_ENV, SWAP_WIDE_MIN_CTAS_PER_SM, TMA_ENV, WS_N256_ENV, Launch, _chunk,
+    _device_caps, _env_mode, _mx_bf16, _cupy, _persist, _pick_bm, _swap_wide, _use_swap,
+    choose_kernel, kernel_info, num_tiles)
 from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     BK, CONFIGS, DESC_WORDS, SWAP_STAGES, D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD,
     D_B_SOFF, D_B_SLD, D_ROWS, D_LEN, D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS, EK_F32,
     EK_BF16, EK_F16, EK_FP4, EK_E4M3, EK_E5M2, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K,
     KIND_HP_MN, MMA_PARAMS, OUT_TYPES, Operand, Plan, SIMT_PARAMS, SIMT_TILE, THREADS,
-    WS_AHEAD, WS_CANON_BUFFERS, WS_THREADS, _cdiv,
+    WS_AHEAD, WS_CANON_BUFFERS, WS_N256_THREADS, WS_THREADS, _cdiv,
     _flat_amax, descriptors, plan, tile_table)
 from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     EPI_COL_TABLE, EPI_WARP_LD, MAX_SMEM, WMX_A_STAGES, WMX_AHEAD, WMX_B_STAGES,
@@ -66,7 +65,8 @@ from .gemm_tma import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>
     _use_ws_tma)
 
 __all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV",
-           "MXFP8_WS_ENV", "PERSIST_ENV", "TMA_ENV", "SWAP_WIDE_ENV", "SWAP_N16_ENV"]
+           "MXFP8_WS_ENV", "PERSIST_ENV", "TMA_ENV", "SWAP_WIDE_ENV", "SWAP_N16_ENV",
+           "WS_N256_ENV"]
 
 _MAX_CACHED = 64
 _lock = threading.Lock()
@@ -149,6 +149,7 @@ def _signature(p, arrays) -> tuple:
             bool(p.accumulate), os.environ.get(KERNEL_ENV, "auto"), os.environ.get(TMA_ENV, "auto"),
             os.environ.get(SWAP_WIDE_ENV, "auto"), os.environ.get(SWAP_N16_ENV, "auto"),
             os.environ.get(MXFP8_WS_ENV, "auto"), os.environ.get(PERSIST_ENV, "auto"),
+            os.environ.get(WS_N256_ENV, "auto"),
             gt_sig(p.a), gt_sig(p.b), residues)
 
 

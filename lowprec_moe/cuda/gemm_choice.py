@@ -101,7 +101,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .gemm_plan import (BK, CONFIGS, KIND_FP4_K, KIND_FP8_K, Operand, Plan, SIMT_TILE,
-                        THREADS, WS_THREADS, _cdiv, plan)
+                        THREADS, WS_N256_THREADS, WS_THREADS, _cdiv, plan)
 from .gemm_smem import (WS_SCALE_TILES, _smem_bytes, _swap_smem_bytes, _ws_mx_smem_bytes,
                         _ws_p_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
 from .gemm_tma import _scales_word_aligned, _use_tma, _use_ws_tma
@@ -112,6 +112,11 @@ KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
 #: "off" (the cp.async builds; A/B comparisons and cross-checks).
 TMA_ENV = "LOWPREC_MOE_GEMM_TMA"
 _TMA_MODES = ("auto", "off")
+#: Environment variable for the 384-thread form of the warp-specialised NVFP4 TMA build
+#: (``_kk_q``: one producer warpgroup, consumers on m64n256k16; bitwise ``_kk_y``): "auto"
+#: (default: wherever ``_kk_y`` would run) or "off" (``_kk_y``).
+WS_N256_ENV = "LOWPREC_MOE_GEMM_WS_N256"
+_WS_N256_MODES = ("auto", "off")
 #: Environment variable for the wide NVFP4 swapped-operand TMA build (``_kk_r``): "auto"
 #: (default: when its grid gives every SM at least SWAP_WIDE_MIN_CTAS_PER_SM CTAs), "on"
 #: (wherever ``_kk_u`` would run) or "off".
@@ -329,8 +334,11 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     # ... in its persistent form (_kk_z) when there are more tiles than multiprocessors
     grid_cap = sms if ws_tma and not ws_mx and _persist(pl, sms) else 0
     ws = ws or ws_mx
+    # ... in its 384-thread form (_kk_q) unless switched off
+    n256 = (ws_tma and not ws_mx and not grid_cap
+            and _env_mode(WS_N256_ENV, _WS_N256_MODES) == "auto")
     suffix = (cfg if cfg in ("r", "p") else "u" if use_tma else "z" if grid_cap
-              else "y" if ws_tma else cfg)
+              else "q" if n256 else "y" if ws_tma else cfg)
     use_tma = use_tma or ws_tma
     name = f"lpm_gg_{prefix}_{layout}_{suffix}" + ("8" if ch == 8 else "")
     if cfg in ("t", "r", "p"):
@@ -348,7 +356,8 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     if smem > optin:  # e.g. consumer GPUs with ~100 KiB per block
         return simt
     return Launch(f"grouped_gemm_{prefix}", name, False, bm, bn, ch, smem, use_wg,
-                  WS_THREADS if ws else THREADS, use_tma, grid_cap)
+                  WS_N256_THREADS if n256 else WS_THREADS if ws else THREADS, use_tma,
+                  grid_cap)
 
 
 def _long_wgrad(pl: Plan) -> bool:
@@ -385,8 +394,9 @@ def kernel_info(p) -> dict:
         instr = "fma.rn.f32 (SIMT)"
     else:
         mma_type = "f16" if p.fmt == "nvfp4" or p.hp_dtype == "float16" else "bf16"
-        # the warp-specialised kernel issues m64n128k16 with A from registers; the
-        # swapped-operand kernel multiplies 64 weight rows by 32 tokens
+        # the 512-thread warp-specialised kernel issues m64n128k16 with A from registers (its
+        # 384-thread form m64n256k16); the swapped-operand kernel multiplies 64 weight rows by
+        # 32 tokens
         shape = ("m64n16k16" if ln.kernel.endswith("_p") else
                  "m64n32k16" if ln.kernel.endswith(("_t", "_t8", "_u", "_r")) else
                  "m64n256k16" if ln.bm == 128 and ln.threads != WS_THREADS else "m64n128k16")
@@ -395,7 +405,7 @@ def kernel_info(p) -> dict:
         if p.fmt == "mxfp8" and ln.wgmma and not shape.endswith("n32k16") and not _mx_bf16():
             # the plain wgmma kernel: fp16 for tiles inside the fp16 window (grouped_gemm_mxf16)
             instr = f"wgmma.{shape}.f16|bf16"
-        if ln.threads == WS_THREADS:
+        if ln.threads in (WS_THREADS, WS_N256_THREADS):
             instr += " ws"
         if ln.tma:
             instr += " tma"

@@ -1,0 +1,154 @@
+// lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
+// 384-thread form of the warp-specialised NVFP4 kernel's TMA build, gemm_ws_n256, and its
+// entry-point macro LPM_GG_DEFINE_WS_N256. 128 x 256 output tile, like gemm_ws:
+//   * warpgroups 0-1 (threads 0-255, consumers): warpgroup w owns rows 64w..64w+63; per 16-deep
+//     step it decodes its A fragments from the raw stage into registers and issues ONE
+//     m64n256k16 with A from registers and B from a canonical buffer, keeping one wgmma group in
+//     flight while it decodes the next step; then the epilogue;
+//   * warpgroup 2 (threads 256-383, producers): thread 0 issues the TMA copies (gemm_ws's
+//     schedule); every thread expands four units of B (rows ur, ur + 64, ur + 128, ur + 192)
+//     into a canonical buffer.
+// Why 384 threads: __launch_bounds__(512, 1) fixes a 128-register target, and ptxas checks each
+// wgmma against it (not against setmaxnreg's counts): with 512 threads it refuses m64n256k16
+// with A from registers and serializes gemm_ws's m64n128k16 groups (C7511). With 384 threads the
+// target is 168, and setmaxnreg gives the consumers kWnConsumerRegs. The handshake (FULL / EMPTY
+// named barriers, mbarriers of the raw stages and scale slots), the shared-memory layout
+// (WsTmaLayout; its fragment buffers unused) and the k-tile steps are gemm_ws's, so every output
+// element gets the same products in the same order: the results are bitwise gemm_ws's.
+
+#ifndef LPM_GROUPED_GEMM_WS_N256_CUH
+#define LPM_GROUPED_GEMM_WS_N256_CUH
+
+#include "grouped_gemm_ws_fp4.cuh"
+#include "grouped_gemm_ws_roles.cuh"
+
+namespace lpm_gg {
+
+constexpr int kWnConsumers = kWsConsumers;  // two warpgroups: wgmma and the epilogue
+constexpr int kWnProducers = 128;           // one warpgroup: TMA requests, B expansion
+constexpr int kWnThreads = kWnConsumers + kWnProducers;
+constexpr int kWnLaunchRegs = 65536 / kWnThreads / 8 * 8;  // 168
+// The consumers hold 128 accumulators, the fragments of two steps, a step's raw words and the
+// decoder's temporaries; the producers the four units' offsets and one unit's decode.
+constexpr int kWnConsumerRegs = 224;
+constexpr int kWnProducerRegs =
+    (kWnLaunchRegs * kWnThreads - kWnConsumerRegs * kWnConsumers) / kWnProducers / 8 * 8;  // 56
+static_assert(kWnProducerRegs % 8 == 0 && kWnProducerRegs >= 24, "setmaxnreg granularity");
+static_assert(kWnLaunchRegs >= 160, "ptxas: m64n256k16 with A from registers");
+
+// k-tile j of gemm_ws_n256's producer thread: ws_fp4_produce's schedule (EMPTY wait, TMA
+// requests by the leader, copy waits) without the A fragments, then its four units of B -- u's
+// two (rows ur, ur + 128) and the two 64 rows further on -- and FULL.
+template <class IssueData, class IssueScales>
+__device__ __forceinline__ void ws_n256_produce(int j, int J, int NG, bool leader, unsigned s0,
+                                                unsigned dbar, unsigned sbar,
+                                                const WsFp4Units& u, int cols,
+                                                const IssueData& issue_data,
+                                                const IssueScales& issue_scales) {
+    using L = WsTmaLayout;
+    constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
+    constexpr int SGT = kWsScaleTiles, AHEAD = kWsAhead;
+    static_assert(AHEAD == 3 && NCB == 3 && NSG == 3 && SGT == 4,
+                  "scale-slot schedule: group q issued at k-tile 4q - 6");
+    const int cb = j % NCB;
+    if (j >= NCB) named_sync(WS_BAR_EMPTY + cb, kWnThreads);
+    if (leader) {
+        if (j + AHEAD < J) issue_data(j + AHEAD);
+        if (j % SGT == 2 && (j + 6) / SGT < NG) issue_scales((j + 6) / SGT);
+    }
+    const int st = j % NST, g = j / SGT;
+    mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
+    mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+    const unsigned rb = s0 + st * L::T_STAGE + L::T_DA + u.o_raw;
+    const unsigned rsb = s0 + L::T_SC + (g % NSG) * L::T_SLOT + L::T_SB + (j % SGT) * 4 + u.o_sc;
+    const unsigned cbb = s0 + L::T_CANON + cb * L::CANON_B;
+    constexpr unsigned R64_RAW = 64 * (kBK / 2), R64_SC = 64 * L::T_SLD, R64_CN = 64 * kBK * 2;
+    ws_fp4_expand_b(rb, rsb, cbb, u.o_cn, u.ur < cols, u.ur + 128 < cols);
+    ws_fp4_expand_b(rb + R64_RAW, rsb + R64_SC, cbb + R64_CN, u.o_cn, u.ur + 64 < cols,
+                    u.ur + 192 < cols);
+    fence_proxy_async();
+    named_arrive(WS_BAR_FULL + cb, kWnThreads);
+}
+
+// The kernel body (NVFP4, both operands K-major, TMA loads; the launcher's conditions are
+// gemm_ws's TMA build's).
+__device__ __forceinline__ void gemm_ws_n256(LPM_GG_PARAMS, const TmaMap* tm_a,
+                                             const TmaMap* tm_b, const TmaMap* tm_as,
+                                             const TmaMap* tm_bs) {
+    constexpr int BM = 128, BN = 256, CH = 16;
+    constexpr int NST = kWsStages, NSG = kWsScaleSlots, SGT = kWsScaleTiles;
+    constexpr int EPI_LD = BN + 8;
+    constexpr int SMEM = ws_tma_smem_bytes();
+    static_assert(BM * EPI_LD * 4 + 1024 <= SMEM, "epilogue staging");
+    static_assert(TileGeo<KIND_FP4_K, BN>::UNITS == 4 * kWnProducers,
+                  "four B units per producer thread");
+    constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned s0;
+    unsigned char* const smem = gemm_smem(smem_raw, SMEM, a_ch != CH || b_ch != CH, s0);
+
+    LPM_GG_TILE_SETUP(BM, BN, rows_valid, cols_valid, kWnThreads)
+    const int KT = static_cast<int>((len + kBK - 1) / kBK);
+    const int NG = (KT + SGT - 1) / SGT;  // scale groups
+
+    __shared__ __align__(8) unsigned long long wn_bar[NST + NSG];
+    const unsigned dbar = smem_u32(wn_bar), sbar = dbar + 8 * NST;
+    if (threadIdx.x == kWnConsumers) {
+#pragma unroll
+        for (int i = 0; i < NST + NSG; ++i) mbar_init(dbar + 8 * i, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+
+    if (threadIdx.x >= kWnConsumers) {
+        // ---------------- producer warpgroup ----------------
+        regs_release<kWnProducerRegs>();
+        const unsigned t = threadIdx.x - kWnConsumers;
+        const bool leader = t == 0;
+        const WsRows rw = leader ? ws_rows(d, r0, c0) : WsRows{0, 0, 0, 0};
+        auto issue_data = [&](int kt) {
+            ws_fp4_issue_data(s0, dbar, kt % NST, kt, rw, tm_a, tm_b);
+        };
+        auto issue_scales = [&](int g) {
+            ws_fp4_issue_scales(s0, sbar, g % NSG, g, rw, tm_as, tm_bs);
+        };
+        if (leader) ws_fp4_issue_first(KT, NG, issue_data, issue_scales);
+        const WsFp4Units u(t);
+        for (int kt = 0; kt < KT; ++kt)
+            ws_n256_produce(kt, KT, NG, leader, s0, dbar, sbar, u, cols_valid, issue_data,
+                            issue_scales);
+        return;
+    }
+
+    // ---------------- consumer warpgroups ----------------
+    regs_claim<kWnConsumerRegs>();
+    ep.init_alpha();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
+    float acc[1][NI][4];
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
+    float* const accf = &acc[0][0][0];
+    const WsFragUnit me(threadIdx.x);  // this thread's A row in a raw stage and a scale slot
+    for (int k0 = 0; k0 < KT; k0 += kWsRingPeriod)
+        ws_fp4_consume_period<NI * 4, false, kWnThreads, true>(accf, k0, KT, s0, dbar, sbar, me,
+                                                               lane & 3);
+    wg_wait0();
+    wg_fence_acc<NI * 4>(accf);
+    ws_epilogue<BN, NI, EPI_LD>(smem, accf, wm0, lane, ep, r0, c0, rows_valid, cols_valid);
+}
+
+}  // namespace lpm_gg
+
+// extern "C" entry point NAME of the 384-thread warp-specialised NVFP4 TMA build (sm_90a; see
+// gemm_ws_n256): gemm_ws's TMA parameters.
+#define LPM_GG_DEFINE_WS_N256(NAME)                                                            \
+    extern "C" __global__ void __launch_bounds__(lpm_gg::kWnThreads, 1)                        \
+        NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS) {                                            \
+        lpm_gg::gemm_ws_n256(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS);                                 \
+    }
+
+#endif  // LPM_GROUPED_GEMM_WS_N256_CUH
