@@ -47,6 +47,31 @@ __device__ __forceinline__ void ws_fp4_expand_b(unsigned rb, unsigned rsb, unsig
     }
 }
 
+// One unit of the same (gemm_ws_n256's consumers: one unit of the next k-tile's B each): raw
+// words at rb, block-scale pair at rsb, decoded a chunk at a time (fp4_unit_decode's values)
+// into canonical chunk j at cn ^ (j << 4) (cn: the unit's first chunk, k_canon_off; cbb's low
+// 10 bits are zero); skipped unless live.
+__device__ __forceinline__ void ws_fp4_expand_unit(unsigned rb, unsigned rsb, unsigned cn,
+                                                   bool live) {
+    if (!live) return;
+    const uint4 w = lds_v4(rb);
+    const unsigned sc = fp4_scales_x64(lds_u16(rsb));
+    unsigned o[4];
+    fp4_decode8<false, false>(w.x, sc, o);
+    sts_v4(cn, o[0], o[1], o[2], o[3]);
+    fp4_decode8<false, false>(w.y, sc, o);
+    sts_v4(cn ^ 16u, o[0], o[1], o[2], o[3]);
+    fp4_decode8<true, true>(w.z, sc, o);
+    sts_v4(cn ^ 32u, o[0], o[1], o[2], o[3]);
+    fp4_decode8<true, true>(w.w, sc, o);
+    sts_v4(cn ^ 48u, o[0], o[1], o[2], o[3]);
+}
+
+// No work between a consumer's steps (ws_fp4_consume's default hook).
+struct WsNoHook {
+    __device__ __forceinline__ void operator()(int) const {}
+};
+
 // One k-tile of an NVFP4 consumer thread, TMA build (gemm_ws, gemm_ws_p), after its FULL
 // barrier and copy waits: per 16-deep step the A fragment of rows ar, ar + 8 decoded from the
 // raw words at ra_s (row ar; row ar + 8 eight rows further on) and the rows' scale words at
@@ -57,11 +82,14 @@ __device__ __forceinline__ void ws_fp4_expand_b(unsigned rb, unsigned rsb, unsig
 // PRE (gemm_ws): the first kWsFragSteps steps' fragments are the producers' (ws_fp4_produce's
 // AFR), loaded from this thread's place fr in the buffer's fragment buffer; the same values.
 // N256 (gemm_ws_n256, NT = its 384 threads): one m64n256k16 per step instead of two
-// m64n128k16, the same products in the same order.
-template <int NACC, bool PRE = false, int NT = kWsThreads, bool N256 = false>
+// m64n128k16, the same products in the same order. hook(s) runs after step s's wgmma are
+// committed, while they run (gemm_ws_n256: the next k-tile's B unit).
+template <int NACC, bool PRE = false, int NT = kWsThreads, bool N256 = false,
+          class Hook = WsNoHook>
 __device__ __forceinline__ void ws_fp4_consume(float* accf, unsigned ra_s, unsigned rsc_s,
                                                unsigned long long db, int aq, bool release,
-                                               int pb, unsigned fr = 0) {
+                                               int pb, unsigned fr = 0,
+                                               const Hook& hook = Hook{}) {
     constexpr int T_SLD = kWsScaleTiles * (kBK / LPM_NVFP4_BLOCK);
     constexpr int S0 = PRE ? kWsFragSteps : 0;  // the first step decoded here
     unsigned af[2][4];  // fragments of the step in flight and of the next one
@@ -99,6 +127,7 @@ __device__ __forceinline__ void ws_fp4_consume(float* accf, unsigned ra_s, unsig
         }
         wg_commit();
         wg_fence_acc<NACC>(accf);
+        hook(s);
     }
 }
 
@@ -307,10 +336,16 @@ constexpr int kWsRingPeriod = 12;
 // in flight. `me`: this thread's A row offsets and fragment place (WsFragUnit).
 // gemm_ws_n256 (N256, NT = 384; PRE = false: its producers decode no A fragments) takes the
 // same loop with m64n256k16.
-template <int NACC, bool PRE = true, int NT = kWsThreads, bool N256 = false>
+// khook(u, kt, s): ws_fp4_consume's hook at step s of k-tile kt (ring position u).
+struct WsNoKtileHook {
+    __device__ __forceinline__ void operator()(int, int, int) const {}
+};
+template <int NACC, bool PRE = true, int NT = kWsThreads, bool N256 = false,
+          class KHook = WsNoKtileHook>
 __device__ __forceinline__ void ws_fp4_consume_period(float* accf, int k0, int KT, unsigned s0,
                                                       unsigned dbar, unsigned sbar,
-                                                      const WsFragUnit& me, int aq) {
+                                                      const WsFragUnit& me, int aq,
+                                                      const KHook& khook = KHook{}) {
     using L = WsTmaLayout;
     constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
     constexpr int SGT = kWsScaleTiles, P = kWsRingPeriod;
@@ -326,10 +361,11 @@ __device__ __forceinline__ void ws_fp4_consume_period(float* accf, int k0, int K
         mbar_wait(dbar + 8 * st, static_cast<unsigned>((u / NST) & 1));
         mbar_wait(sbar + 8 * sl, ph_s);
         const unsigned long long db = wg_desc(s0 + L::T_CANON + cb * L::CANON_B, 16, 1024);
-        ws_fp4_consume<NACC, PRE, NT, N256>(accf, s0 + st * L::T_STAGE + me.a_off,
-                                   s0 + L::T_SC + sl * L::T_SLOT + (u % SGT) * 4 + me.s_off,
-                                   db, aq, kt >= 1 && kt - 1 + NCB < KT, (u + NCB - 1) % NCB,
-                                   s0 + L::T_FRAG + cb * kWsFragBytes + me.o_fr);
+        ws_fp4_consume<NACC, PRE, NT, N256>(
+            accf, s0 + st * L::T_STAGE + me.a_off,
+            s0 + L::T_SC + sl * L::T_SLOT + (u % SGT) * 4 + me.s_off, db, aq,
+            kt >= 1 && kt - 1 + NCB < KT, (u + NCB - 1) % NCB,
+            s0 + L::T_FRAG + cb * kWsFragBytes + me.o_fr, [&](int s) { khook(u, kt, s); });
     }
 }
 

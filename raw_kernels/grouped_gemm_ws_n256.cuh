@@ -36,9 +36,15 @@ constexpr int kWnProducerRegs =
 static_assert(kWnProducerRegs % 8 == 0 && kWnProducerRegs >= 24, "setmaxnreg granularity");
 static_assert(kWnLaunchRegs >= 160, "ptxas: m64n256k16 with A from registers");
 
+// The B units of a k-tile (512: 256 rows x 2 contraction halves) are split between the roles:
+// producer thread t expands rows ur = t / 2 and ur + 128 (WsFp4Units: rows 0-63 and 128-191),
+// consumer thread c one unit of rows 64-127 and 192-255 (WsNextUnit), for the k-tile after the
+// one it multiplies. A single producer warpgroup expanding all four units per thread was the
+// kernel's bottleneck (skipping its decode: 10-14 % faster, twenty-third session).
+//
 // k-tile j of gemm_ws_n256's producer thread: ws_fp4_produce's schedule (EMPTY wait, TMA
-// requests by the leader, copy waits) without the A fragments, then its four units of B -- u's
-// two (rows ur, ur + 128) and the two 64 rows further on -- and FULL.
+// requests by the leader, copy waits) without the A fragments, then its two units of B and
+// FULL.
 template <class IssueData, class IssueScales>
 __device__ __forceinline__ void ws_n256_produce(int j, int J, int NG, bool leader, unsigned s0,
                                                 unsigned dbar, unsigned sbar,
@@ -59,15 +65,48 @@ __device__ __forceinline__ void ws_n256_produce(int j, int J, int NG, bool leade
     const int st = j % NST, g = j / SGT;
     mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
     mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-    const unsigned rb = s0 + st * L::T_STAGE + L::T_DA + u.o_raw;
-    const unsigned rsb = s0 + L::T_SC + (g % NSG) * L::T_SLOT + L::T_SB + (j % SGT) * 4 + u.o_sc;
-    const unsigned cbb = s0 + L::T_CANON + cb * L::CANON_B;
-    constexpr unsigned R64_RAW = 64 * (kBK / 2), R64_SC = 64 * L::T_SLD, R64_CN = 64 * kBK * 2;
-    ws_fp4_expand_b(rb, rsb, cbb, u.o_cn, u.ur < cols, u.ur + 128 < cols);
-    ws_fp4_expand_b(rb + R64_RAW, rsb + R64_SC, cbb + R64_CN, u.o_cn, u.ur + 64 < cols,
-                    u.ur + 192 < cols);
+    ws_fp4_expand_b(s0 + st * L::T_STAGE + L::T_DA + u.o_raw,
+                    s0 + L::T_SC + (g % NSG) * L::T_SLOT + L::T_SB + (j % SGT) * 4 + u.o_sc,
+                    s0 + L::T_CANON + cb * L::CANON_B, u.o_cn, u.ur < cols, u.ur + 128 < cols);
     fence_proxy_async();
     named_arrive(WS_BAR_FULL + cb, kWnThreads);
+}
+
+// Consumer thread c's unit of B (c < 128: row 64 + c / 2; else row 128 + c / 2; contraction
+// half c % 2) as offsets into a raw stage's B half, a scale slot's B rows and a canonical
+// buffer.
+struct WsNextUnit {
+    int row;
+    unsigned o_raw, o_sc, o_cn;  // o_cn: the unit's first canonical chunk
+    __device__ __forceinline__ explicit WsNextUnit(unsigned c) {
+        static_assert(2 * kWnProducers + kWnConsumers == TileGeo<KIND_FP4_K, 256>::UNITS,
+                      "two B units per producer thread, one per consumer thread");
+        row = 64 + static_cast<int>(c >> 1) + (c >= 128 ? 64 : 0);
+        const int h = static_cast<int>(c) & 1;
+        o_raw = static_cast<unsigned>(row * (kBK / 2) + h * 16);
+        o_sc = static_cast<unsigned>(row * WsTmaLayout::T_SLD + h * 2);
+        o_cn = static_cast<unsigned>(k_canon_off(row, 4 * h));
+    }
+};
+
+// A consumer thread's unit of B for k-tile j (its copies waited for here; the producers' waits
+// do not cover this thread) into canonical buffer j % 3, which the consumers may write once
+// both warpgroups passed FULL of k-tile j - 1 (every wgmma of k-tile j - 3, its last reader,
+// retired by then: each warpgroup waits for all but one group at k-tile j - 2's step 1), and
+// the fence that, with FULL of k-tile j, hands it to the wgmma.
+__device__ __forceinline__ void ws_n256_consumer_unit(int j, unsigned s0, unsigned dbar,
+                                                      unsigned sbar, const WsNextUnit& nu,
+                                                      int cols) {
+    using L = WsTmaLayout;
+    constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
+    constexpr int SGT = kWsScaleTiles;
+    const int st = j % NST, g = j / SGT;
+    mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
+    mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+    ws_fp4_expand_unit(s0 + st * L::T_STAGE + L::T_DA + nu.o_raw,
+                       s0 + L::T_SC + (g % NSG) * L::T_SLOT + L::T_SB + (j % SGT) * 4 + nu.o_sc,
+                       s0 + L::T_CANON + (j % NCB) * L::CANON_B + nu.o_cn, nu.row < cols);
+    fence_proxy_async();
 }
 
 // The kernel body (NVFP4, both operands K-major, TMA loads; the launcher's conditions are
@@ -80,8 +119,6 @@ __device__ __forceinline__ void gemm_ws_n256(LPM_GG_PARAMS, const TmaMap* tm_a,
     constexpr int EPI_LD = BN + 8;
     constexpr int SMEM = ws_tma_smem_bytes();
     static_assert(BM * EPI_LD * 4 + 1024 <= SMEM, "epilogue staging");
-    static_assert(TileGeo<KIND_FP4_K, BN>::UNITS == 4 * kWnProducers,
-                  "four B units per producer thread");
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -133,9 +170,15 @@ __device__ __forceinline__ void gemm_ws_n256(LPM_GG_PARAMS, const TmaMap* tm_a,
         for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
     float* const accf = &acc[0][0][0];
     const WsFragUnit me(threadIdx.x);  // this thread's A row in a raw stage and a scale slot
+    const WsNextUnit nu(threadIdx.x);   // this thread's unit of B
+    if (KT > 0) ws_n256_consumer_unit(0, s0, dbar, sbar, nu, cols_valid);
+    // after step 1 of k-tile kt: the unit of k-tile kt + 1
+    const auto next_unit = [&](int, int kt, int s) {
+        if (s == 1 && kt + 1 < KT) ws_n256_consumer_unit(kt + 1, s0, dbar, sbar, nu, cols_valid);
+    };
     for (int k0 = 0; k0 < KT; k0 += kWsRingPeriod)
         ws_fp4_consume_period<NI * 4, false, kWnThreads, true>(accf, k0, KT, s0, dbar, sbar, me,
-                                                               lane & 3);
+                                                               lane & 3, next_unit);
     wg_wait0();
     wg_fence_acc<NI * 4>(accf);
     ws_epilogue<BN, NI, EPI_LD>(smem, accf, wm0, lane, ep, r0, c0, rows_valid, cols_valid);
