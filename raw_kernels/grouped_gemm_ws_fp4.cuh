@@ -152,16 +152,17 @@ struct WsTmaLayout {
                   "the TMA build's shared memory");
 };
 
-// A producer thread's two B units (thread t of the producers: rows ur and ur + 128,
+// A producer thread's two B units (thread t of the producers: rows ur = t / 2 and ur + 128,
 // contraction half t % 2; unit_load / unit_store's places) as offsets into a raw stage's B
 // half, a scale slot's B rows and a canonical buffer, computed once; the second unit's are the
-// first's plus constants (ws_fp4_expand_b).
+// first's plus constants (ws_fp4_expand_b). gemm_ws / gemm_ws_p: 256 producer threads, all of
+// B; gemm_ws_n256: 128, rows 0-63 and 128-191 (its consumers expand the rest).
 struct WsFp4Units {
     int ur;
     unsigned o_raw, o_sc, o_cn[4];
     __device__ __forceinline__ explicit WsFp4Units(unsigned t) {
         static_assert(TileGeo<KIND_FP4_K, 256>::UNITS == 2 * kWsProducers,
-                      "two B units per producer thread");
+                      "gemm_ws: two B units per producer thread");
         ur = static_cast<int>(t) >> 1;
         const int uh = static_cast<int>(t) & 1;
         o_raw = static_cast<unsigned>(ur * (kBK / 2) + uh * 16);

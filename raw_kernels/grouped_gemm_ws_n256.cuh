@@ -6,12 +6,17 @@
 //     m64n256k16 with A from registers and B from a canonical buffer, keeping one wgmma group in
 //     flight while it decodes the next step; then the epilogue;
 //   * warpgroup 2 (threads 256-383, producers): thread 0 issues the TMA copies (gemm_ws's
-//     schedule); every thread expands four units of B (rows ur, ur + 64, ur + 128, ur + 192)
-//     into a canonical buffer.
+//     schedule); every thread expands two units of B (rows ur, ur + 128; ur < 64) into a
+//     canonical buffer, the consumers the other 256 units (rows 64-127, 192-255), one each, of
+//     the k-tile after the one they multiply.
 // Why 384 threads: __launch_bounds__(512, 1) fixes a 128-register target, and ptxas checks each
-// wgmma against it (not against setmaxnreg's counts): with 512 threads it refuses m64n256k16
-// with A from registers and serializes gemm_ws's m64n128k16 groups (C7511). With 384 threads the
-// target is 168, and setmaxnreg gives the consumers kWnConsumerRegs. The handshake (FULL / EMPTY
+// wgmma against it (not against setmaxnreg's counts, although it allocates the consumer code
+// up to them): with 512 threads it refuses m64n256k16 with A from registers and serializes
+// gemm_ws's m64n128k16 groups (C7511). With 384 threads the target is 168, and setmaxnreg
+// gives the consumers kWnConsumerRegs (their code uses registers up to R192).
+// The consumers also expand a quarter of B (see ws_n256_produce): with the producers expanding
+// all of it, skipping their decode made the kernel 10-14 % faster, skipping the consumers' A
+// decode 2-5 %. The handshake (FULL / EMPTY
 // named barriers, mbarriers of the raw stages and scale slots), the shared-memory layout
 // (WsTmaLayout; its fragment buffers unused) and the k-tile steps are gemm_ws's, so every output
 // element gets the same products in the same order: the results are bitwise gemm_ws's.
@@ -39,8 +44,8 @@ static_assert(kWnLaunchRegs >= 160, "ptxas: m64n256k16 with A from registers");
 // The B units of a k-tile (512: 256 rows x 2 contraction halves) are split between the roles:
 // producer thread t expands rows ur = t / 2 and ur + 128 (WsFp4Units: rows 0-63 and 128-191),
 // consumer thread c one unit of rows 64-127 and 192-255 (WsNextUnit), for the k-tile after the
-// one it multiplies. A single producer warpgroup expanding all four units per thread was the
-// kernel's bottleneck (skipping its decode: 10-14 % faster, twenty-third session).
+// one it multiplies. With all four units per producer thread, skipping the producers' decode
+// made the kernel 10-14 % faster; the split measured 0.6-2.0 % faster than four units.
 //
 // k-tile j of gemm_ws_n256's producer thread: ws_fp4_produce's schedule (EMPTY wait, TMA
 // requests by the leader, copy waits) without the A fragments, then its two units of B and
@@ -172,7 +177,9 @@ __device__ __forceinline__ void gemm_ws_n256(LPM_GG_PARAMS, const TmaMap* tm_a,
     const WsFragUnit me(threadIdx.x);  // this thread's A row in a raw stage and a scale slot
     const WsNextUnit nu(threadIdx.x);   // this thread's unit of B
     if (KT > 0) ws_n256_consumer_unit(0, s0, dbar, sbar, nu, cols_valid);
-    // after step 1 of k-tile kt: the unit of k-tile kt + 1
+    // after step 1 of k-tile kt: the unit of k-tile kt + 1. After step 0 or step 2 instead,
+    // ptxas serializes the wgmma (C7513: it defines A-fragment registers between a wgmma and
+    // its wait; after step 2 measured 13-18 % slower).
     const auto next_unit = [&](int, int kt, int s) {
         if (s == 1 && kt + 1 < KT) ws_n256_consumer_unit(kt + 1, s0, dbar, sbar, nu, cols_valid);
     };

@@ -162,7 +162,8 @@ def test_ws_fragment_unit_matches_consumer_rows():
     assert_source_has("grouped_gemm_ws_fp4.cuh",
                       "const unsigned ar = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2), "
                       "aq = lane & 3;",
-                      "s0 + L::T_FRAG + cb * kWsFragBytes + me.o_fr);")
+                      "s0 + L::T_FRAG + cb * kWsFragBytes + me.o_fr, "
+                      "[&](int s) { khook(u, kt, s); });")
     assert_source_has("grouped_gemm_ws.cuh",
                       "const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);",
                       "const int ar = wm0 + (lane >> 2), aq = lane & 3;",
@@ -176,3 +177,24 @@ def test_ws_fragment_unit_matches_consumer_rows():
         covered |= {ar, ar + 8}
     assert len(pairs) == 256
     assert covered == set(range(128))
+
+
+def test_ws_n256_b_units_cover_the_tile_once():
+    """gemm_ws_n256 splits each k-tile's 512 B units (256 rows x 2 contraction halves) between
+    its 128 producer threads (WsFp4Units: rows t / 2 and t / 2 + 128, half t % 2) and its 256
+    consumer threads (WsNextUnit: one unit of rows 64-127 and 192-255): every unit exactly
+    once, so no canonical chunk is left stale or written twice."""
+    assert_source_has("grouped_gemm_ws_n256.cuh",
+                      "constexpr int kWnProducers = 128;",
+                      "row = 64 + static_cast<int>(c >> 1) + (c >= 128 ? 64 : 0);",
+                      "const int h = static_cast<int>(c) & 1;",
+                      "u.ur < cols, u.ur + 128 < cols);")
+    assert_source_has("grouped_gemm_ws_fp4.cuh",
+                      "ur = static_cast<int>(t) >> 1;",
+                      "const int uh = static_cast<int>(t) & 1;")
+    units = []
+    for t in range(128):
+        units += [(t >> 1, t & 1), ((t >> 1) + 128, t & 1)]
+    for c in range(256):
+        units.append((64 + (c >> 1) + (64 if c >= 128 else 0), c & 1))
+    assert sorted(units) == [(r, h) for r in range(256) for h in range(2)]

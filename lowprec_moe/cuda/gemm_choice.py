@@ -64,6 +64,10 @@ Kernel choice
   tokens per expert for wgrad, a multiple of 256), every expert starts at a whole row and all
   experts contract the same whole number of k-tiles; bitwise the cp.async build's results.
   ``LOWPREC_MOE_GEMM_TMA`` = ``auto`` (default) | ``off`` switches both TMA builds off.
+  It runs in a 384-thread form by default, ``_kk_q`` (``raw_kernels/grouped_gemm_ws_n256.cuh``:
+  one producer warpgroup, the consumers on ``m64n256k16`` with one wgmma group in flight and
+  one unit of the next k-tile's B each; bitwise ``_kk_y``); ``LOWPREC_MOE_GEMM_WS_N256`` =
+  ``auto`` (default) | ``off`` (``_kk_y``).
   Its persistent form ``_kk_z`` (``raw_kernels/grouped_gemm_ws_persist.cuh``: one CTA per SM
   over many tiles, the next tile's copies and expansion overlapping this tile's end and
   epilogue; bitwise ``_kk_y``) takes its place for contractions of at most
@@ -144,14 +148,15 @@ _MXFP8_WS_MODES = ("auto", "all", "off")
 #: Environment variable for the persistent form of the warp-specialised NVFP4 TMA build
 #: (``_kk_z``, one CTA per SM over many tiles): "auto" (default: more tiles than
 #: multiprocessors and at most PERSIST_MAX_KTILES k-tiles per tile), "on" (wherever it
-#: applies) or "off" (``_kk_y``, one CTA per tile).
+#: applies) or "off" (``_kk_q`` / ``_kk_y``, one CTA per tile).
 PERSIST_ENV = "LOWPREC_MOE_GEMM_PERSIST"
 _PERSIST_MODES = ("auto", "on", "off")
 #: Longest contraction (k-tiles) that "auto" runs persistently: it saves the per-tile start and
-#: hides the epilogue, which matters on short contractions (fine wgrad, 8 k-tiles: +9 %;
-#: qwen-fc2 fprop, 16: +1 %), while on long ones the one-CTA-per-tile build measured faster
-#: (qwen-fc2 wgrad, 40: -3 %; dsv3-fc1, 112-128: -7 %; benchmarks/RESULTS.md).
-PERSIST_MAX_KTILES = 16
+#: hides the epilogue, which matters on short contractions (fine wgrad, 8 k-tiles: +6-7 % over
+#: the 384-thread ``_kk_q``), while on longer ones the one-CTA-per-tile ``_kk_q`` measured
+#: faster (qwen-fc2 fprop, 16: -0.7 to -1.4 %; before ``_kk_q``, ``_kk_y`` lost to it there
+#: by 1 %, and won on 40 k-tiles and more; benchmarks/RESULTS.md).
+PERSIST_MAX_KTILES = 8
 #: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk"), dgrad
 #: ("kn", B MN-major) and wgrad ("nn", both MN-major) all measured faster than the plain kernel
 #: on every compute-bound shape where they apply (fprop 4-15 %, dgrad 8-20 %, wgrad 2-31 %;
