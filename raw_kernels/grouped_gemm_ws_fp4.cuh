@@ -303,25 +303,22 @@ __device__ __forceinline__ void ws_fp4_produce(int j, int J, int NG, bool leader
 // copies (the producers waited for them before arriving; waiting here too makes the TMA writes
 // visible to this thread: one try_wait), then ws_fp4_consume on this thread's A row (a_off in a
 // raw stage, s_off in a scale slot); `release` as there.
-// NT, N256, hook: as in ws_fp4_consume (gemm_ws_p's 384-thread form).
-template <int NACC, int NT = kWsThreads, bool N256 = false, class Hook = WsNoHook>
+template <int NACC>
 __device__ __forceinline__ void ws_fp4_consume_ktile(float* accf, int j, bool release,
                                                      unsigned s0, unsigned dbar, unsigned sbar,
-                                                     unsigned a_off, unsigned s_off, int aq,
-                                                     const Hook& hook = Hook{}) {
+                                                     unsigned a_off, unsigned s_off, int aq) {
     using L = WsTmaLayout;
     constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
     constexpr int SGT = kWsScaleTiles;
     const int cb = j % NCB;
-    named_sync(WS_BAR_FULL + cb, NT);  // B of k-tile j expanded into buffer cb
+    named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of k-tile j expanded into buffer cb
     const int st = j % NST, g = j / SGT;
     mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
     mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
     const unsigned long long db = wg_desc(s0 + L::T_CANON + cb * L::CANON_B, 16, 1024);
-    ws_fp4_consume<NACC, false, NT, N256>(
-        accf, s0 + st * L::T_STAGE + a_off,
-        s0 + L::T_SC + (g % NSG) * L::T_SLOT + (j % SGT) * 4 + s_off, db, aq, release,
-        (j + NCB - 1) % NCB, 0u, hook);
+    ws_fp4_consume<NACC>(accf, s0 + st * L::T_STAGE + a_off,
+                         s0 + L::T_SC + (g % NSG) * L::T_SLOT + (j % SGT) * 4 + s_off, db, aq,
+                         release, (j + NCB - 1) % NCB);
 }
 
 // The rings of the TMA build repeat every kWsRingPeriod k-tiles: 3 canonical buffers, 6 raw

@@ -18,24 +18,19 @@
 // at least one k-tile and a whole number of scale groups (kWsScaleTiles k-tiles) per tile, so
 // that a scale group never straddles two tiles. Every output element gets the same products in
 // the same order and the same epilogue arithmetic as in gemm_ws: the results are bitwise its.
-// N256: the same in gemm_ws_n256's 384-thread form (grouped_gemm_ws_n256.cuh): one producer
-// warpgroup expanding two B units per thread, the consumers on m64n256k16 and expanding one
-// unit each of the next k-tile in the CTA's sequence (which may be the next tile's first).
 
 #ifndef LPM_GROUPED_GEMM_WS_PERSIST_CUH
 #define LPM_GROUPED_GEMM_WS_PERSIST_CUH
 
 #include "grouped_gemm_ws_fp4.cuh"
-#include "grouped_gemm_ws_n256.cuh"
 
 namespace lpm_gg {
 
-template <int AKIND, int BKIND, bool N256 = false>
+template <int AKIND, int BKIND>
 __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
                                           const TmaMap* tm_as, const TmaMap* tm_bs,
                                           int num_tiles) {
     constexpr int BM = 128, BN = 256;
-    constexpr int NT = N256 ? kWnThreads : kWsThreads;  // the CTA's threads
     static_assert(AKIND == KIND_FP4_K && BKIND == KIND_FP4_K, "NVFP4 operands only");
     using L = WsTmaLayout;  // gemm_ws's TMA layout, then the consumer warps' staging buffers
     constexpr int NST = kWsStages, NCB = kWsCanonBuffers, AHEAD = kWsAhead;
@@ -82,7 +77,7 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
 
     if (threadIdx.x >= kWsConsumers) {
         // ---------------- producer warpgroups ----------------
-        regs_release<N256 ? kWnProducerRegs : kWsTmaProducerRegs>();
+        regs_release<kWsTmaProducerRegs>();
         int T0, TS, my_tiles, KT, J, NG;
         schedule(T0, TS, my_tiles, KT, J, NG);
         const int NGT = KT / SGT;  // scale groups per tile
@@ -119,12 +114,7 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         };
         int kt = 0, ti = 0, cv = cols_of(0);
         for (int j = 0; j < J; ++j) {
-            if constexpr (N256)
-                ws_n256_produce(j, J, NG, leader, s0, dbar, sbar, u, cv, issue_data,
-                                issue_scales);
-            else
-                ws_fp4_produce(j, J, NG, leader, s0, dbar, sbar, u, cv, issue_data,
-                               issue_scales);
+            ws_fp4_produce(j, J, NG, leader, s0, dbar, sbar, u, cv, issue_data, issue_scales);
             if (++kt == KT) {
                 kt = 0;
                 cv = cols_of(++ti);
@@ -137,18 +127,9 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     // gemm_ws's consumers, tile after tile: per k-tile ws_fp4_consume; at a tile's end every
     // MMA retires, the last k-tile's canonical buffer goes back to the producers at once (they
     // expand the next tile's first k-tiles meanwhile) and each warp runs its rows' epilogue.
-    regs_claim<N256 ? kWnConsumerRegs : kWsTmaConsumerRegs>();
+    regs_claim<kWsTmaConsumerRegs>();
     int T0, TS, my_tiles, KT, J, NG;
     schedule(T0, TS, my_tiles, KT, J, NG);
-    // N256: this thread's unit of B, expanded for k-tile j + 1 of the sequence after step 1 of
-    // k-tile j (tile ti's columns, or the next tile's when j is its last k-tile); k-tile 0's
-    // before the loop.
-    const WsNextUnit nu(threadIdx.x);
-    auto cols_of = [&](int ti) {
-        const long long cv = n_cols - static_cast<long long>((T0 + ti * TS) % n_col_tiles) * BN;
-        return static_cast<int>(cv < BN ? cv : BN);
-    };
-    if (N256 && J > 0) ws_n256_consumer_unit(0, s0, dbar, sbar, nu, cols_of(0));
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
     const int ar = wm0 + (lane >> 2), aq = lane & 3;
@@ -165,23 +146,12 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         const int rows_valid = tl.rows_valid<BM>(), cols_valid = tl.cols_valid<BN>();
 #pragma unroll
         for (int i = 0; i < NI * 4; ++i) acc[i] = 0.0f;
-        for (int kt = 0; kt < KT; ++kt, ++j) {
-            if constexpr (N256) {
-                const auto next_unit = [&](int s) {
-                    if (s == 1 && j + 1 < J)
-                        ws_n256_consumer_unit(j + 1, s0, dbar, sbar, nu,
-                                              kt + 1 < KT ? cols_valid : cols_of(ti + 1));
-                };
-                ws_fp4_consume_ktile<NI * 4, NT, true>(accf, j, kt >= 1 && j - 1 + NCB < J, s0,
-                                                       dbar, sbar, a_off, s_off, aq, next_unit);
-            } else {
-                ws_fp4_consume_ktile<NI * 4>(accf, j, kt >= 1 && j - 1 + NCB < J, s0, dbar,
-                                             sbar, a_off, s_off, aq);
-            }
-        }
+        for (int kt = 0; kt < KT; ++kt, ++j)
+            ws_fp4_consume_ktile<NI * 4>(accf, j, kt >= 1 && j - 1 + NCB < J, s0, dbar, sbar,
+                                         a_off, s_off, aq);
         wg_wait0();
         wg_fence_acc<NI * 4>(accf);
-        if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j - 1) % NCB, NT);
+        if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j - 1) % NCB, kWsThreads);
         Epilogue ep = LPM_GG_EPILOGUE_OF(d);
         ep.init_alpha();
         // the warp's staging buffer and (row-scaled register epilogue) column table, after the
@@ -211,13 +181,6 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
         NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS, int num_tiles) {                             \
         lpm_gg::gemm_ws_p<AKIND, BKIND>(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS, num_tiles);           \
-    }
-// ... its 384-thread form (N256).
-#define LPM_GG_DEFINE_WS_P_N256(NAME)                                                          \
-    extern "C" __global__ void __launch_bounds__(lpm_gg::kWnThreads, 1)                        \
-        NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS, int num_tiles) {                             \
-        lpm_gg::gemm_ws_p<lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true>(                       \
-            LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS, num_tiles);                                       \
     }
 
 #endif  // LPM_GROUPED_GEMM_WS_PERSIST_CUH

@@ -114,7 +114,7 @@ def test_choose_kernel_ws_tma(mode, monkeypatch):
         pl = C.plan(p)
         assert C._use_ws_tma(pl)
         ln = C.choose_kernel(p, pl, caps=H200_CAPS)
-        assert ln.kernel == "lpm_gg_nvfp4_kk_q" and ln.tma and ln.threads == C.WS_N256_THREADS, ln
+        assert ln.kernel == "lpm_gg_nvfp4_kk_q" and ln.tma and ln.threads == 384, ln
         assert ln.smem == C._ws_tma_smem_bytes(), ln
         monkeypatch.setenv(C.WS_N256_ENV, "off")
         ln = C.choose_kernel(p, pl, caps=H200_CAPS)
@@ -149,12 +149,11 @@ def test_choose_kernel_ws_tma(mode, monkeypatch):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_choose_kernel_persistent(mode, monkeypatch):
-    """The persistent form of the NVFP4 ``_kk_q`` build (``_kk_o``; of ``_kk_y``: ``_kk_z``,
-    with ``LOWPREC_MOE_GEMM_WS_N256=off``): with more tiles than multiprocessors and a short
-    contraction ("auto"), or wherever ``_kk_q`` runs ("on"), provided the contraction is a
-    whole, nonzero number of scale groups (4 k-tiles); ``_kk_q`` with "off", a ragged group,
-    and few tiles or a long contraction in "auto". The grid is capped at one CTA per
-    multiprocessor."""
+    """The persistent form of the NVFP4 ``_kk_y`` build (``_kk_z``): with more tiles than
+    multiprocessors and a short contraction ("auto"), or wherever ``_kk_y`` runs ("on"),
+    provided the contraction is a whole, nonzero number of scale groups (4 k-tiles); ``_kk_y``
+    with "off", a ragged group, and few tiles or a long contraction in "auto". The grid is
+    capped at one CTA per multiprocessor."""
     from lowprec_moe.cuda import gemm as C
 
     monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
@@ -168,13 +167,8 @@ def test_choose_kernel_persistent(mode, monkeypatch):
         pl = C.plan(p)
         assert C.num_tiles(pl, 128, 256) > sms
         ln = C.choose_kernel(p, pl, caps=H200_CAPS)
-        assert ln.kernel == "lpm_gg_nvfp4_kk_o" and ln.tma and ln.grid_cap == sms, ln
-        assert ln.smem == C._ws_p_smem_bytes() and ln.threads == C.WS_N256_THREADS, ln
-        monkeypatch.setenv(C.WS_N256_ENV, "off")
-        ln = C.choose_kernel(p, pl, caps=H200_CAPS)
         assert ln.kernel == "lpm_gg_nvfp4_kk_z" and ln.tma and ln.grid_cap == sms, ln
         assert ln.smem == C._ws_p_smem_bytes() and ln.threads == C.WS_THREADS, ln
-        monkeypatch.delenv(C.WS_N256_ENV)
         monkeypatch.setenv(C.PERSIST_ENV, "off")
         ln = C.choose_kernel(p, pl, caps=H200_CAPS)
         assert ln.kernel == "lpm_gg_nvfp4_kk_q" and ln.grid_cap == 0, ln
@@ -188,7 +182,7 @@ def test_choose_kernel_persistent(mode, monkeypatch):
         assert C.num_tiles(pl, 128, 256) <= sms
         assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_q"
         monkeypatch.setenv(C.PERSIST_ENV, "on")
-        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_o"
+        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_z"
         # (16-byte scale rows already make every _kk_y contraction whole scale groups; the
         # kernel's own condition, checked on the plan:) 6 or 0 k-tiles are not
         for kt, want in ((16, True), (6, False), (0, False)):

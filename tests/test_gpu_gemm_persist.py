@@ -1,14 +1,13 @@
-"""The persistent forms of the warp-specialised NVFP4 kernel (``lpm_gg_nvfp4_kk_o``, 384
-threads, and ``lpm_gg_nvfp4_kk_z``, 512; raw_kernels/grouped_gemm_ws_persist.cuh) on the GPU:
-each CTA runs many tiles as one flattened pipeline, and the epilogue works straight from the
-accumulators.
+"""The persistent form of the warp-specialised NVFP4 kernel (``lpm_gg_nvfp4_kk_z``,
+raw_kernels/grouped_gemm_ws_persist.cuh) on the GPU: each CTA runs many tiles as one flattened
+pipeline, and the epilogue works straight from the accumulators.
 
 The grid is capped at 3 CTAs here (the launcher sees 3 multiprocessors), so every CTA runs 6-7
 tiles and the raw stages, canonical buffers, scale slots and mbarrier phases wrap across tile
 boundaries at different k-tiles. Checks, in every mode, NVFP4 and row-scaled NVFP4, over 4, 12
 and 20 k-tiles: against float64 (fp32 output, with bias and probs in fprop), bit for bit against
-the one-CTA-per-tile build of the same thread count (``_kk_q`` / ``_kk_y``; fp32 and bf16
-outputs, accumulation into fp32), and run to run.
+the one-CTA-per-tile build ``_kk_y`` (fp32 and bf16 outputs, accumulation into fp32), and run to
+run.
 """
 
 from __future__ import annotations
@@ -62,21 +61,17 @@ def _kernel(mode, a, b, splits):
     return C.choose_kernel(p, C.plan(p))
 
 
-@pytest.mark.parametrize("kernels", [("_kk_o", "_kk_q"), ("_kk_z", "_kk_y")])
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
 @pytest.mark.parametrize("tiles", [4, 12, 20])
 @pytest.mark.parametrize("mode", MODES)
-def test_gpu_persistent_equals_per_tile(mode, tiles, fmt, kernels, monkeypatch, few_ctas):
+def test_gpu_persistent_equals_per_tile(mode, tiles, fmt, monkeypatch, few_ctas):
     from lowprec_moe.cuda import gemm as C
 
-    persistent, per_tile = kernels
     a, b, splits, kw = _case(mode, fmt, tiles, 61 + tiles)
-    what = f"persistent {persistent} {mode} {fmt} {tiles} k-tiles"
+    what = f"persistent {mode} {fmt} {tiles} k-tiles"
     monkeypatch.setenv(C.PERSIST_ENV, "on")
-    if persistent == "_kk_z":
-        monkeypatch.setenv(C.WS_N256_ENV, "off")
     ln = _kernel(mode, a, b, splits)
-    assert ln.kernel == "lpm_gg_nvfp4" + persistent and ln.grid_cap == NUM_CTAS, ln
+    assert ln.kernel == "lpm_gg_nvfp4_kk_z" and ln.grid_cap == NUM_CTAS, ln
     got = _run(mode, a, b, splits, out_dtype="float32", **kw)
     got16 = _run(mode, a, b, splits, out_dtype="bfloat16", **kw)
     exp, mag = _expected(mode, a, b, splits, **kw)
@@ -87,25 +82,25 @@ def test_gpu_persistent_equals_per_tile(mode, tiles, fmt, kernels, monkeypatch, 
     base = np.random.default_rng(tiles).standard_normal(got.shape).astype(np.float32)
     acc = _run(mode, a, b, splits, out=gpu(base.copy()), accumulate=True, **kw)
     monkeypatch.setenv(C.PERSIST_ENV, "off")
-    assert _kernel(mode, a, b, splits).kernel == "lpm_gg_nvfp4" + per_tile
+    assert _kernel(mode, a, b, splits).kernel == "lpm_gg_nvfp4_kk_q"
     assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32", **kw),
-                       f"{what} vs {per_tile}")
+                       f"{what} vs _kk_q")
     assert_bytes_equal(got16, _run(mode, a, b, splits, out_dtype="bfloat16", **kw),
-                       f"{what} vs {per_tile}, bf16 output")
+                       f"{what} vs _kk_q, bf16 output")
     assert_bytes_equal(acc, _run(mode, a, b, splits, out=gpu(base.copy()), accumulate=True,
-                                 **kw), f"{what} vs {per_tile}, accumulating")
+                                 **kw), f"{what} vs _kk_q, accumulating")
 
 
 def test_gpu_persistent_many_tiles_default(monkeypatch):
     """With the real multiprocessor count and more tiles than multiprocessors, "auto" takes
-    the persistent form; its results equal ``_kk_q``'s bit for bit (bf16 output)."""
+    the persistent form; its results equal ``_kk_y``'s bit for bit (bf16 output)."""
     from lowprec_moe.cuda import gemm as C
 
     if C._device_caps()[0] != (9, 0):
         pytest.skip("the warp-specialised kernel needs an sm_90 GPU")
     splits = [512, 0, 1000, 384, 130, 700] * 6  # ~165 row tiles x 2 column tiles
     a, b = _host_operands("fprop", "nvfp4", seed=71, splits=splits, n=512, k=256)
-    assert _kernel("fprop", a, b, splits).kernel == "lpm_gg_nvfp4_kk_o"
+    assert _kernel("fprop", a, b, splits).kernel == "lpm_gg_nvfp4_kk_z"
     got = _run("fprop", a, b, splits, out_dtype="bfloat16")
     monkeypatch.setenv(C.PERSIST_ENV, "off")
     assert _kernel("fprop", a, b, splits).kernel == "lpm_gg_nvfp4_kk_q"

@@ -72,8 +72,7 @@ Kernel choice
   over many tiles, the next tile's copies and expansion overlapping this tile's end and
   epilogue; bitwise ``_kk_y``) takes its place for contractions of at most
   ``PERSIST_MAX_KTILES`` k-tiles (a whole number of scale groups) with more tiles than SMs;
-  ``LOWPREC_MOE_GEMM_PERSIST`` = ``auto`` (default) | ``on`` | ``off``. It too has a
-  384-thread form, ``_kk_o`` (the default; ``LOWPREC_MOE_GEMM_WS_N256=off``: ``_kk_z``).
+  ``LOWPREC_MOE_GEMM_PERSIST`` = ``auto`` (default) | ``on`` | ``off``.
 * On sm_90, MXFP8 GEMMs with the 128-row tile run the warp-specialised MXFP8 kernel
   (fprop ``_kk_y``, dgrad ``_kn_y``, wgrad ``_nn_y``; ``raw_kernels/grouped_gemm_ws_mx.cuh``),
   for the layouts in ``MXFP8_WS_AUTO``, wherever its TMA loads apply (fprop / dgrad: the
@@ -117,10 +116,9 @@ KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
 #: "off" (the cp.async builds; A/B comparisons and cross-checks).
 TMA_ENV = "LOWPREC_MOE_GEMM_TMA"
 _TMA_MODES = ("auto", "off")
-#: Environment variable for the 384-thread forms of the warp-specialised NVFP4 TMA build
-#: (``_kk_q``: one producer warpgroup, consumers on m64n256k16; bitwise ``_kk_y``) and of its
-#: persistent form (``_kk_o``; bitwise ``_kk_z``): "auto" (default: wherever ``_kk_y`` /
-#: ``_kk_z`` would run) or "off" (``_kk_y`` / ``_kk_z``).
+#: Environment variable for the 384-thread form of the warp-specialised NVFP4 TMA build
+#: (``_kk_q``: one producer warpgroup, consumers on m64n256k16; bitwise ``_kk_y``): "auto"
+#: (default: wherever ``_kk_y`` would run) or "off" (``_kk_y``).
 WS_N256_ENV = "LOWPREC_MOE_GEMM_WS_N256"
 _WS_N256_MODES = ("auto", "off")
 #: Environment variable for the wide NVFP4 swapped-operand TMA build (``_kk_r``): "auto"
@@ -341,10 +339,11 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     # ... in its persistent form (_kk_z) when there are more tiles than multiprocessors
     grid_cap = sms if ws_tma and not ws_mx and _persist(pl, sms) else 0
     ws = ws or ws_mx
-    # ... both in their 384-thread forms (_kk_q, persistent _kk_o) unless switched off
-    n256 = ws_tma and not ws_mx and _env_mode(WS_N256_ENV, _WS_N256_MODES) == "auto"
-    suffix = (cfg if cfg in ("r", "p") else "u" if use_tma else
-              ("o" if n256 else "z") if grid_cap else "q" if n256 else "y" if ws_tma else cfg)
+    # ... in its 384-thread form (_kk_q) unless switched off
+    n256 = (ws_tma and not ws_mx and not grid_cap
+            and _env_mode(WS_N256_ENV, _WS_N256_MODES) == "auto")
+    suffix = (cfg if cfg in ("r", "p") else "u" if use_tma else "z" if grid_cap
+              else "q" if n256 else "y" if ws_tma else cfg)
     use_tma = use_tma or ws_tma
     name = f"lpm_gg_{prefix}_{layout}_{suffix}" + ("8" if ch == 8 else "")
     if cfg in ("t", "r", "p"):
