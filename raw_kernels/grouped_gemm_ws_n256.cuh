@@ -14,12 +14,12 @@
 // up to them): with 512 threads it refuses m64n256k16 with A from registers and serializes
 // gemm_ws's m64n128k16 groups (C7511). With 384 threads the target is 168, and setmaxnreg
 // gives the consumers kWnConsumerRegs (their code uses registers up to R192).
-// The consumers also expand a quarter of B (see ws_n256_produce): with the producers expanding
-// all of it, skipping their decode made the kernel 10-14 % faster, skipping the consumers' A
-// decode 2-5 %. The handshake (FULL / EMPTY
-// named barriers, mbarriers of the raw stages and scale slots), the shared-memory layout
-// (WsTmaLayout; its fragment buffers unused) and the k-tile steps are gemm_ws's, so every output
-// element gets the same products in the same order: the results are bitwise gemm_ws's.
+// The consumers also expand half of B (see ws_n256_produce): with the producers expanding all
+// of it, skipping their decode made the kernel 10-14 % faster, skipping the consumers' A decode
+// 2-5 %. The handshake (FULL / EMPTY named barriers, mbarriers of the raw stages and scale
+// slots), the shared-memory layout (WsTmaLayout; its fragment buffers unused) and the k-tile
+// steps are gemm_ws's, so every output element gets the same products in the same order: the
+// results are bitwise gemm_ws's.
 
 #ifndef LPM_GROUPED_GEMM_WS_N256_CUH
 #define LPM_GROUPED_GEMM_WS_N256_CUH
@@ -33,8 +33,9 @@ constexpr int kWnConsumers = kWsConsumers;  // two warpgroups: wgmma and the epi
 constexpr int kWnProducers = 128;           // one warpgroup: TMA requests, B expansion
 constexpr int kWnThreads = kWnConsumers + kWnProducers;
 constexpr int kWnLaunchRegs = 65536 / kWnThreads / 8 * 8;  // 168
-// The consumers hold 128 accumulators, the fragments of two steps, a step's raw words and the
-// decoder's temporaries; the producers the four units' offsets and one unit's decode.
+// The consumers hold 128 accumulators, the fragments of two steps, a step's raw words, their
+// B unit's offsets and the decoder's temporaries; the producers their two units' offsets and
+// decodes (ptxas: consumer code up to R192, producer code up to R33).
 constexpr int kWnConsumerRegs = 224;
 constexpr int kWnProducerRegs =
     (kWnLaunchRegs * kWnThreads - kWnConsumerRegs * kWnConsumers) / kWnProducers / 8 * 8;  // 56
