@@ -1,7 +1,8 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the k-tile
 // steps of the warp-specialised NVFP4 kernel's TMA build, shared by its one-tile-per-CTA form
-// (gemm_ws, grouped_gemm_ws.cuh) and its persistent form (gemm_ws_p,
-// grouped_gemm_ws_persist.cuh): the shared-memory layout, a producer thread's k-tile (copy
+// (gemm_ws, grouped_gemm_ws.cuh), its persistent form (gemm_ws_p,
+// grouped_gemm_ws_persist.cuh) and its 384-thread form (gemm_ws_n256,
+// grouped_gemm_ws_n256.cuh): the shared-memory layout, a producer thread's k-tile (copy
 // requests on the scale-slot schedule, B expansion, FULL; in gemm_ws also the first two steps
 // of A fragments), a consumer thread's k-tile (A decode into registers, wgmma) and the
 // tensor-map rows of a tile.
@@ -49,8 +50,9 @@ __device__ __forceinline__ void ws_fp4_expand_b(unsigned rb, unsigned rsb, unsig
 
 // One unit of the same (gemm_ws_n256's consumers: one unit of the next k-tile's B each): raw
 // words at rb, block-scale pair at rsb, decoded a chunk at a time (fp4_unit_decode's values)
-// into canonical chunk j at cn ^ (j << 4) (cn: the unit's first chunk, k_canon_off; cbb's low
-// 10 bits are zero); skipped unless live.
+// into canonical chunk j at cn ^ (j << 4) (cn: the address of the unit's first chunk, its
+// buffer 1024-byte aligned, so the XOR acts on k_canon_off's swizzled chunk bits only);
+// skipped unless live.
 __device__ __forceinline__ void ws_fp4_expand_unit(unsigned rb, unsigned rsb, unsigned cn,
                                                    bool live) {
     if (!live) return;
@@ -336,7 +338,7 @@ constexpr int kWsRingPeriod = 12;
 // cores fed in turn, and the build measured 1-2 % faster than the rolled loop with one group
 // in flight. `me`: this thread's A row offsets and fragment place (WsFragUnit).
 // gemm_ws_n256 (N256, NT = 384; PRE = false: its producers decode no A fragments) takes the
-// same loop with m64n256k16.
+// same loop with m64n256k16, which ptxas keeps one group in flight (its 168-register target).
 // khook(u, kt, s): ws_fp4_consume's hook at step s of k-tile kt (ring position u).
 struct WsNoKtileHook {
     __device__ __forceinline__ void operator()(int, int, int) const {}

@@ -1,6 +1,6 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): what the
-// warp-specialised kernels (gemm_ws, gemm_ws_mx, gemm_ws_p) share -- the two roles' thread
-// counts and register budgets, the named barriers of their handshake, the consumers' step start
+// warp-specialised kernels (gemm_ws, gemm_ws_n256, gemm_ws_mx, gemm_ws_p) share -- the two
+// roles' thread counts and register budgets (gemm_ws_n256: its own, grouped_gemm_ws_n256.cuh), the named barriers of their handshake, the consumers' step start
 // and their staged epilogue. The roles and the handshake are described in grouped_gemm_ws.cuh.
 
 #ifndef LPM_GROUPED_GEMM_WS_ROLES_CUH

@@ -150,10 +150,10 @@ def test_choose_kernel_ws_tma(mode, monkeypatch):
 @pytest.mark.parametrize("mode", MODES)
 def test_choose_kernel_persistent(mode, monkeypatch):
     """The persistent form of the NVFP4 ``_kk_y`` build (``_kk_z``): with more tiles than
-    multiprocessors and a short contraction ("auto"), or wherever ``_kk_y`` runs ("on"),
-    provided the contraction is a whole, nonzero number of scale groups (4 k-tiles); ``_kk_y``
-    with "off", a ragged group, and few tiles or a long contraction in "auto". The grid is
-    capped at one CTA per multiprocessor."""
+    multiprocessors and a short contraction ("auto"), or wherever the one-tile-per-CTA build
+    runs ("on"), provided the contraction is a whole, nonzero number of scale groups (4
+    k-tiles); that build (its 384-thread form ``_kk_q``) with "off", a ragged group, and few
+    tiles or a long contraction in "auto". The grid is capped at one CTA per multiprocessor."""
     from lowprec_moe.cuda import gemm as C
 
     monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)

@@ -167,6 +167,9 @@ def test_kernel_constants_match_sources():
     consumers = int(re.search(r"kWsConsumers = (\d+);", ws).group(1))
     producers = int(re.search(r"kWsProducers = (\d+);", ws).group(1))
     assert consumers + producers == C.WS_THREADS
+    wn = (kernels.kernel_dir() / "grouped_gemm_ws_n256.cuh").read_text()
+    assert "kWnConsumers = kWsConsumers;" in wn and "kWnThreads = kWnConsumers + kWnProducers;" in wn
+    assert consumers + int(re.search(r"kWnProducers = (\d+);", wn).group(1)) == C.WS_N256_THREADS
     src = (kernels.kernel_dir() / "grouped_gemm_base.cuh").read_text()
     for name in ("D_A_OFF", "D_A_LD", "D_A_SOFF", "D_A_SLD", "D_B_OFF", "D_B_LD", "D_B_SOFF",
                  "D_B_SLD", "D_ROWS", "D_LEN", "D_OUT_OFF", "D_AMAX_A", "D_AMAX_B", "D_BIAS",

@@ -6,8 +6,8 @@ The grid is capped at 3 CTAs here (the launcher sees 3 multiprocessors), so ever
 tiles and the raw stages, canonical buffers, scale slots and mbarrier phases wrap across tile
 boundaries at different k-tiles. Checks, in every mode, NVFP4 and row-scaled NVFP4, over 4, 12
 and 20 k-tiles: against float64 (fp32 output, with bias and probs in fprop), bit for bit against
-the one-CTA-per-tile build ``_kk_y`` (fp32 and bf16 outputs, accumulation into fp32), and run to
-run.
+the one-CTA-per-tile build (its 384-thread form ``_kk_q``, itself bitwise ``_kk_y``: fp32 and
+bf16 outputs, accumulation into fp32), and run to run.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def test_gpu_persistent_equals_per_tile(mode, tiles, fmt, monkeypatch, few_ctas)
 
 def test_gpu_persistent_many_tiles_default(monkeypatch):
     """With the real multiprocessor count and more tiles than multiprocessors, "auto" takes
-    the persistent form; its results equal ``_kk_y``'s bit for bit (bf16 output)."""
+    the persistent form; its results equal ``_kk_q``'s bit for bit (bf16 output)."""
     from lowprec_moe.cuda import gemm as C
 
     if C._device_caps()[0] != (9, 0):
