@@ -178,3 +178,25 @@ def test_gpu_ws_tma_equals_cp_async(mode, tiles, fmt, monkeypatch):
     assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32", **kw),
                        f"TMA ws vs plain wgmma {mode} {fmt} {tiles}")
 
+
+
+@pytest.mark.parametrize("n", [352, 416, 464])
+def test_gpu_ws_n256_partial_column_tiles(n, monkeypatch):
+    """The 384-thread build (``_kk_q``) with the second column tile ending inside the
+    consumers' first block of B rows (n = 352: 96 columns), the producers' second (416: 160)
+    and the consumers' second (464: 208), so that each role skips some of its B units: against
+    float64 (fprop, bias and probs) and bit for bit against ``_kk_y``."""
+    from lowprec_moe.cuda import gemm as C
+
+    if C._device_caps()[0] != (9, 0):
+        pytest.skip("the warp-specialised kernel needs an sm_90 GPU")
+    splits, k = [0, 300, 37, 260, 5, 129], 8 * C.BK
+    a, b, kw, launch = _setup("fprop", "nvfp4", splits, n, k, 91 + n, 92)
+    assert launch().kernel == "lpm_gg_nvfp4_kk_q", launch()
+    got = _run("fprop", a, b, splits, out_dtype="float32", **kw)
+    exp, mag = _expected("fprop", a, b, splits, **kw)
+    assert_gemm_close(got, exp, mag, f"_kk_q fprop n={n}")
+    monkeypatch.setenv(C.WS_N256_ENV, "off")
+    assert launch().kernel == "lpm_gg_nvfp4_kk_y", launch()
+    assert_bytes_equal(got, _run("fprop", a, b, splits, out_dtype="float32", **kw),
+                       f"_kk_q vs _kk_y, fprop n={n}")
