@@ -259,7 +259,8 @@ __device__ __forceinline__ void ws_fp4_issue_first(int J, int NG, const IssueDat
 // consumers' decoder into buffer j % 3's fragment buffer. The A decode is the consumers'
 // critical path (5-9 % of the k-tile), while the producers have slack: the B decode can be
 // skipped without the kernel getting faster (twenty-second session). A/B +0.2 to +1.3 %.
-template <bool AFR = false, class IssueData, class IssueScales>
+// NT: the CTA's threads, the FULL / EMPTY barriers' count (gemm_ws_n256: 384, AFR false).
+template <bool AFR = false, int NT = kWsThreads, class IssueData, class IssueScales>
 __device__ __forceinline__ void ws_fp4_produce(int j, int J, int NG, bool leader, unsigned s0,
                                                unsigned dbar, unsigned sbar,
                                                const WsFp4Units& u, int cols,
@@ -272,7 +273,7 @@ __device__ __forceinline__ void ws_fp4_produce(int j, int J, int NG, bool leader
     static_assert(AHEAD == 3 && NCB == 3 && NSG == 3 && SGT == 4,
                   "scale-slot schedule: group q issued at k-tile 4q - 6");
     const int cb = j % NCB;
-    if (j >= NCB) named_sync(WS_BAR_EMPTY + cb, kWsThreads);
+    if (j >= NCB) named_sync(WS_BAR_EMPTY + cb, NT);
     if (leader) {
         if (j + AHEAD < J) issue_data(j + AHEAD);
         if (j % SGT == 2 && (j + 6) / SGT < NG) issue_scales((j + 6) / SGT);
@@ -298,7 +299,7 @@ __device__ __forceinline__ void ws_fp4_produce(int j, int J, int NG, bool leader
                     s0 + L::T_SC + (g % NSG) * L::T_SLOT + L::T_SB + (j % SGT) * 4 + u.o_sc,
                     s0 + L::T_CANON + cb * L::CANON_B, u.o_cn, u.ur < cols, u.ur + 128 < cols);
     fence_proxy_async();
-    named_arrive(WS_BAR_FULL + cb, kWsThreads);
+    named_arrive(WS_BAR_FULL + cb, NT);
 }
 
 // k-tile j of a TMA-build consumer thread (gemm_ws, gemm_ws_p): wait for FULL and for the

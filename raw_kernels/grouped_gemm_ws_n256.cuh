@@ -14,7 +14,7 @@
 // up to them): with 512 threads it refuses m64n256k16 with A from registers and serializes
 // gemm_ws's m64n128k16 groups (C7511). With 384 threads the target is 168, and setmaxnreg
 // gives the consumers kWnConsumerRegs (their code uses registers up to R192).
-// The consumers also expand half of B (see ws_n256_produce): with the producers expanding all
+// The consumers also expand half of B (see WsNextUnit): with the producers expanding all
 // of it, skipping their decode made the kernel 10-14 % faster, skipping the consumers' A decode
 // 2-5 %. The handshake (FULL / EMPTY named barriers, mbarriers of the raw stages and scale
 // slots), the shared-memory layout (WsTmaLayout; its fragment buffers unused) and the k-tile
@@ -43,40 +43,11 @@ static_assert(kWnProducerRegs % 8 == 0 && kWnProducerRegs >= 24, "setmaxnreg gra
 static_assert(kWnLaunchRegs >= 160, "ptxas: m64n256k16 with A from registers");
 
 // The B units of a k-tile (512: 256 rows x 2 contraction halves) are split between the roles:
-// producer thread t expands rows ur = t / 2 and ur + 128 (WsFp4Units: rows 0-63 and 128-191),
-// consumer thread c one unit of rows 64-127 and 192-255 (WsNextUnit), for the k-tile after the
-// one it multiplies. With all four units per producer thread, skipping the producers' decode
-// made the kernel 10-14 % faster; the split measured 0.6-2.0 % faster than four units.
-//
-// k-tile j of gemm_ws_n256's producer thread: ws_fp4_produce's schedule (EMPTY wait, TMA
-// requests by the leader, copy waits) without the A fragments, then its two units of B and
-// FULL.
-template <class IssueData, class IssueScales>
-__device__ __forceinline__ void ws_n256_produce(int j, int J, int NG, bool leader, unsigned s0,
-                                                unsigned dbar, unsigned sbar,
-                                                const WsFp4Units& u, int cols,
-                                                const IssueData& issue_data,
-                                                const IssueScales& issue_scales) {
-    using L = WsTmaLayout;
-    constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
-    constexpr int SGT = kWsScaleTiles, AHEAD = kWsAhead;
-    static_assert(AHEAD == 3 && NCB == 3 && NSG == 3 && SGT == 4,
-                  "scale-slot schedule: group q issued at k-tile 4q - 6");
-    const int cb = j % NCB;
-    if (j >= NCB) named_sync(WS_BAR_EMPTY + cb, kWnThreads);
-    if (leader) {
-        if (j + AHEAD < J) issue_data(j + AHEAD);
-        if (j % SGT == 2 && (j + 6) / SGT < NG) issue_scales((j + 6) / SGT);
-    }
-    const int st = j % NST, g = j / SGT;
-    mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
-    mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-    ws_fp4_expand_b(s0 + st * L::T_STAGE + L::T_DA + u.o_raw,
-                    s0 + L::T_SC + (g % NSG) * L::T_SLOT + L::T_SB + (j % SGT) * 4 + u.o_sc,
-                    s0 + L::T_CANON + cb * L::CANON_B, u.o_cn, u.ur < cols, u.ur + 128 < cols);
-    fence_proxy_async();
-    named_arrive(WS_BAR_FULL + cb, kWnThreads);
-}
+// producer thread t expands rows ur = t / 2 and ur + 128 (WsFp4Units: rows 0-63 and 128-191;
+// its k-tile is ws_fp4_produce's, without the A fragments, on 384-thread barriers), consumer
+// thread c one unit of rows 64-127 and 192-255 (WsNextUnit), for the k-tile after the one it
+// multiplies. With all four units per producer thread, skipping the producers' decode made the
+// kernel 10-14 % faster; the split measured 0.6-2.0 % faster than four units.
 
 // Consumer thread c's unit of B (c < 128: row 64 + c / 2; else row 128 + c / 2; contraction
 // half c % 2) as offsets into a raw stage's B half, a scale slot's B rows and a canonical
@@ -159,8 +130,8 @@ __device__ __forceinline__ void gemm_ws_n256(LPM_GG_PARAMS, const TmaMap* tm_a,
         if (leader) ws_fp4_issue_first(KT, NG, issue_data, issue_scales);
         const WsFp4Units u(t);
         for (int kt = 0; kt < KT; ++kt)
-            ws_n256_produce(kt, KT, NG, leader, s0, dbar, sbar, u, cols_valid, issue_data,
-                            issue_scales);
+            ws_fp4_produce<false, kWnThreads>(kt, KT, NG, leader, s0, dbar, sbar, u, cols_valid,
+                                              issue_data, issue_scales);
         return;
     }
 

@@ -92,11 +92,11 @@ def test_ws_tma_copy_schedule(kernel):
                            "if (j % SGT == 2 && (j + 6) / SGT < NG) issue_scales((j + 6) / SGT);")
         assert_source_has("grouped_gemm_ws_fp4.cuh",
                            "for (int g = 0; g < 2 && g < NG; ++g) issue_scales(g);")
-        # ... and of its copy in gemm_ws_n256's producer k-tile (ws_n256_produce)
-        assert_source_has("grouped_gemm_ws_n256.cuh",
-                           "if (j % SGT == 2 && (j + 6) / SGT < NG) issue_scales((j + 6) / SGT);",
-                           "if (j + AHEAD < J) issue_data(j + AHEAD);",
-                           "if (j >= NCB) named_sync(WS_BAR_EMPTY + cb, kWnThreads);")
+        # ... which gemm_ws_n256's producers run too, on its 384-thread barriers
+        assert_source_has("grouped_gemm_ws_fp4.cuh",
+                           "if (j >= NCB) named_sync(WS_BAR_EMPTY + cb, NT);",
+                           "named_arrive(WS_BAR_FULL + cb, NT);")
+        assert_source_has("grouped_gemm_ws_n256.cuh", "ws_fp4_produce<false, kWnThreads>(")
         params = (C.WS_AHEAD, C.WS_CANON_BUFFERS, C.WS_SCALE_TILES, C.WS_SCALE_SLOTS, 2,
                   _nvfp4_group, None)
     else:
@@ -196,9 +196,11 @@ def test_ws_n256_b_units_cover_the_tile_once():
                       "o_raw = static_cast<unsigned>(row * (kBK / 2) + h * 16);",
                       "o_sc = static_cast<unsigned>(row * WsTmaLayout::T_SLD + h * 2);",
                       "o_cn = static_cast<unsigned>(k_canon_off(row, 4 * h));",
-                      "u.ur < cols, u.ur + 128 < cols);")
-    # the producers' offsets, the same formulas for row ur and half uh
+                      "ws_fp4_produce<false, kWnThreads>(")
+    # the producers' units (ws_fp4_produce: rows ur, ur + 128) and offsets, the same formulas
+    # for row ur and half uh
     assert_source_has("grouped_gemm_ws_fp4.cuh",
+                      "u.ur < cols, u.ur + 128 < cols);",
                       "o_raw = static_cast<unsigned>(ur * (kBK / 2) + uh * 16);",
                       "o_sc = static_cast<unsigned>(ur * WsTmaLayout::T_SLD + uh * 2);",
                       "o_cn[jc] = static_cast<unsigned>(k_canon_off(ur, 4 * uh + jc));")
