@@ -82,14 +82,7 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
     // (the issuing thread's expect_tx) plus the copies' bytes.
     __shared__ __align__(8) unsigned long long ws_bar[TMA ? NST + NSG : 1];
     const unsigned dbar = smem_u32(ws_bar), sbar = dbar + 8 * NST;
-    if constexpr (TMA) {
-        if (threadIdx.x == kWsConsumers) {
-#pragma unroll
-            for (int i = 0; i < NST + NSG; ++i) mbar_init(dbar + 8 * i, 1);
-            mbar_init_fence();
-        }
-        __syncthreads();
-    }
+    if constexpr (TMA) ws_fp4_bars_init(dbar, threadIdx.x == kWsConsumers);
 
     if (TMA && threadIdx.x >= kWsConsumers) {
         // ---------------- producer warpgroups, TMA build ----------------

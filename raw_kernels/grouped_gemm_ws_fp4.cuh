@@ -302,6 +302,19 @@ __device__ __forceinline__ void ws_fp4_produce(int j, int J, int NG, bool leader
     named_arrive(WS_BAR_FULL + cb, NT);
 }
 
+// The TMA build's mbarriers (gemm_ws, gemm_ws_n256, gemm_ws_p): kWsStages raw stages from
+// dbar on, then kWsScaleSlots scale slots (sbar = dbar + 8 kWsStages), one arrival each (the
+// issuing thread's expect_tx) plus the copies' bytes; set up by the thread with `init`, then
+// a CTA barrier.
+__device__ __forceinline__ void ws_fp4_bars_init(unsigned dbar, bool init) {
+    if (init) {
+#pragma unroll
+        for (int i = 0; i < kWsStages + kWsScaleSlots; ++i) mbar_init(dbar + 8 * i, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+}
+
 // k-tile j of a TMA-build consumer thread (gemm_ws, gemm_ws_p): wait for FULL and for the
 // copies (the producers waited for them before arriving; waiting here too makes the TMA writes
 // visible to this thread: one try_wait), then ws_fp4_consume on this thread's A row (a_off in a

@@ -108,16 +108,13 @@ __device__ __forceinline__ void gemm_ws_n256(LPM_GG_PARAMS, const TmaMap* tm_a,
 
     __shared__ __align__(8) unsigned long long wn_bar[NST + NSG];
     const unsigned dbar = smem_u32(wn_bar), sbar = dbar + 8 * NST;
-    if (threadIdx.x == kWnConsumers) {
-#pragma unroll
-        for (int i = 0; i < NST + NSG; ++i) mbar_init(dbar + 8 * i, 1);
-        mbar_init_fence();
-    }
-    __syncthreads();
+    ws_fp4_bars_init(dbar, threadIdx.x == kWnConsumers);
 
     if (threadIdx.x >= kWnConsumers) {
         // ---------------- producer warpgroup ----------------
         regs_release<kWnProducerRegs>();
+        // gemm_ws's TMA producers without the A fragments (sharing this block as a function
+        // changes both kernels' prologue scheduling: kept inline while the GPU cannot re-check)
         const unsigned t = threadIdx.x - kWnConsumers;
         const bool leader = t == 0;
         const WsRows rw = leader ? ws_rows(d, r0, c0) : WsRows{0, 0, 0, 0};

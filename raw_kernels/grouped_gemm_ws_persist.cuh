@@ -68,12 +68,7 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     // thread's expect_tx) plus the copies' bytes.
     __shared__ __align__(8) unsigned long long ws_bar[NST + NSG];
     const unsigned dbar = smem_u32(ws_bar), sbar = dbar + 8 * NST;
-    if (threadIdx.x == kWsConsumers) {
-#pragma unroll
-        for (int i = 0; i < NST + NSG; ++i) mbar_init(dbar + 8 * i, 1);
-        mbar_init_fence();
-    }
-    __syncthreads();
+    ws_fp4_bars_init(dbar, threadIdx.x == kWsConsumers);
 
     if (threadIdx.x >= kWsConsumers) {
         // ---------------- producer warpgroups ----------------
