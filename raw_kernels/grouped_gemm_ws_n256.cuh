@@ -32,13 +32,13 @@ namespace lpm_gg {
 constexpr int kWnConsumers = kWsConsumers;  // two warpgroups: wgmma and the epilogue
 constexpr int kWnProducers = 128;           // one warpgroup: TMA requests, B expansion
 constexpr int kWnThreads = kWnConsumers + kWnProducers;
-constexpr int kWnLaunchRegs = 65536 / kWnThreads / 8 * 8;  // 168
+constexpr int kWnLaunchRegs = ws_launch_regs(kWnThreads);  // 168
 // The consumers hold 128 accumulators, the fragments of two steps, a step's raw words, their
 // B unit's offsets and the decoder's temporaries; the producers their two units' offsets and
 // decodes (ptxas: consumer code up to R192, producer code up to R33).
 constexpr int kWnConsumerRegs = 224;
 constexpr int kWnProducerRegs =
-    (kWnLaunchRegs * kWnThreads - kWnConsumerRegs * kWnConsumers) / kWnProducers / 8 * 8;  // 56
+    ws_producer_regs(kWnConsumers, kWnConsumerRegs, kWnProducers);  // 56
 static_assert(kWnProducerRegs % 8 == 0 && kWnProducerRegs >= 24, "setmaxnreg granularity");
 static_assert(kWnLaunchRegs >= 160, "ptxas: m64n256k16 with A from registers");
 

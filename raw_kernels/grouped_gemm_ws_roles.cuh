@@ -1,7 +1,8 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): what the
 // warp-specialised kernels (gemm_ws, gemm_ws_n256, gemm_ws_mx, gemm_ws_p) share -- the two
-// roles' thread counts and register budgets (gemm_ws_n256: its own, grouped_gemm_ws_n256.cuh), the named barriers of their handshake, the consumers' step start
-// and their staged epilogue. The roles and the handshake are described in grouped_gemm_ws.cuh.
+// roles' thread counts and register budgets (gemm_ws_n256: its own, from the same formulas),
+// the named barriers of their handshake, the consumers' step start and their staged epilogue.
+// The roles and the handshake are described in grouped_gemm_ws.cuh.
 
 #ifndef LPM_GROUPED_GEMM_WS_ROLES_CUH
 #define LPM_GROUPED_GEMM_WS_ROLES_CUH
@@ -22,16 +23,23 @@ constexpr int kWsThreads = kWsConsumers + kWsProducers;
 // allocation (kWsLaunchRegs per thread, the __launch_bounds__ share; here the whole file): the
 // consumers would block forever in setmaxnreg.inc if the producers released less than they
 // claim.
-constexpr int kWsLaunchRegs = 65536 / kWsThreads / 8 * 8;  // 128
+// ws_launch_regs: that share for a CTA of `threads` (one CTA per SM, 8-register granules);
+// ws_producer_regs: what each producer thread keeps once the consumers claim consumer_regs.
+constexpr int ws_launch_regs(int threads) { return 65536 / threads / 8 * 8; }
+constexpr int ws_producer_regs(int consumers, int consumer_regs, int producers) {
+    return (ws_launch_regs(consumers + producers) * (consumers + producers) -
+            consumer_regs * consumers) / producers / 8 * 8;
+}
+constexpr int kWsLaunchRegs = ws_launch_regs(kWsThreads);  // 128
 constexpr int kWsConsumerRegs = 176;
 constexpr int kWsProducerRegs =
-    (kWsLaunchRegs * kWsThreads - kWsConsumerRegs * kWsConsumers) / kWsProducers / 8 * 8;  // 80
+    ws_producer_regs(kWsConsumers, kWsConsumerRegs, kWsProducers);  // 80
 static_assert(kWsProducerRegs % 8 == 0 && kWsProducerRegs >= 24, "setmaxnreg granularity");
 // The TMA build's producers hold no copy state, and its consumers keep a step's raw words one
 // step ahead: 8 registers move from the producers to the consumers.
 constexpr int kWsTmaConsumerRegs = kWsConsumerRegs + 8;
 constexpr int kWsTmaProducerRegs =
-    (kWsLaunchRegs * kWsThreads - kWsTmaConsumerRegs * kWsConsumers) / kWsProducers / 8 * 8;  // 72
+    ws_producer_regs(kWsConsumers, kWsTmaConsumerRegs, kWsProducers);  // 72
 static_assert(kWsTmaProducerRegs % 8 == 0 && kWsTmaProducerRegs >= 24, "setmaxnreg granularity");
 // Named barriers (0 is __syncthreads).
 constexpr int WS_BAR_PROD = 1;   // the producer warpgroups
