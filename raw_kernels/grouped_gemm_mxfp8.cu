@@ -22,12 +22,9 @@ LPM_GG_DEFINE_WG(lpm_gg_mxfp8_nn_w, 128, lpm_gg::KIND_FP8_MN, lpm_gg::KIND_FP8_M
 // Warp-specialised with TMA loads (fprop, dgrad and wgrad, 128x256; uniform strides, the
 // launcher checks): producers widen B, consumers widen A into wgmma registers
 // (grouped_gemm_ws_mx.cuh).
-LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kk_y, false, false, lpm_gg::kWsThreads)
-LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kn_y, false, true, lpm_gg::kWsThreads)
-LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_nn_y, true, true, lpm_gg::kWsThreads)
-LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kk_q, false, false, lpm_gg::kWmxN256Threads)
-LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kn_q, false, true, lpm_gg::kWmxN256Threads)
-LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_nn_q, true, true, lpm_gg::kWmxN256Threads)
+LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kk_y, false, false)
+LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kn_y, false, true)
+LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_nn_y, true, true)
 // Few tokens per expert (fprop, sm_90a only): 32 tokens x 128 output columns, weights on the
 // wgmma M side (grouped_gemm_swap.cuh).
 LPM_GG_DEFINE_SWAP(lpm_gg_mxfp8_kk_t, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_K, false, 16, 2)

@@ -44,31 +44,11 @@ namespace lpm_gg {
 // 8 k-tiles they still cost 16 % (fine wgrad, bf16 1.685 ms against fp16 1.952).
 constexpr int kWmxMinKTiles = 16;
 
-// The two thread counts of gemm_ws_mx: 512 (two producer warpgroups; the consumers issue two
-// m64n128k16 per step, which ptxas serializes at that launch bound's 128-register target) or 384
-// (one producer warpgroup, each thread widening twice as much of B; the 168-register target lets
-// the consumers issue one m64n256k16 per step with one wgmma group in flight, as gemm_ws_n256
-// does for NVFP4). Registers after the role split: the consumers hold 128 accumulators, the A
-// fragments of two steps and a step's raw words (384: R::kConsumerRegs leaves the producers
-// what a four-unit k-tile needs).
-constexpr int kWmxN256Threads = kWsConsumers + 128;
-template <int NT>
-struct WmxRoles {
-    static_assert(NT == kWsThreads || NT == kWmxN256Threads, "512 or 384 threads");
-    static constexpr int kProducers = NT - kWsConsumers;
-    static constexpr int kConsumerRegs = NT == kWsThreads ? kWsTmaConsumerRegs : 208;
-    static constexpr int kProducerRegs =
-        ws_producer_regs(kWsConsumers, kConsumerRegs, kProducers);  // 72 / 88
-    static_assert(kProducerRegs % 8 == 0 && kProducerRegs >= 24, "setmaxnreg granularity");
-    static_assert(NT == kWsThreads || ws_launch_regs(NT) >= 160,
-                  "ptxas: m64n256k16 with A from registers");
-};
-
 // The launcher guarantees what gemm_ws's TMA build needs (uniform row strides, multiples of 16
 // bytes, for data and scales; experts at whole rows; one contraction length, a multiple of the
 // k-tile). Rows past an expert's extent load the next expert's rows (or zeros past the array);
 // they only reach outputs that are never stored.
-template <bool AMN, bool BMN, int NT>
+template <bool AMN, bool BMN>
 __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
                                            const TmaMap* tm_as, const TmaMap* tm_bs) {
     constexpr int BM = 128, BN = 256;
@@ -91,8 +71,6 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     constexpr int SMEM = ws_mx_smem_bytes();
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
     constexpr int B_STEP = BMN ? 16 * 128 : 32;  // bytes of a 16-deep step in a canonical B
-    using R = WmxRoles<NT>;
-    constexpr int NP = R::kProducers;
     static_assert(T_DA % 1024 == 0 && T_DB % 1024 == 0 && T_CANON % 1024 == 0 &&
                       CANON_B % 1024 == 0 && T_SLOT % 128 == 0 && T_SB % 128 == 0 &&
                       T_SLD == 16,
@@ -110,7 +88,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     unsigned s0;
     unsigned char* const smem = gemm_smem(smem_raw, SMEM, a_ch != 16 || b_ch != 16, s0);
 
-    LPM_GG_TILE_SETUP(BM, BN, rows_valid, cols_valid, NT)
+    LPM_GG_TILE_SETUP(BM, BN, rows_valid, cols_valid, kWsThreads)
     const int KT = static_cast<int>((len + kBK - 1) / kBK);
     const int NG = (KT + SGT - 1) / SGT;  // scale groups
 
@@ -182,7 +160,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     unsigned char* const exps_b = exps_a + BM;
     const bool ea5 = a_e5m2 != 0, eb5 = b_e5m2 != 0;
     const long long a_sld = d[D_A_SLD], b_sld = d[D_B_SLD];
-    const bool f16m = mx_window_check<AKIND, BKIND, BM, BN, NT>(
+    const bool f16m = mx_window_check<AKIND, BKIND, BM, BN, kWsThreads>(
         a_scale + d[D_A_SOFF] + (AMN ? r0 : r0 * a_sld), a_sld, rows_valid,
         b_scale + d[D_B_SOFF] + (BMN ? c0 : c0 * b_sld), b_sld, cols_valid, len, ea5, eb5,
         mx_bf16 == 0 && KT >= kWmxMinKTiles, reinterpret_cast<unsigned*>(smem + T_CANON),
@@ -190,7 +168,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
 
     if (threadIdx.x >= kWsConsumers) {
         // ---------------- producer warpgroups ----------------
-        regs_release<R::kProducerRegs>();
+        regs_release<kWsTmaProducerRegs>();
         const int t = static_cast<int>(threadIdx.x) - kWsConsumers;
         const int bias_b = mx_s_max(eb5) + LPM_FP16_EXP_BIAS;
         // Tile kt-NCB retired: its canonical buffer, its raw A stage (which tile kt+AHEAD
@@ -200,9 +178,9 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
         // first EMPTY the producers' own barrier.
         auto refill = [&](int kt) {
             if (kt >= NCB) {
-                named_sync(WS_BAR_EMPTY + kt % NCB, NT);
+                named_sync(WS_BAR_EMPTY + kt % NCB, kWsThreads);
             } else if (kt + AHEAD >= NSB) {
-                named_sync(WS_BAR_PROD, NP);
+                named_sync(WS_BAR_PROD, kWsProducers);
             }
             if (leader) {
                 if (kt + AHEAD < KT) issue_data(kt + AHEAD);
@@ -225,10 +203,6 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             // from the 8 columns' codes (one 8-byte load from the scale slot), so no producer
             // waits for another. Per line, the warp reads one whole 128-byte line of each panel
             // and a quarter-warp stores 8 distinct 16-byte chunks of one canonical line.
-            // With 128 producers (NQ = 2) thread t also widens lines 32 + 8 w + j, the second
-            // block's, at constant distances (GQ_*).
-            constexpr int NQ = kWsProducers / NP;  // line groups per thread
-            constexpr unsigned GQ_RAW = 8 * (NP / 32) * 128, GQ_SC = BN;
             const int g = t & 15, p = (t >> 4) & 1, w = t >> 5;
             const int col = 128 * p + 8 * g;
             const bool live = col < cols_valid;
@@ -238,8 +212,6 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                                                         ((g & 7) << 4));
             const unsigned o_sc = static_cast<unsigned>(T_SB + (w >> 2) * BN + col);
             const unsigned gc = static_cast<unsigned>(g >> 1), gk = static_cast<unsigned>(g & 7);
-            static_assert(NQ == 1 || (NP / 32 == 4 && GQ_RAW == 32 * 128),
-                          "the second group: lines 32 on, block 1, the same swizzle phase");
             // fp16 window: the factor of code e in column c is 2^(e - e_max(c) + S_MAX), as fp16
             // bits (mx_factor_bits: f = e - e_max + bias_b clamped to [0, 30], << 10). Per pair of
             // columns, two halves at once: e + (256 + bias_b - e_max) = f + 256 stays in
@@ -259,80 +231,64 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                     refill(kt);
                     const unsigned rb = s0 + T_B0 + (kt % NSB) * T_DB + o_raw;
                     const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
-                    const unsigned rsc = s0 + T_SC + (gs % NSG) * T_SLOT + (kt % SGT) * 2 * BN + o_sc;
-                    // every group's loads first, then the widening
-                    uint2 sc[NQ], x[NQ][8];
+                    const uint2 sc =
+                        lds_v2(s0 + T_SC + (gs % NSG) * T_SLOT + (kt % SGT) * 2 * BN + o_sc);
+                    uint2 x[8];
 #pragma unroll
-                    for (int q = 0; q < NQ; ++q) {
-                        sc[q] = lds_v2(rsc + q * GQ_SC);
-#pragma unroll
-                        for (int j = 0; j < 8; ++j)
-                            x[q][j] = lds_v2(rb + q * GQ_RAW + j * 128 +
-                                             ((gc ^ static_cast<unsigned>(j)) << 4));
-                    }
+                    for (int j = 0; j < 8; ++j)
+                        x[j] = lds_v2(rb + j * 128 + ((gc ^ static_cast<unsigned>(j)) << 4));
                     if (live) {
+                        if constexpr (H) {
+                            unsigned m[4];
 #pragma unroll
-                        for (int q = 0; q < NQ; ++q) {
-                            const unsigned cq = cbb + q * GQ_RAW;
-                            if constexpr (H) {
-                                unsigned m[4];
+                            for (int i = 0; i < 4; ++i) {
+                                const unsigned e2 = __byte_perm(i < 2 ? sc.x : sc.y, 0u,
+                                                                (i & 1) ? 0x4342u : 0x4140u);
+                                const unsigned v =
+                                    __vminu2(__vmaxu2(e2 + dh[i], 0x01000100u), 0x011E011Eu);
+                                m[i] = (v << LPM_FP16_MANT_BITS) & 0x7C007C00u;
+                            }
 #pragma unroll
-                                for (int i = 0; i < 4; ++i) {
-                                    const unsigned e2 = __byte_perm(i < 2 ? sc[q].x : sc[q].y, 0u,
-                                                                    (i & 1) ? 0x4342u : 0x4140u);
-                                    const unsigned v =
-                                        __vminu2(__vmaxu2(e2 + dh[i], 0x01000100u), 0x011E011Eu);
-                                    m[i] = (v << LPM_FP16_MANT_BITS) & 0x7C007C00u;
-                                }
+                            for (int j = 0; j < 8; ++j) {
+                                unsigned o[4];
+                                fp8_decode4_f16<E5>(x[j].x, m[0], m[1], o[0], o[1]);
+                                fp8_decode4_f16<E5>(x[j].y, m[2], m[3], o[2], o[3]);
+                                sts_v4(cbb + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4), o[0],
+                                       o[1], o[2], o[3]);
+                            }
+                        } else {
+                            float f[8];
 #pragma unroll
-                                for (int j = 0; j < 8; ++j) {
-                                    unsigned o[4];
-                                    fp8_decode4_f16<E5>(x[q][j].x, m[0], m[1], o[0], o[1]);
-                                    fp8_decode4_f16<E5>(x[q][j].y, m[2], m[3], o[2], o[3]);
-                                    sts_v4(cq + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4),
-                                           o[0], o[1], o[2], o[3]);
-                                }
-                            } else {
-                                float f[8];
+                            for (int i = 0; i < 8; ++i)
+                                f[i] = lpm_e8m0_to_f32(((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) &
+                                                       0xFFu);
 #pragma unroll
-                                for (int i = 0; i < 8; ++i)
-                                    f[i] = lpm_e8m0_to_f32(
-                                        ((i < 4 ? sc[q].x : sc[q].y) >> (8 * (i & 3))) & 0xFFu);
-#pragma unroll
-                                for (int j = 0; j < 8; ++j) {
-                                    unsigned o[4];
-                                    fp8_decode4<E5>(x[q][j].x, f[0], f[1], f[2], f[3], o[0], o[1]);
-                                    fp8_decode4<E5>(x[q][j].y, f[4], f[5], f[6], f[7], o[2], o[3]);
-                                    sts_v4(cq + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4),
-                                           o[0], o[1], o[2], o[3]);
-                                }
+                            for (int j = 0; j < 8; ++j) {
+                                unsigned o[4];
+                                fp8_decode4<E5>(x[j].x, f[0], f[1], f[2], f[3], o[0], o[1]);
+                                fp8_decode4<E5>(x[j].y, f[4], f[5], f[6], f[7], o[2], o[3]);
+                                sts_v4(cbb + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4), o[0],
+                                       o[1], o[2], o[3]);
                             }
                         }
                     }
                     fence_proxy_async();
-                    named_arrive(WS_BAR_FULL + cb, NT);
+                    named_arrive(WS_BAR_FULL + cb, kWsThreads);
                 }
             };
             with_flags(f16m, eb5, loop);  // one k-loop per staging mode and B format
         } else {
-            constexpr int NU = 2 * kWsProducers / NP;  // rows per thread: 2 or 4
             const int ur = t >> 1, uh = t & 1;
             // unit (ur, uh): raw chunks 2uh and 2uh + 1 of row ur (the second at the first's
             // address with bit 4 flipped: the swizzle XORs whole chunk indices), its block code,
-            // and canonical chunks 4uh + j (canon_chunk4); rows ur + i NP / 2 at constant
-            // distances (multiples of 8 rows: the same swizzle phases).
+            // and canonical chunks 4uh + j (canon_chunk4); row ur + 128 at constant distances.
             const unsigned o_raw =
                 static_cast<unsigned>(ur * kBK + (((2 * uh) ^ ((ur >> 1) & 3)) << 4));
             const unsigned o_sc = static_cast<unsigned>(ur * T_SLD + uh);
             const unsigned o_cn = static_cast<unsigned>(k_canon_off(ur, 4 * uh));
-            constexpr unsigned D_RAW = NP / 2 * kBK, D_SC = NP / 2 * T_SLD, D_CN = NP / 2 * kBK * 2;
-            bool live[NU];
-            unsigned em[NU];  // fp16 window only
-#pragma unroll
-            for (int i = 0; i < NU; ++i) {
-                live[i] = ur + i * (NP / 2) < cols_valid;
-                em[i] = exps_b[ur + i * (NP / 2)];
-            }
+            constexpr unsigned D_RAW = 128 * kBK, D_SC = 128 * T_SLD, D_CN = 128 * kBK * 2;
+            const bool live0 = ur < cols_valid, live1 = ur + 128 < cols_valid;
+            const unsigned em0 = exps_b[ur], em1 = exps_b[ur + 128];  // fp16 window only
             auto loop = [&](auto h, auto e5) {
                 constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
                 for (int kt = 0; kt < KT; ++kt) {
@@ -342,37 +298,28 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                     const unsigned rsb =
                         s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 2 + o_sc;
                     const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
-                    // every unit's loads first, then the widening
-                    uint4 x[NU], y[NU];
-                    unsigned e[NU];
-#pragma unroll
-                    for (int i = 0; i < NU; ++i) {
-                        x[i] = lds_v4(rb + i * D_RAW);
-                        y[i] = lds_v4((rb + i * D_RAW) ^ 16u);
-                    }
-#pragma unroll
-                    for (int i = 0; i < NU; ++i) e[i] = lds_u8(rsb + i * D_SC);
-                    auto unit = [&](const uint4& u0, const uint4& u1, unsigned m, unsigned dst) {
+                    const uint4 x0 = lds_v4(rb), y0 = lds_v4(rb ^ 16u);
+                    const uint4 x1 = lds_v4(rb + D_RAW), y1 = lds_v4((rb + D_RAW) ^ 16u);
+                    const unsigned e0 = lds_u8(rsb), e1 = lds_u8(rsb + D_SC);
+                    auto unit = [&](const uint4& x, const uint4& y, unsigned m, unsigned dst) {
                         unsigned o[16];
-                        mx_decode4<E5, H>(u0.x, m, o[0], o[1]);
-                        mx_decode4<E5, H>(u0.y, m, o[2], o[3]);
-                        mx_decode4<E5, H>(u0.z, m, o[4], o[5]);
-                        mx_decode4<E5, H>(u0.w, m, o[6], o[7]);
-                        mx_decode4<E5, H>(u1.x, m, o[8], o[9]);
-                        mx_decode4<E5, H>(u1.y, m, o[10], o[11]);
-                        mx_decode4<E5, H>(u1.z, m, o[12], o[13]);
-                        mx_decode4<E5, H>(u1.w, m, o[14], o[15]);
+                        mx_decode4<E5, H>(x.x, m, o[0], o[1]);
+                        mx_decode4<E5, H>(x.y, m, o[2], o[3]);
+                        mx_decode4<E5, H>(x.z, m, o[4], o[5]);
+                        mx_decode4<E5, H>(x.w, m, o[6], o[7]);
+                        mx_decode4<E5, H>(y.x, m, o[8], o[9]);
+                        mx_decode4<E5, H>(y.y, m, o[10], o[11]);
+                        mx_decode4<E5, H>(y.z, m, o[12], o[13]);
+                        mx_decode4<E5, H>(y.w, m, o[14], o[15]);
 #pragma unroll
                         for (int j = 0; j < 4; ++j)
                             sts_v4(canon_chunk4(dst, j), o[4 * j], o[4 * j + 1], o[4 * j + 2],
                                    o[4 * j + 3]);
                     };
-#pragma unroll
-                    for (int i = 0; i < NU; ++i)
-                        if (live[i])
-                            unit(x[i], y[i], mx_block_factor<H>(e[i], em[i], bias_b), cbb + i * D_CN);
+                    if (live0) unit(x0, y0, mx_block_factor<H>(e0, em0, bias_b), cbb);
+                    if (live1) unit(x1, y1, mx_block_factor<H>(e1, em1, bias_b), cbb + D_CN);
                     fence_proxy_async();
-                    named_arrive(WS_BAR_FULL + cb, NT);
+                    named_arrive(WS_BAR_FULL + cb, kWsThreads);
                 }
             };
             with_flags(f16m, eb5, loop);  // one k-loop per staging mode and B format
@@ -384,7 +331,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     // Warpgroup w owns rows 64w..64w+63 x all 256 columns: per 16-deep step two m64n128k16 with
     // A from registers and B from the canonical buffer, one commit group per step (a step's
     // fragments are widened while the previous step's wgmma run).
-    regs_claim<R::kConsumerRegs>();
+    regs_claim<kWsTmaConsumerRegs>();
     ep.init_alpha();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
@@ -424,7 +371,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
         constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
         for (int kt = 0; kt < KTc; ++kt) {
             const int cb = kt % NCB;
-            named_sync(WS_BAR_FULL + cb, NT);  // B of tile kt widened into buffer cb
+            named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt widened into buffer cb
             const int st = kt % NSA, g = kt / SGT;
             // A's copies were issued with B's, which the producers waited for before arriving at
             // FULL; the wait makes A's TMA writes visible to this thread (and is usually one
@@ -476,7 +423,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             unsigned af[2][4];
 #pragma unroll
             for (int s = 0; s < kBK / 16; ++s) {
-                ws_step_begin<NCB, NI * 4, NT>(s, kt, KTc, accf);
+                ws_step_begin<NCB, NI * 4>(s, kt, KTc, accf);
                 unsigned* const f = af[s & 1];
                 if constexpr (AMN) {
                     // step s: lines 0-7 in x, 8-15 in y; bytes (row ra0, line 2q), (ra1, 2q),
@@ -499,18 +446,12 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                     }
                 }
                 wg_fence();
-                if constexpr (NT == kWsThreads) {
 #pragma unroll
-                    for (int n = 0; n < 2; ++n)
-                        wgmma_m64n128k16_rs<H, BMN ? 1 : 0>(
-                            accf + 64 * n, af[s & 1],
-                            static_cast<unsigned>(db) + ((n * (128 * 128) + s * B_STEP) >> 4),
-                            static_cast<unsigned>(db >> 32));
-                } else {  // both halves in one instruction (same products, same order)
-                    wgmma_m64n256k16_rs<H, BMN ? 1 : 0>(
-                        accf, af[s & 1], static_cast<unsigned>(db) + ((s * B_STEP) >> 4),
+                for (int n = 0; n < 2; ++n)
+                    wgmma_m64n128k16_rs<H, BMN ? 1 : 0>(
+                        accf + 64 * n, af[s & 1],
+                        static_cast<unsigned>(db) + ((n * (128 * 128) + s * B_STEP) >> 4),
                         static_cast<unsigned>(db >> 32));
-                }
                 wg_commit();
                 wg_fence_acc<NI * 4>(accf);
             }
@@ -534,10 +475,10 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
 // AMN, MN-major; B K-major or, with BMN, MN-major): the tensor maps of A's and B's data (K-major:
 // 64-byte swizzle; MN-major: 128-byte swizzle) and block scales follow the common parameters.
 // On other architectures the wgmma compile to traps; the launcher never selects it there.
-#define LPM_GG_DEFINE_WS_MX(NAME, AMN, BMN, NT)                                                \
-    extern "C" __global__ void __launch_bounds__(NT, 1)                                        \
+#define LPM_GG_DEFINE_WS_MX(NAME, AMN, BMN)                                                    \
+    extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
         NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS) {                                            \
-        lpm_gg::gemm_ws_mx<AMN, BMN, NT>(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS);                     \
+        lpm_gg::gemm_ws_mx<AMN, BMN>(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS);                         \
     }
 
 #endif  // LPM_GROUPED_GEMM_WS_MX_CUH

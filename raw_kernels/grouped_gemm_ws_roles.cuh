@@ -81,9 +81,9 @@ __device__ __forceinline__ void ws_step_wait(int s, bool release, int pb, float*
     wg_fence_acc<NACC>(accf);
     if (s == 1 && release) named_arrive(WS_BAR_EMPTY + pb, NT);
 }
-template <int NCB, int NACC, int NT = kWsThreads>
+template <int NCB, int NACC>
 __device__ __forceinline__ void ws_step_begin(int s, int kt, int KT, float* accf) {
-    ws_step_wait<NACC, NT>(s, kt >= 1 && kt - 1 + NCB < KT, (kt - 1) % NCB, accf);
+    ws_step_wait<NACC>(s, kt >= 1 && kt - 1 + NCB < KT, (kt - 1) % NCB, accf);
 }
 
 // The consumers' epilogue (gemm_ws, gemm_ws_mx), after every consumer retired its MMAs: the

@@ -196,26 +196,22 @@ def test_choose_kernel_persistent(mode, monkeypatch):
             assert C._persist(pl, sms) == (kt <= C.PERSIST_MAX_KTILES), kt
 
 
-@pytest.mark.parametrize("n256", ["auto", "off"])
 @pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-hybrid"])
-def test_choose_kernel_mxfp8_ws(fmt, n256, monkeypatch):
+def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
     """sm_90, MXFP8 fprop / dgrad with the 128-row tile: the warp-specialised kernel ``_kk_y`` /
     ``_kn_y`` (its own shared-memory formula, TMA loads) when data and scales map (contraction a
     multiple of 512: scale rows of 16-byte multiples) and every expert contracts the same whole
     k-tiles, for the layouts ``LOWPREC_MOE_GEMM_MXFP8_WS`` selects; the plain wgmma kernel
     otherwise, for wgrad, with ``=off``, ``LOWPREC_MOE_GEMM_TMA=off`` and outside the default
-    family. Each build runs in its 384-thread form (``_q``) unless
-    ``LOWPREC_MOE_GEMM_WS_N256=off``."""
+    family."""
     from lowprec_moe.cuda import gemm as C
 
-    monkeypatch.setenv(C.WS_N256_ENV, n256)
-    sfx, threads = ("q", C.WS_N256_THREADS) if n256 == "auto" else ("y", C.WS_THREADS)
     monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
     splits = [0, 300, 37, 260, 5, 129]
     p = _policy_problem("fprop", fmt, splits, n=512, k=1024)
     pl = C.plan(p)
     ln = C.choose_kernel(p, pl, caps=H200_CAPS)
-    assert ln.kernel == "lpm_gg_mxfp8_kk_" + sfx and ln.tma and ln.threads == threads, ln
+    assert ln.kernel == "lpm_gg_mxfp8_kk_y" and ln.tma and ln.threads == C.WS_THREADS, ln
     assert (ln.bm, ln.bn) == (128, 256) and ln.smem == C._ws_mx_smem_bytes(), ln
     for env, value in ((C.MXFP8_WS_ENV, "off"), (C.TMA_ENV, "off"), (C.KERNEL_ENV, "wgmma")):
         monkeypatch.setenv(env, value)
@@ -237,7 +233,7 @@ def test_choose_kernel_mxfp8_ws(fmt, n256, monkeypatch):
         monkeypatch.setenv(C.MXFP8_WS_ENV, mode)
         ln = C.choose_kernel(p, C.plan(p), caps=H200_CAPS)
         if mode == "all" or "kn" in C.MXFP8_WS_AUTO:
-            assert ln.kernel == "lpm_gg_mxfp8_kn_" + sfx and ln.tma, ln
+            assert ln.kernel == "lpm_gg_mxfp8_kn_y" and ln.tma, ln
             assert ln.smem == C._ws_mx_smem_bytes(), ln
         else:
             assert ln.kernel == "lpm_gg_mxfp8_kn_w" and not ln.tma, ln
@@ -246,15 +242,15 @@ def test_choose_kernel_mxfp8_ws(fmt, n256, monkeypatch):
         monkeypatch.setenv(C.MXFP8_WS_ENV, mode)
         ln = C.choose_kernel(p, C.plan(p), caps=H200_CAPS)
         if mode == "all" or (mode == "auto" and "nn" in C.MXFP8_WS_AUTO):
-            assert ln.kernel == "lpm_gg_mxfp8_nn_" + sfx and ln.tma, ln
-            assert ln.smem == C._ws_mx_smem_bytes() and ln.threads == threads, ln
+            assert ln.kernel == "lpm_gg_mxfp8_nn_y" and ln.tma, ln
+            assert ln.smem == C._ws_mx_smem_bytes() and ln.threads == C.WS_THREADS, ln
         else:
             assert ln.kernel == "lpm_gg_mxfp8_nn_w" and ln.threads == C.THREADS, ln
     # experts of different token counts (K-grouped, padded to 32: a last k-tile may end early)
     # keep the build; no tokens at all leave nothing to map; "auto" asks for a mean of at least
     # MXFP8_WS_WGRAD_MIN_LEN tokens over the non-empty experts, "all" does not
-    for mode, splits, kernel in (("all", [0, 37, 300, 5], sfx), ("all", [0, 0, 0], "w"),
-                                 ("auto", [0, 37, 300, 5], "w"), ("auto", [0, 480, 600], sfx),
+    for mode, splits, kernel in (("all", [0, 37, 300, 5], "y"), ("all", [0, 0, 0], "w"),
+                                 ("auto", [0, 37, 300, 5], "w"), ("auto", [0, 480, 600], "y"),
                                  ("auto", [16] * 8, "w")):
         monkeypatch.setenv(C.MXFP8_WS_ENV, mode)
         p = _policy_problem("wgrad", fmt, splits, n=512, k=1024)

@@ -86,9 +86,8 @@ class _FakeArr:
 
 
 @pytest.mark.parametrize("kernel", ["lpm_gg_nvfp4_kk_y", "lpm_gg_nvfp4_kk_z", "lpm_gg_nvfp4_kk_q",
-                                    "lpm_gg_mxfp8_kk_y", "lpm_gg_mxfp8_kn_y", "lpm_gg_mxfp8_nn_y",
-                                    "lpm_gg_mxfp8_kk_q", "lpm_gg_mxfp8_kn_q", "lpm_gg_mxfp8_nn_q",
-                                    "lpm_gg_nvfp4_kk_u",
+                                    "lpm_gg_mxfp8_kk_y",
+                                    "lpm_gg_mxfp8_kn_y", "lpm_gg_mxfp8_nn_y", "lpm_gg_nvfp4_kk_u",
                                     "lpm_gg_nvfp4_kk_p"])
 def test_tma_map_geometry(kernel, monkeypatch):
     """The tensor maps each TMA build gets (extents, strides, boxes, swizzle), recorded through
@@ -103,9 +102,9 @@ def test_tma_map_geometry(kernel, monkeypatch):
     k, n_cols, m_rows = 2048, 320, 192  # contraction, B rows (output columns), A rows
     mx = "_mxfp8_" in kernel
     inner = k if mx else k // 2  # contraction bytes of a K-major row
-    a_mn = kernel[-4:-2] == "nn"
+    a_mn = kernel.endswith("_nn_y")
     a_ld, a_sld = (m_rows, m_rows) if a_mn else (inner, k // (32 if mx else 16))
-    b_mn = kernel[-4:-2] in ("kn", "nn")
+    b_mn = kernel.endswith(("_kn_y", "_nn_y"))
     b_ld, b_sld = (n_cols, n_cols) if b_mn else (inner, a_sld)
     arrs = [_FakeArr(4096 * (i + 1), 1 << 20) for i in range(4)]  # a, a_scale, b, b_scale
     maps = gemm_tma._tma_maps(kernel, (a_ld, b_ld, inner, a_sld, b_sld, n_cols, m_rows),

@@ -1,12 +1,11 @@
-"""The warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_y`` / ``_kn_y`` / ``_nn_y``, and their
-384-thread forms ``_kk_q`` / ``_kn_q`` / ``_nn_q``; raw_kernels/grouped_gemm_ws_mx.cuh) on the GPU: MXFP8 fprop, dgrad and wgrad with the 128-row
+"""The warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_y`` / ``_kn_y`` / ``_nn_y``,
+raw_kernels/grouped_gemm_ws_mx.cuh) on the GPU: MXFP8 fprop, dgrad and wgrad with the 128-row
 tile, TMA loads, producers widening B (dgrad: W's columnwise copy, wgrad: x's, MN-major) and
 consumers widening A into wgmma registers (wgrad: dy's columnwise copy, MN-major, read with
 ldmatrix.trans in row pairs), each tile on fp16 (fp16 window) or bf16.
 
-Checks, each for both thread forms (so the 384-thread one is bitwise the 512-thread one),
-against the plain wgmma kernel (``LOWPREC_MOE_GEMM_MXFP8_WS=off``) bit for bit and against the
-float64 product of the dequantized operands:
+Checks, each against the plain wgmma kernel (``LOWPREC_MOE_GEMM_MXFP8_WS=off``) bit for bit and
+against the float64 product of the dequantized operands:
 
 * in-window data with 8, 16 and 32 k-tiles (fp16 in the warp-specialised kernel from 16
   k-tiles, in the plain one from 32: the two staging modes give the same bits on such data),
@@ -22,8 +21,6 @@ float64 product of the dequantized operands:
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -37,16 +34,6 @@ pytestmark = [pytest.mark.gpu, requires_gpu]
 
 SPLITS = [0, 300, 37, 260, 5, 129]
 N = 320  # two column tiles, the second partial
-
-
-@pytest.fixture(autouse=True, params=["q", "y"], ids=["384", "512"])
-def ws_form(request, monkeypatch):
-    """Every test here once per thread form of the warp-specialised kernel (``_q``: 384
-    threads, the default; ``_y``: 512, ``LOWPREC_MOE_GEMM_WS_N256=off``)."""
-    from lowprec_moe.cuda import gemm as C
-
-    monkeypatch.setenv(C.WS_N256_ENV, "auto" if request.param == "q" else "off")
-    return request.param
 
 
 def _require_wgmma():
@@ -85,9 +72,8 @@ def _run(a, b, splits, monkeypatch, *, ws, check=True, mode="fprop", **kw):
     info = C.kernel_info(_validate(mode, ga, gb, splits, bias=kw.get("bias"), probs=None,
                                    out_dtype=kw["out_dtype"], out=None, accumulate=False))
     lay = {"fprop": "kk", "dgrad": "kn", "wgrad": "nn"}[mode]
-    form = "y" if os.environ.get(C.WS_N256_ENV) == "off" else "q"
     if check:
-        assert info["kernel"] == f"lpm_gg_mxfp8_{lay}_" + (form if ws else "w"), info
+        assert info["kernel"] == f"lpm_gg_mxfp8_{lay}_" + ("y" if ws else "w"), info
     out = to_host(grouped_gemm(ga, gb, splits, mode=mode, **kw))
     monkeypatch.delenv(C.MXFP8_WS_ENV)
     return out

@@ -78,16 +78,10 @@ def test_gpu_reg_epilogue_persistent(mode, fmt, out_dtype, monkeypatch, few_ctas
     assert_bytes_equal(got, want, f"persistent register epilogue {mode} {fmt} {out_dtype}")
 
 
-@pytest.mark.parametrize("form", ["q", "y"])
 @pytest.mark.parametrize("out_dtype", OUT16)
 @pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
-def test_gpu_reg_epilogue_mxfp8(mode, out_dtype, form, monkeypatch):
-    """(form: the 384-thread ``_q`` build or, ``LOWPREC_MOE_GEMM_WS_N256=off``, the 512-thread
-    ``_y``)"""
+def test_gpu_reg_epilogue_mxfp8(mode, out_dtype, monkeypatch):
     _require_wgmma()
-    from lowprec_moe.cuda import gemm as C
-
-    monkeypatch.setenv(C.WS_N256_ENV, "auto" if form == "q" else "off")
     if mode == "wgrad":
         splits = [1024, 0, 544]
         a, b = mxws._wgrad_problem("mxfp8-e4m3", splits, 75)

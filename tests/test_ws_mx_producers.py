@@ -1,13 +1,11 @@
 """The MN-major B producers of the warp-specialised MXFP8 kernel (``_kn_y`` dgrad, ``_nn_y``
 wgrad; raw_kernels/grouped_gemm_ws_mx.cuh), emulated on the CPU.
 
-* Address map: each of the 256 producer threads (``_y``) widens 8 columns x 8 contraction lines
-  per k-tile; each of the 128 of the 384-thread ``_q`` builds two such groups, lines 8 w + j and
-  32 + 8 w + j. Checked for every thread, group and line: the 8 raw bytes it loads (two raw
-  panels of [64 lines][128 bytes] as TMA stores them, 128-byte swizzle) are those of its columns
-  on that line, its 16-byte canonical store lands where mn_canon_off puts that line's chunk, its
-  block-code offset is that line's block, and the threads write every chunk of the canonical
-  buffer exactly once.
+* Address map: each of the 256 producer threads widens 8 columns x 8 contraction lines per
+  k-tile. Checked for every thread and line: the 8 raw bytes it loads (two raw panels of
+  [64 lines][128 bytes] as TMA stores them, 128-byte swizzle) are those of its columns on that
+  line, its 16-byte canonical store lands where mn_canon_off puts that line's chunk, and the 256
+  threads write every chunk of the canonical buffer exactly once.
 * Factors: the packed two-column factor words (e + 256 + bias - e_max per 16-bit half, clamped
   to [256, 286], shifted and masked) equal mx_factor_bits for every code pair, row maximum and
   both fp8 formats.
@@ -30,19 +28,16 @@ def _mn_canon_off(line: int, chunk: int) -> int:
     return (chunk >> 3) * (LINES * 128) + line * 128 + (((chunk & 7) ^ (line & 7)) << 4)
 
 
-def _producer_addresses(t: int, j: int, q: int = 0, num_producers: int = 256) -> tuple:
-    """(raw byte offset in the B stage, canonical byte offset, first tile column, line, block
-    line of its factors) of producer thread t's line j of group q, as the kernel computes them
-    (num_producers: 256, or 128 with two groups per thread)."""
+def _producer_addresses(t: int, j: int) -> tuple:
+    """(raw byte offset in the B stage, canonical byte offset, first tile column, line) of
+    producer thread t's line j, as the kernel computes them."""
     g, p, w = t & 15, (t >> 4) & 1, t >> 5
-    gq_raw, gq_sc = 8 * (num_producers // 32) * 128, BN  # GQ_RAW, GQ_SC
     col = 128 * p + 8 * g
-    o_raw = p * P_RAW + 8 * w * 128 + ((g & 1) << 3) + q * gq_raw
-    o_cn = _mn_canon_off(8 * w, 16 * p + g) - ((g & 7) << 4) + q * gq_raw
-    o_sc = (w >> 2) * BN + col + q * gq_sc  # from T_SB
+    o_raw = p * P_RAW + 8 * w * 128 + ((g & 1) << 3)
+    o_cn = _mn_canon_off(8 * w, 16 * p + g) - ((g & 7) << 4)
     gc, gk = g >> 1, g & 7
     return (o_raw + j * 128 + ((gc ^ j) << 4), o_cn + j * 128 + ((gk ^ j) << 4), col,
-            8 * (w + q * (num_producers // 32)) + j, (o_sc - col) // BN)
+            8 * w + j)
 
 
 def test_source_has_the_emulated_addresses():
@@ -51,20 +46,13 @@ def test_source_has_the_emulated_addresses():
         "const int g = t & 15, p = (t >> 4) & 1, w = t >> 5;",
         "p * P_RAW + 8 * w * 128 + ((g & 1) << 3)",
         "mn_canon_off(8 * w, 16 * p + g) -",
-        "constexpr unsigned GQ_RAW = 8 * (NP / 32) * 128, GQ_SC = BN;",
-        "constexpr int NQ = kWsProducers / NP;",
-        "const unsigned rsc = s0 + T_SC + (gs % NSG) * T_SLOT + (kt % SGT) * 2 * BN + o_sc;",
-        "sc[q] = lds_v2(rsc + q * GQ_SC);",
-        "x[q][j] = lds_v2(rb + q * GQ_RAW + j * 128 +\n"
-        "                                             ((gc ^ static_cast<unsigned>(j)) << 4));",
-        "const unsigned cq = cbb + q * GQ_RAW;",
-        "sts_v4(cq + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4),")
+        "x[j] = lds_v2(rb + j * 128 + ((gc ^ static_cast<unsigned>(j)) << 4));",
+        "sts_v4(cbb + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4)")
     assert_source_has("grouped_gemm_staging.cuh",
                       "return (c >> 3) * (kBK * 128) + l * 128 + (((c & 7) ^ (l & 7)) << 4);")
 
 
-@pytest.mark.parametrize("num_producers", [256, 128])
-def test_mn_major_b_producer_map(num_producers):
+def test_mn_major_b_producer_map():
     rng = np.random.default_rng(0)
     tile = rng.integers(0, 256, size=(LINES, BN), dtype=np.uint8)  # [line][column] of fp8
     raw = np.empty(2 * P_RAW, np.uint8)  # two panels of 128 columns, TMA 128-byte swizzle
@@ -74,16 +62,14 @@ def test_mn_major_b_producer_map(num_producers):
                 dst = p * P_RAW + line * PANEL_BYTES + ((c ^ (line & 7)) << 4)
                 raw[dst:dst + 16] = tile[line, 128 * p + 16 * c:128 * p + 16 * c + 16]
     written = np.zeros(LINES * BN * 2 // 16, np.int32)  # canonical 16-byte chunks
-    for t in range(num_producers):
-        for q in range(256 // num_producers):
-            for j in range(8):
-                a_raw, a_cn, col, line, block = _producer_addresses(t, j, q, num_producers)
-                got = raw[a_raw:a_raw + 8]
-                np.testing.assert_array_equal(got, tile[line, col:col + 8],
-                                              err_msg=f"thread {t} group {q} line {j}: raw bytes")
-                assert a_cn == _mn_canon_off(line, col // 8), (t, q, j)
-                assert block == line // F.MXFP8_BLOCK, (t, q, j)
-                written[a_cn // 16] += 1
+    for t in range(256):
+        for j in range(8):
+            a_raw, a_cn, col, line = _producer_addresses(t, j)
+            got = raw[a_raw:a_raw + 8]
+            np.testing.assert_array_equal(got, tile[line, col:col + 8],
+                                          err_msg=f"thread {t} line {j}: raw bytes")
+            assert a_cn == _mn_canon_off(line, col // 8), (t, j)
+            written[a_cn // 16] += 1
     assert (written == 1).all(), np.flatnonzero(written != 1)[:8]
 
 

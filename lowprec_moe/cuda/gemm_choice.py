@@ -90,9 +90,6 @@ Kernel choice
   ``MXFP8_WS_WGRAD_MIN_LEN`` tokens or more on average.
   ``LOWPREC_MOE_GEMM_MXFP8_WS``: ``auto`` (default) takes the layouts in ``MXFP8_WS_AUTO``,
   ``all`` all three, ``off`` none.
-  Like NVFP4's, it runs in a 384-thread form by default (``_kk_q`` / ``_kn_q`` / ``_nn_q``: one
-  producer warpgroup widening all of B, the consumers on ``m64n256k16``; bitwise the 512-thread
-  ``_y`` builds); ``LOWPREC_MOE_GEMM_WS_N256=off`` gives the ``_y`` builds back.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
   swapped-operand one for few tokens per expert), without the warp-specialised one and without
@@ -119,10 +116,9 @@ KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
 #: "off" (the cp.async builds; A/B comparisons and cross-checks).
 TMA_ENV = "LOWPREC_MOE_GEMM_TMA"
 _TMA_MODES = ("auto", "off")
-#: Environment variable for the 384-thread forms of the warp-specialised TMA builds (NVFP4
-#: ``_kk_q``, MXFP8 ``_kk_q`` / ``_kn_q`` / ``_nn_q``: one producer warpgroup, consumers on
-#: m64n256k16; bitwise the 512-thread ``_y`` builds): "auto" (default: wherever a ``_y`` build
-#: would run) or "off" (the ``_y`` builds).
+#: Environment variable for the 384-thread form of the warp-specialised NVFP4 TMA build
+#: (``_kk_q``: one producer warpgroup, consumers on m64n256k16; bitwise ``_kk_y``): "auto"
+#: (default: wherever ``_kk_y`` would run) or "off" (``_kk_y``).
 WS_N256_ENV = "LOWPREC_MOE_GEMM_WS_N256"
 _WS_N256_MODES = ("auto", "off")
 #: Environment variable for the wide NVFP4 swapped-operand TMA build (``_kk_r``): "auto"
@@ -343,8 +339,9 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     # ... in its persistent form (_kk_z) when there are more tiles than multiprocessors
     grid_cap = sms if ws_tma and not ws_mx and _persist(pl, sms) else 0
     ws = ws or ws_mx
-    # ... in its 384-thread form (NVFP4 _kk_q, MXFP8 _kk_q / _kn_q / _nn_q) unless switched off
-    n256 = ws_tma and not grid_cap and _env_mode(WS_N256_ENV, _WS_N256_MODES) == "auto"
+    # ... in its 384-thread form (_kk_q) unless switched off
+    n256 = (ws_tma and not ws_mx and not grid_cap
+            and _env_mode(WS_N256_ENV, _WS_N256_MODES) == "auto")
     suffix = (cfg if cfg in ("r", "p") else "u" if use_tma else "z" if grid_cap
               else "q" if n256 else "y" if ws_tma else cfg)
     use_tma = use_tma or ws_tma

@@ -32,8 +32,7 @@ BK = 64
 THREADS = 256
 #: threads of the warp-specialised wgmma kernels (kWsThreads in grouped_gemm_ws_roles.cuh)
 WS_THREADS = 512
-#: threads of the 384-thread TMA builds ``_q`` (NVFP4: kWnThreads in grouped_gemm_ws_n256.cuh,
-#: MXFP8: kWmxN256Threads in grouped_gemm_ws_mx.cuh)
+#: threads of the 384-thread NVFP4 TMA build ``_kk_q`` (kWnThreads in grouped_gemm_ws_n256.cuh)
 WS_N256_THREADS = 384
 #: raw tiles requested ahead of the one being expanded, and canonical B buffers, of the
 #: warp-specialised kernel (kWsAhead / kWsCanonBuffers in grouped_gemm_base.cuh)
