@@ -82,6 +82,21 @@ __device__ __forceinline__ unsigned mx_block_factor(unsigned e, unsigned e_max, 
     }
 }
 
+// mx_block_factor's fp16-window word for a row whose codes all lie in the window, with the row's
+// part precomputed: fk = mx_window_row(e_max, code_bias), then mx_window_factor(e, fk) is one
+// IMAD. For such a code f = e - e_max + code_bias is in [code_bias - window, code_bias] (E4M3
+// [1, 22], E5M2 [7, 15]): the clamp of mx_factor_bits never acts, and f < 32 keeps f << 10 in
+// the exponent field of each half, so (e + code_bias - e_max) * 0x04000400 (mod 2^32) is that
+// word. Codes outside the window (rows past the valid ones, blocks past a contraction's end)
+// give other bits, which the callers never let reach a stored output.
+constexpr unsigned kMxPairUnit = 0x00010001u << LPM_FP16_MANT_BITS;  // f -> (f << 10) x 2
+__device__ __forceinline__ unsigned mx_window_row(unsigned e_max, int code_bias) {
+    return static_cast<unsigned>(code_bias - static_cast<int>(e_max)) * kMxPairUnit;
+}
+__device__ __forceinline__ unsigned mx_window_factor(unsigned e, unsigned fk) {
+    return e * kMxPairUnit + fk;
+}
+
 // 4 fp8 bytes -> 2 words of two 16-bit values times the block factor m (mx_block_factor): fp16
 // (fp8_decode4_f16) or bf16 (fp8_decode4), the values the plain kernel stages.
 template <bool E5M2, bool H>

@@ -288,7 +288,10 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             const unsigned o_cn = static_cast<unsigned>(k_canon_off(ur, 4 * uh));
             constexpr unsigned D_RAW = 128 * kBK, D_SC = 128 * T_SLD, D_CN = 128 * kBK * 2;
             const bool live0 = ur < cols_valid, live1 = ur + 128 < cols_valid;
-            const unsigned em0 = exps_b[ur], em1 = exps_b[ur + 128];  // fp16 window only
+            // fp16 window only: the rows' parts of their factor words (mx_window_row; a live
+            // row's codes all lie in the window)
+            const unsigned fk0 = mx_window_row(exps_b[ur], bias_b);
+            const unsigned fk1 = mx_window_row(exps_b[ur + 128], bias_b);
             auto loop = [&](auto h, auto e5) {
                 constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
                 for (int kt = 0; kt < KT; ++kt) {
@@ -316,8 +319,11 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                             sts_v4(canon_chunk4(dst, j), o[4 * j], o[4 * j + 1], o[4 * j + 2],
                                    o[4 * j + 3]);
                     };
-                    if (live0) unit(x0, y0, mx_block_factor<H>(e0, em0, bias_b), cbb);
-                    if (live1) unit(x1, y1, mx_block_factor<H>(e1, em1, bias_b), cbb + D_CN);
+                    const auto factor = [&](unsigned e, unsigned fk) {
+                        return H ? mx_window_factor(e, fk) : mx_block_factor<false>(e, 0u, 0);
+                    };
+                    if (live0) unit(x0, y0, factor(e0, fk0), cbb);
+                    if (live1) unit(x1, y1, factor(e1, fk1), cbb + D_CN);
                     fence_proxy_async();
                     named_arrive(WS_BAR_FULL + cb, kWsThreads);
                 }
@@ -356,8 +362,10 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     // lines 0-7, 8-15 of step 2p and of step 2p + 1; each thread gets rows ra0, ra1 of
     // contraction lines 2 (lane%4) and 2 (lane%4) + 1 (+ 8 in the second matrix).
     const unsigned a_mn = static_cast<unsigned>(lane * 128 + (((wm0 >> 4) ^ (lane & 7)) << 4));
-    const unsigned ema0 = exps_a[ra0], ema1 = exps_a[ra1];  // fp16 window only
     const int bias_a = mx_s_max(ea5) + LPM_FP16_EXP_BIAS;
+    // fp16 window only: the rows' parts of their factor words (mx_window_row; the window check
+    // put every code of a valid row in the window, see mx_window_factor)
+    const unsigned fka = mx_window_row(exps_a[ra0], bias_a), fkb = mx_window_row(exps_a[ra1], bias_a);
     // The k-tile count, for the MN-major build read again from the descriptor (a volatile load,
     // which the compiler cannot merge with the first): ptxas spilled the pre-split value there
     // and reloaded it from local memory in every k-tile.
@@ -404,10 +412,16 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             // the block codes of rows ra0 (ma*) and ra1 (mb*), blocks 0 and 1 (K-major: one
             // half-word per row; MN-major: one per block line, rows ra0 and ra1 side by side)
             const unsigned ca = lds_u16(rsc), cr = lds_u16(rsc + (AMN ? BM : 8 * T_SLD));
-            const unsigned ma0 = mx_block_factor<H>(ca & 0xFFu, ema0, bias_a);
-            const unsigned ma1 = mx_block_factor<H>((AMN ? cr : ca >> 8) & 0xFFu, ema0, bias_a);
-            const unsigned mb0 = mx_block_factor<H>(AMN ? ca >> 8 : cr & 0xFFu, ema1, bias_a);
-            const unsigned mb1 = mx_block_factor<H>(cr >> 8, ema1, bias_a);
+            const unsigned ea0 = ca & 0xFFu, ea1 = (AMN ? cr : ca >> 8) & 0xFFu;
+            const unsigned eb0 = AMN ? ca >> 8 : cr & 0xFFu, eb1 = cr >> 8;
+            // fp16 window: one IMAD per factor (codes of rows past the valid ones and of blocks
+            // past the contraction give other bits: those rows are never stored, those steps'
+            // fragments are zeroed below); bf16: 2^(e - 127)
+            const auto factor = [&](unsigned e, unsigned fk) {
+                return H ? mx_window_factor(e, fk) : mx_block_factor<false>(e, 0u, 0);
+            };
+            const unsigned ma0 = factor(ea0, fka), ma1 = factor(ea1, fka);
+            const unsigned mb0 = factor(eb0, fkb), mb1 = factor(eb1, fkb);
             auto chunk = [&](int s) { return ra + ((static_cast<unsigned>(s) ^ sw) << 4); };
             // each step's words are loaded one step ahead, before the wgmma wait (MN-major:
             // two steps' words per load, the second pair after step 1's decode)

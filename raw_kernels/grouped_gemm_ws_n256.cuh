@@ -66,23 +66,28 @@ struct WsNextUnit {
     }
 };
 
-// A consumer thread's unit of B for k-tile j (its copies waited for here; the producers' waits
-// do not cover this thread) into canonical buffer j % 3, which the consumers may write once
-// both warpgroups passed FULL of k-tile j - 1 (every wgmma of k-tile j - 3, its last reader,
-// retired by then: each warpgroup waits for all but one group at k-tile j - 2's step 1), and
-// the fence that, with FULL of k-tile j, hands it to the wgmma.
-__device__ __forceinline__ void ws_n256_consumer_unit(int j, unsigned s0, unsigned dbar,
-                                                      unsigned sbar, const WsNextUnit& nu,
-                                                      int cols) {
+// A consumer thread's unit of B for k-tile j = k0 + v (its copies waited for here; the
+// producers' waits do not cover this thread) into canonical buffer j % 3, which the consumers
+// may write once both warpgroups passed FULL of k-tile j - 1 (every wgmma of k-tile j - 3, its
+// last reader, retired by then: each warpgroup waits for all but one group at k-tile j - 2's
+// step 1), and the fence that, with FULL of k-tile j, hands it to the wgmma.
+// k0 is a multiple of kWsRingPeriod, so every ring index is a function of v (a constant of the
+// consumers' unrolled period, 1..kWsRingPeriod) -- except the scale slots' phase, ph_s ^ (that
+// of v): ph_s = (k0 / kWsRingPeriod) & 1, as in ws_fp4_consume_period.
+__device__ __forceinline__ void ws_n256_consumer_unit(int v, unsigned ph_s, unsigned s0,
+                                                      unsigned dbar, unsigned sbar,
+                                                      const WsNextUnit& nu, int cols) {
     using L = WsTmaLayout;
     constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
-    constexpr int SGT = kWsScaleTiles;
-    const int st = j % NST, g = j / SGT;
-    mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
-    mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+    constexpr int SGT = kWsScaleTiles, P = kWsRingPeriod;
+    static_assert(P % NCB == 0 && P % NST == 0 && P == SGT * NSG && (P / NST) % 2 == 0,
+                  "ring positions and stage phases of k0 + v are those of v");
+    const int st = v % NST, sl = (v / SGT) % NSG;
+    mbar_wait(dbar + 8 * st, static_cast<unsigned>(v / NST) & 1u);
+    mbar_wait(sbar + 8 * sl, ph_s ^ (static_cast<unsigned>(v / P) & 1u));
     ws_fp4_expand_unit(s0 + st * L::T_STAGE + L::T_DA + nu.o_raw,
-                       s0 + L::T_SC + (g % NSG) * L::T_SLOT + L::T_SB + (j % SGT) * 4 + nu.o_sc,
-                       s0 + L::T_CANON + (j % NCB) * L::CANON_B + nu.o_cn, nu.row < cols);
+                       s0 + L::T_SC + sl * L::T_SLOT + L::T_SB + (v % SGT) * 4 + nu.o_sc,
+                       s0 + L::T_CANON + (v % NCB) * L::CANON_B + nu.o_cn, nu.row < cols);
     fence_proxy_async();
 }
 
@@ -145,14 +150,16 @@ __device__ __forceinline__ void gemm_ws_n256(LPM_GG_PARAMS, const TmaMap* tm_a,
     float* const accf = &acc[0][0][0];
     const WsFragUnit me(threadIdx.x);  // this thread's A row in a raw stage and a scale slot
     const WsNextUnit nu(threadIdx.x);   // this thread's unit of B
-    if (KT > 0) ws_n256_consumer_unit(0, s0, dbar, sbar, nu, cols_valid);
-    // after step 1 of k-tile kt: the unit of k-tile kt + 1. After step 0 or step 2 instead,
-    // ptxas serializes the wgmma (C7513: it defines A-fragment registers between a wgmma and
-    // its wait; after step 2 measured 13-18 % slower).
-    const auto next_unit = [&](int, int kt, int s) {
-        if (s == 1 && kt + 1 < KT) ws_n256_consumer_unit(kt + 1, s0, dbar, sbar, nu, cols_valid);
+    if (KT > 0) ws_n256_consumer_unit(0, 0u, s0, dbar, sbar, nu, cols_valid);
+    // after step 1 of k-tile kt = k0 + u: the unit of k-tile kt + 1 (v = u + 1). After step 0
+    // or step 2 instead, ptxas serializes the wgmma (C7513: it defines A-fragment registers
+    // between a wgmma and its wait; after step 2 measured 13-18 % slower).
+    unsigned ph_s = 0u;  // (k0 / kWsRingPeriod) & 1
+    const auto next_unit = [&](int u, int kt, int s) {
+        if (s == 1 && kt + 1 < KT)
+            ws_n256_consumer_unit(u + 1, ph_s, s0, dbar, sbar, nu, cols_valid);
     };
-    for (int k0 = 0; k0 < KT; k0 += kWsRingPeriod)
+    for (int k0 = 0; k0 < KT; k0 += kWsRingPeriod, ph_s ^= 1u)
         ws_fp4_consume_period<NI * 4, false, kWnThreads, true>(accf, k0, KT, s0, dbar, sbar, me,
                                                                lane & 3, next_unit);
     wg_wait0();

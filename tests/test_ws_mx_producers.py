@@ -109,3 +109,42 @@ def test_source_factor_constants():
         "__vminu2(__vmaxu2(e2 + dh[i], 0x01000100u), 0x011E011Eu)",
         "(v << LPM_FP16_MANT_BITS) & 0x7C007C00u",
         "256u + static_cast<unsigned>(bias_b) - exps_b[col + 2 * i]")
+
+
+def _window(e5m2: bool) -> int:
+    """grouped_gemm_staging.cuh mx_window: S_MAX - S_MIN (E4M3 21 codes, E5M2 8)."""
+    bias, mant = (F.E5M2_EXP_BIAS, F.E5M2_MANT_BITS) if e5m2 else (F.E4M3_EXP_BIAS, F.E4M3_MANT_BITS)
+    min_exp = 1 - bias - mant  # fp8_min_exp: the smallest subnormal's exponent
+    s_min = max(1 - F.FP16_EXP_BIAS, 1 - F.FP16_EXP_BIAS - F.FP16_MANT_BITS - min_exp)
+    return _s_max(e5m2) - s_min
+
+
+@pytest.mark.parametrize("e5m2", [False, True], ids=["e4m3", "e5m2"])
+def test_window_factor_one_imad(e5m2):
+    """mx_window_factor (consumers' A factors and the K-major producers' B factors): for every
+    row maximum and every code within the window below it (what the window check guarantees
+    for a valid row), ``e * 0x04000400 + (code_bias - e_max) * 0x04000400`` (mod 2^32) is
+    mx_block_factor's word (f, f), f = mx_factor_bits."""
+    code_bias = _s_max(e5m2) + F.FP16_EXP_BIAS
+    window = _window(e5m2)
+    assert window == (8 if e5m2 else 21)  # the static_assert beside mx_window
+    unit = (0x00010001 << F.FP16_MANT_BITS) & 0xFFFFFFFF
+    assert unit == 0x04000400
+    e_max = np.repeat(np.arange(window, 255, dtype=np.int64), window + 1)
+    e = e_max - np.tile(np.arange(window + 1, dtype=np.int64), 255 - window)
+    fk = ((code_bias - e_max) * unit) % (1 << 32)
+    got = ((e * unit + fk) % (1 << 32)).astype(np.uint32)
+    f = _mx_factor_bits(e, e_max, code_bias)
+    assert (f >> F.FP16_MANT_BITS).min() >= 1 and (f >> F.FP16_MANT_BITS).max() == code_bias
+    assert_bytes_equal(got, (f | (f << 16)).astype(np.uint32), "window factor words")
+
+
+def test_source_window_factor():
+    assert_source_has("grouped_gemm_dequant.cuh",
+                      "constexpr unsigned kMxPairUnit = 0x00010001u << LPM_FP16_MANT_BITS;",
+                      "return static_cast<unsigned>(code_bias - static_cast<int>(e_max)) * kMxPairUnit;",
+                      "return e * kMxPairUnit + fk;")
+    assert_source_has("grouped_gemm_ws_mx.cuh",
+                      "return H ? mx_window_factor(e, fk) : mx_block_factor<false>(e, 0u, 0);",
+                      "const unsigned fka = mx_window_row(exps_a[ra0], bias_a)",
+                      "const unsigned fk0 = mx_window_row(exps_b[ur], bias_b);")
