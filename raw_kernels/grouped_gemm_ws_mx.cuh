@@ -44,7 +44,14 @@ namespace lpm_gg {
 // 8 k-tiles they still cost 16 % (fine wgrad, bf16 1.685 ms against fp16 1.952).
 constexpr int kWmxMinKTiles = 16;
 
-// Registers per thread after the role split (setmaxnreg; the launch share is kWsLaunchRegs).
+// Registers per thread after the role split (setmaxnreg; the launch share is kWsLaunchRegs):
+// 16 more for the consumers than gemm_ws's TMA build gives its own. Their k-loop runs in groups
+// of three k-tiles (one per canonical buffer), which keeps B's descriptors in uniform registers
+// (no R2UR per wgmma) but holds more values: with kWsTmaConsumerRegs it spilled ~17 local
+// loads and stores per k-tile, with 8 more ~6, with 16 more none (SASS, K-major fp16 loop: 140
+// instructions per k-tile, from 178). The producers keep 56: no spill in the K-major build;
+// the MN-major builds' reload ~8-11 values per k-tile (they have slack: last profile, 17-24 %
+// of their samples wait at EMPTY).
 constexpr int kWmxConsumerRegs = kWsTmaConsumerRegs + 16;
 constexpr int kWmxProducerRegs = ws_producer_regs(kWsConsumers, kWmxConsumerRegs, kWsProducers);
 static_assert(kWmxProducerRegs % 8 == 0 && kWmxProducerRegs >= 24, "setmaxnreg granularity");
