@@ -18,14 +18,11 @@ namespace lpm_gg {
 // half H1 (false: low, true: high); each half is a block scale * 64 (fp4_scales_x64).
 template <bool H0, bool H1>
 __device__ __forceinline__ void fp4_decode8(unsigned w, unsigned sc, unsigned* o) {
-    // E2M1 s.e1e0.m -> E4M3 byte s.000e1e0.m00 = e2m1 * 2^-6 (exact, subnormal for e = 0):
-    // elements 0, 2, 4, 6 from the low nibbles (bits 0-2 up by 2, bit 3 up by 4), elements 1, 3,
-    // 5, 7 from the high ones (bits 4-6 down by 2, bit 7 in place); the masks drop what the
-    // shifts carry over from the neighbouring byte. The right shift is a multiply-high, which
-    // runs on the FMA pipe (the shifts to the left already do, as IMAD.SHL): the integer ALU
-    // pipe is the one the decoders saturate.
-    const unsigned lo = ((w << 2) & 0x1C1C1C1Cu) | ((w << 4) & 0x80808080u);
-    const unsigned hi = (__umulhi(w, 1u << 30) & 0x1C1C1C1Cu) | (w & 0x80808080u);
+    unsigned lo = w & 0x0F0F0F0Fu;         // nibbles of elements 0, 2, 4, 6 (one per byte)
+    unsigned hi = (w >> 4) & 0x0F0F0F0Fu;  // elements 1, 3, 5, 7
+    // E2M1 s.e1e0.m -> E4M3 byte s.000e1e0.m00 = e2m1 * 2^-6 (exact, subnormal for e = 0).
+    lo = ((lo << 2) & 0x1C1C1C1Cu) | ((lo << 4) & 0x80808080u);
+    hi = ((hi << 2) & 0x1C1C1C1Cu) | ((hi << 4) & 0x80808080u);
     const unsigned p0 = __byte_perm(lo, hi, 0x5140u);  // elements 0, 1, 2, 3
     const unsigned p1 = __byte_perm(lo, hi, 0x7362u);  // elements 4, 5, 6, 7
     o[0] = hmul2_bcast_rn<H0>(fp8x2_half_to_f16x2<false, false>(p0), sc);

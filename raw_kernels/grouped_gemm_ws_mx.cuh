@@ -44,18 +44,6 @@ namespace lpm_gg {
 // 8 k-tiles they still cost 16 % (fine wgrad, bf16 1.685 ms against fp16 1.952).
 constexpr int kWmxMinKTiles = 16;
 
-// Registers per thread after the role split (setmaxnreg; the launch share is kWsLaunchRegs):
-// 16 more for the consumers than gemm_ws's TMA build gives its own. Their k-loop runs in groups
-// of three k-tiles (one per canonical buffer), which keeps B's descriptors in uniform registers
-// (no R2UR per wgmma) but holds more values: with kWsTmaConsumerRegs it spilled ~17 local
-// loads and stores per k-tile, with 8 more ~6, with 16 more none (SASS, K-major fp16 loop: 140
-// instructions per k-tile, from 178). The producers keep 56: no spill in the K-major build;
-// the MN-major builds' reload ~8-11 values per k-tile (they have slack: last profile, 17-24 %
-// of their samples wait at EMPTY).
-constexpr int kWmxConsumerRegs = kWsTmaConsumerRegs + 16;
-constexpr int kWmxProducerRegs = ws_producer_regs(kWsConsumers, kWmxConsumerRegs, kWsProducers);
-static_assert(kWmxProducerRegs % 8 == 0 && kWmxProducerRegs >= 24, "setmaxnreg granularity");
-
 // The launcher guarantees what gemm_ws's TMA build needs (uniform row strides, multiples of 16
 // bytes, for data and scales; experts at whole rows; one contraction length, a multiple of the
 // k-tile). Rows past an expert's extent load the next expert's rows (or zeros past the array);
@@ -93,7 +81,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     static_assert(BM * EPI_LD * 4 <= T_EXPS, "the epilogue staging tile spares the exponents");
     static_assert((BM + BN) * 8 <= CANON_B, "window-check scratch in canonical buffer 0");
     static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && NSA == AHEAD + NCB && NSB == AHEAD + 1 &&
-                      kBK == 64 && NSA % NCB == 0,
+                      kBK == 64,
                   "pipeline depth");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -180,7 +168,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
 
     if (threadIdx.x >= kWsConsumers) {
         // ---------------- producer warpgroups ----------------
-        regs_release<kWmxProducerRegs>();
+        regs_release<kWsTmaProducerRegs>();
         const int t = static_cast<int>(threadIdx.x) - kWsConsumers;
         const int bias_b = mx_s_max(eb5) + LPM_FP16_EXP_BIAS;
         // Tile kt-NCB retired: its canonical buffer, its raw A stage (which tile kt+AHEAD
@@ -349,7 +337,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     // Warpgroup w owns rows 64w..64w+63 x all 256 columns: per 16-deep step two m64n128k16 with
     // A from registers and B from the canonical buffer, one commit group per step (a step's
     // fragments are widened while the previous step's wgmma run).
-    regs_claim<kWmxConsumerRegs>();
+    regs_claim<kWsTmaConsumerRegs>();
     ep.init_alpha();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
@@ -389,24 +377,14 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     // in the last k-tile only): a register for it through the k-loop spills.
     auto loop = [&](auto h, auto e5) {
         constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
-        // NCB k-tiles at a time (group c): the canonical buffer is a constant of the unrolled
-        // k-tiles, A's stage NCB (c % 2) + u and its phase (c / 2) & 1 (NSA = 2 NCB) bit
-        // operations on the group index, so the k-tile head needs no division by 3 or 6
-        // (unrolled over A's whole ring instead, ptxas serializes the wgmma: C7512)
-        static_assert(NSA == 2 * NCB, "two groups of NCB k-tiles per turn of A's stage ring");
-        for (int c = 0; NCB * c < KTc; ++c) {
-#pragma unroll
-        for (int u = 0; u < NCB; ++u) {
-            const int kt = NCB * c + u;
-            if (kt >= KTc) break;
-            const int cb = u;
+        for (int kt = 0; kt < KTc; ++kt) {
+            const int cb = kt % NCB;
             named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt widened into buffer cb
-            const int st = NCB * (c & 1) + u, g = kt / SGT;
-            const unsigned ph_a = static_cast<unsigned>(c >> 1) & 1u;
+            const int st = kt % NSA, g = kt / SGT;
             // A's copies were issued with B's, which the producers waited for before arriving at
             // FULL; the wait makes A's TMA writes visible to this thread (and is usually one
             // try_wait)
-            mbar_wait(abar + 8 * st, ph_a);
+            mbar_wait(abar + 8 * st, static_cast<unsigned>(kt / NSA) & 1u);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
             if constexpr (AMN) {
                 // a last k-tile that ends early: its B lines from tail_len on (bytes
@@ -459,7 +437,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             unsigned af[2][4];
 #pragma unroll
             for (int s = 0; s < kBK / 16; ++s) {
-                ws_step_wait<NI * 4>(s, kt >= 1 && kt - 1 + NCB < KTc, (u + NCB - 1) % NCB, accf);
+                ws_step_begin<NCB, NI * 4>(s, kt, KTc, accf);
                 unsigned* const f = af[s & 1];
                 if constexpr (AMN) {
                     // step s: lines 0-7 in x, 8-15 in y; bytes (row ra0, line 2q), (ra1, 2q),
@@ -491,7 +469,6 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                 wg_commit();
                 wg_fence_acc<NI * 4>(accf);
             }
-        }
         }
         // retired inside each staging mode's loop: the modes' accumulators meet only after
         // (ptxas serializes the wgmma when they join with groups in flight)
