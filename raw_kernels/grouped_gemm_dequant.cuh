@@ -68,33 +68,27 @@ __device__ __forceinline__ void fp8_decode4_f16(unsigned w, unsigned m01, unsign
 }
 
 // The multiplier of block code e in a row whose largest code is e_max. H (fp16 window): the
-// f16x2 word (m, m), m = 2^(e - e_max + S_MAX) (mx_factor_bits; code_bias = S_MAX + 15); bf16:
-// the fp32 bits of 2^(e - 127) (NaN for code 255).
-template <bool H>
-__device__ __forceinline__ unsigned mx_block_factor(unsigned e, unsigned e_max, int code_bias) {
-    if constexpr (H) {
-        const unsigned f = mx_factor_bits(e, e_max, code_bias);
-        return f | (f << 16);
-    } else {
-        (void)e_max;
-        (void)code_bias;
-        return __float_as_uint(lpm_e8m0_to_f32(e));
-    }
-}
-
-// mx_block_factor's fp16-window word for a row whose codes all lie in the window, with the row's
-// part precomputed: fk = mx_window_row(e_max, code_bias), then mx_window_factor(e, fk) is one
-// IMAD. For such a code f = e - e_max + code_bias is in [code_bias - window, code_bias] (E4M3
-// [1, 22], E5M2 [7, 15]): the clamp of mx_factor_bits never acts, and f < 32 keeps f << 10 in
-// the exponent field of each half, so (e + code_bias - e_max) * 0x04000400 (mod 2^32) is that
-// word. Codes outside the window (rows past the valid ones, blocks past a contraction's end)
-// give other bits, which the callers never let reach a stored output.
+// f16x2 word (m, m), m = 2^(e - e_max + S_MAX) (mx_factor_bits; code_bias = S_MAX + 15), from
+// the row's part fk = mx_window_row(e_max, code_bias) in one IMAD; bf16: the fp32 bits of
+// 2^(e - 127) (NaN for code 255), fk unused.
+// The fp16 word is exact for a row whose codes all lie in the window (what the window check
+// guarantees for valid rows): f = e - e_max + code_bias is then in [code_bias - window,
+// code_bias] (E4M3 [1, 22], E5M2 [7, 15]), so the clamp of mx_factor_bits never acts, and f < 32
+// keeps f << 10 in the exponent field of each half: (e + code_bias - e_max) * 0x04000400
+// (mod 2^32) is that word. Codes outside the window (rows past the valid ones, blocks past a
+// contraction's end) give other bits, which the callers never let reach a stored output.
 constexpr unsigned kMxPairUnit = 0x00010001u << LPM_FP16_MANT_BITS;  // f -> (f << 10) x 2
 __device__ __forceinline__ unsigned mx_window_row(unsigned e_max, int code_bias) {
     return static_cast<unsigned>(code_bias - static_cast<int>(e_max)) * kMxPairUnit;
 }
-__device__ __forceinline__ unsigned mx_window_factor(unsigned e, unsigned fk) {
-    return e * kMxPairUnit + fk;
+template <bool H>
+__device__ __forceinline__ unsigned mx_block_factor(unsigned e, unsigned fk) {
+    if constexpr (H) {
+        return e * kMxPairUnit + fk;
+    } else {
+        (void)fk;
+        return __float_as_uint(lpm_e8m0_to_f32(e));
+    }
 }
 
 // 4 fp8 bytes -> 2 words of two 16-bit values times the block factor m (mx_block_factor): fp16

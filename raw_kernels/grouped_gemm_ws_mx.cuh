@@ -319,11 +319,8 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                             sts_v4(canon_chunk4(dst, j), o[4 * j], o[4 * j + 1], o[4 * j + 2],
                                    o[4 * j + 3]);
                     };
-                    const auto factor = [&](unsigned e, unsigned fk) {
-                        return H ? mx_window_factor(e, fk) : mx_block_factor<false>(e, 0u, 0);
-                    };
-                    if (live0) unit(x0, y0, factor(e0, fk0), cbb);
-                    if (live1) unit(x1, y1, factor(e1, fk1), cbb + D_CN);
+                    if (live0) unit(x0, y0, mx_block_factor<H>(e0, fk0), cbb);
+                    if (live1) unit(x1, y1, mx_block_factor<H>(e1, fk1), cbb + D_CN);
                     fence_proxy_async();
                     named_arrive(WS_BAR_FULL + cb, kWsThreads);
                 }
@@ -364,8 +361,9 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     const unsigned a_mn = static_cast<unsigned>(lane * 128 + (((wm0 >> 4) ^ (lane & 7)) << 4));
     const int bias_a = mx_s_max(ea5) + LPM_FP16_EXP_BIAS;
     // fp16 window only: the rows' parts of their factor words (mx_window_row; the window check
-    // put every code of a valid row in the window, see mx_window_factor)
-    const unsigned fka = mx_window_row(exps_a[ra0], bias_a), fkb = mx_window_row(exps_a[ra1], bias_a);
+    // put every code of a valid row in the window, see mx_block_factor)
+    const unsigned fka = mx_window_row(exps_a[ra0], bias_a);
+    const unsigned fkb = mx_window_row(exps_a[ra1], bias_a);
     // The k-tile count, for the MN-major build read again from the descriptor (a volatile load,
     // which the compiler cannot merge with the first): ptxas spilled the pre-split value there
     // and reloaded it from local memory in every k-tile.
@@ -417,11 +415,8 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             // fp16 window: one IMAD per factor (codes of rows past the valid ones and of blocks
             // past the contraction give other bits: those rows are never stored, those steps'
             // fragments are zeroed below); bf16: 2^(e - 127)
-            const auto factor = [&](unsigned e, unsigned fk) {
-                return H ? mx_window_factor(e, fk) : mx_block_factor<false>(e, 0u, 0);
-            };
-            const unsigned ma0 = factor(ea0, fka), ma1 = factor(ea1, fka);
-            const unsigned mb0 = factor(eb0, fkb), mb1 = factor(eb1, fkb);
+            const unsigned ma0 = mx_block_factor<H>(ea0, fka), ma1 = mx_block_factor<H>(ea1, fka);
+            const unsigned mb0 = mx_block_factor<H>(eb0, fkb), mb1 = mx_block_factor<H>(eb1, fkb);
             auto chunk = [&](int s) { return ra + ((static_cast<unsigned>(s) ^ sw) << 4); };
             // each step's words are loaded one step ahead, before the wgmma wait (MN-major:
             // two steps' words per load, the second pair after step 1's decode)

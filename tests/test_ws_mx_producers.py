@@ -121,10 +121,10 @@ def _window(e5m2: bool) -> int:
 
 @pytest.mark.parametrize("e5m2", [False, True], ids=["e4m3", "e5m2"])
 def test_window_factor_one_imad(e5m2):
-    """mx_window_factor (consumers' A factors and the K-major producers' B factors): for every
+    """mx_block_factor<true> (consumers' A factors, K-major producers' B factors): for every
     row maximum and every code within the window below it (what the window check guarantees
     for a valid row), ``e * 0x04000400 + (code_bias - e_max) * 0x04000400`` (mod 2^32) is
-    mx_block_factor's word (f, f), f = mx_factor_bits."""
+    the word (f, f), f = mx_factor_bits."""
     code_bias = _s_max(e5m2) + F.FP16_EXP_BIAS
     window = _window(e5m2)
     assert window == (8 if e5m2 else 21)  # the static_assert beside mx_window
@@ -145,6 +145,7 @@ def test_source_window_factor():
                       "return static_cast<unsigned>(code_bias - static_cast<int>(e_max)) * kMxPairUnit;",
                       "return e * kMxPairUnit + fk;")
     assert_source_has("grouped_gemm_ws_mx.cuh",
-                      "return H ? mx_window_factor(e, fk) : mx_block_factor<false>(e, 0u, 0);",
-                      "const unsigned fka = mx_window_row(exps_a[ra0], bias_a)",
+                      "const unsigned ma0 = mx_block_factor<H>(ea0, fka),",
+                      "if (live0) unit(x0, y0, mx_block_factor<H>(e0, fk0), cbb);",
+                      "const unsigned fka = mx_window_row(exps_a[ra0], bias_a);",
                       "const unsigned fk0 = mx_window_row(exps_b[ur], bias_b);")
