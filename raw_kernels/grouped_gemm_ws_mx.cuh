@@ -44,6 +44,26 @@ namespace lpm_gg {
 // 8 k-tiles they still cost 16 % (fine wgrad, bf16 1.685 ms against fp16 1.952).
 constexpr int kWmxMinKTiles = 16;
 
+// Registers per thread after the role split (setmaxnreg; the launch share is kWsLaunchRegs),
+// per layout: the consumers get kWsTmaConsumerRegs + wmx_extra_regs(BMN). Their k-loop runs in
+// groups of three k-tiles (one per canonical buffer), which keeps B's descriptors in uniform
+// registers (no R2UR per wgmma) but holds more values: with kWsTmaConsumerRegs the K-major fp16
+// loop spilled ~17 local loads and stores per k-tile, with 8 more ~6, with 16 more none (140
+// instructions per k-tile, from 178). The producers get what is left: 56 with 16 more, 72 with
+// 8 more; the MN-major B builds' producers reload ~8-11 values per k-tile at 56. Measured
+// (H200, interleaved A/B against the rolled loop, 6 shapes): all K-major (fprop) 2.5-4.9 %
+// faster with 16 more and 1.0-2.4 % with 8; K-major A, MN-major B (dgrad) 2.3-2.7 % slower with
+// 16 more and 2.5 % faster with 8; both MN-major (wgrad) 0-4.5 % slower with 16 more and
+// 0-1.6 % faster with 8.
+constexpr int wmx_extra_regs(bool bmn) { return bmn ? 8 : 16; }
+template <bool BMN>
+struct WmxRegs {
+    static constexpr int CONSUMER = kWsTmaConsumerRegs + wmx_extra_regs(BMN);
+    static constexpr int PRODUCER = ws_producer_regs(kWsConsumers, CONSUMER, kWsProducers);
+    static_assert(PRODUCER % 8 == 0 && PRODUCER >= 24 && CONSUMER % 8 == 0,
+                  "setmaxnreg granularity");
+};
+
 // The launcher guarantees what gemm_ws's TMA build needs (uniform row strides, multiples of 16
 // bytes, for data and scales; experts at whole rows; one contraction length, a multiple of the
 // k-tile). Rows past an expert's extent load the next expert's rows (or zeros past the array);
@@ -81,7 +101,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     static_assert(BM * EPI_LD * 4 <= T_EXPS, "the epilogue staging tile spares the exponents");
     static_assert((BM + BN) * 8 <= CANON_B, "window-check scratch in canonical buffer 0");
     static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && NSA == AHEAD + NCB && NSB == AHEAD + 1 &&
-                      kBK == 64,
+                      kBK == 64 && NSA % NCB == 0,
                   "pipeline depth");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -168,7 +188,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
 
     if (threadIdx.x >= kWsConsumers) {
         // ---------------- producer warpgroups ----------------
-        regs_release<kWsTmaProducerRegs>();
+        regs_release<WmxRegs<BMN>::PRODUCER>();
         const int t = static_cast<int>(threadIdx.x) - kWsConsumers;
         const int bias_b = mx_s_max(eb5) + LPM_FP16_EXP_BIAS;
         // Tile kt-NCB retired: its canonical buffer, its raw A stage (which tile kt+AHEAD
@@ -334,7 +354,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     // Warpgroup w owns rows 64w..64w+63 x all 256 columns: per 16-deep step two m64n128k16 with
     // A from registers and B from the canonical buffer, one commit group per step (a step's
     // fragments are widened while the previous step's wgmma run).
-    regs_claim<kWsTmaConsumerRegs>();
+    regs_claim<WmxRegs<BMN>::CONSUMER>();
     ep.init_alpha();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
@@ -375,14 +395,24 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     // in the last k-tile only): a register for it through the k-loop spills.
     auto loop = [&](auto h, auto e5) {
         constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
-        for (int kt = 0; kt < KTc; ++kt) {
-            const int cb = kt % NCB;
+        // NCB k-tiles at a time (group c): the canonical buffer is a constant of the unrolled
+        // k-tiles, A's stage NCB (c % 2) + u and its phase (c / 2) & 1 (NSA = 2 NCB) bit
+        // operations on the group index, so the k-tile head needs no division by 3 or 6
+        // (unrolled over A's whole ring instead, ptxas serializes the wgmma: C7512)
+        static_assert(NSA == 2 * NCB, "two groups of NCB k-tiles per turn of A's stage ring");
+        for (int c = 0; NCB * c < KTc; ++c) {
+#pragma unroll
+        for (int u = 0; u < NCB; ++u) {
+            const int kt = NCB * c + u;
+            if (kt >= KTc) break;
+            const int cb = u;
             named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt widened into buffer cb
-            const int st = kt % NSA, g = kt / SGT;
+            const int st = NCB * (c & 1) + u, g = kt / SGT;
+            const unsigned ph_a = static_cast<unsigned>(c >> 1) & 1u;
             // A's copies were issued with B's, which the producers waited for before arriving at
             // FULL; the wait makes A's TMA writes visible to this thread (and is usually one
             // try_wait)
-            mbar_wait(abar + 8 * st, static_cast<unsigned>(kt / NSA) & 1u);
+            mbar_wait(abar + 8 * st, ph_a);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
             if constexpr (AMN) {
                 // a last k-tile that ends early: its B lines from tail_len on (bytes
@@ -432,7 +462,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             unsigned af[2][4];
 #pragma unroll
             for (int s = 0; s < kBK / 16; ++s) {
-                ws_step_begin<NCB, NI * 4>(s, kt, KTc, accf);
+                ws_step_wait<NI * 4>(s, kt >= 1 && kt - 1 + NCB < KTc, (u + NCB - 1) % NCB, accf);
                 unsigned* const f = af[s & 1];
                 if constexpr (AMN) {
                     // step s: lines 0-7 in x, 8-15 in y; bytes (row ra0, line 2q), (ra1, 2q),
@@ -464,6 +494,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                 wg_commit();
                 wg_fence_acc<NI * 4>(accf);
             }
+        }
         }
         // retired inside each staging mode's loop: the modes' accumulators meet only after
         // (ptxas serializes the wgmma when they join with groups in flight)

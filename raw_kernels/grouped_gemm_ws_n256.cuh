@@ -50,19 +50,25 @@ static_assert(kWnLaunchRegs >= 160, "ptxas: m64n256k16 with A from registers");
 // kernel 10-14 % faster; the split measured 0.6-2.0 % faster than four units.
 
 // Consumer thread c's unit of B (c < 128: row 64 + c / 2; else row 128 + c / 2; contraction
-// half c % 2) as offsets into a raw stage's B half, a scale slot's B rows and a canonical
-// buffer.
+// half c % 2): its shared-memory addresses in raw stage 0's B half, scale slot 0's B rows and
+// canonical buffer 0 (the ring positions add constants: see ws_n256_consumer_unit), kept in
+// shared memory at `at` (thread c's 16 bytes in the unused A-fragment buffers) and loaded per
+// unit: held in registers, ptxas recomputes them from the thread index every k-tile instead
+// (~16 instructions on the consumers' critical path).
 struct WsNextUnit {
-    int row;
-    unsigned o_raw, o_sc, o_cn;  // o_cn: the unit's first canonical chunk
-    __device__ __forceinline__ explicit WsNextUnit(unsigned c) {
+    unsigned at;
+    __device__ __forceinline__ WsNextUnit(unsigned c, unsigned s0) {
+        using L = WsTmaLayout;
         static_assert(2 * kWnProducers + kWnConsumers == TileGeo<KIND_FP4_K, 256>::UNITS,
                       "two B units per producer thread, one per consumer thread");
-        row = 64 + static_cast<int>(c >> 1) + (c >= 128 ? 64 : 0);
+        static_assert(16 * kWnConsumers <= kWsCanonBuffers * kWsFragBytes,
+                      "the consumers' unit addresses fit the fragment buffers");
+        const int row = 64 + static_cast<int>(c >> 1) + (c >= 128 ? 64 : 0);
         const int h = static_cast<int>(c) & 1;
-        o_raw = static_cast<unsigned>(row * (kBK / 2) + h * 16);
-        o_sc = static_cast<unsigned>(row * WsTmaLayout::T_SLD + h * 2);
-        o_cn = static_cast<unsigned>(k_canon_off(row, 4 * h));
+        at = s0 + L::T_FRAG + 16 * c;
+        sts_v4(at, s0 + L::T_DA + static_cast<unsigned>(row * (kBK / 2) + h * 16),
+               s0 + L::T_SC + L::T_SB + static_cast<unsigned>(row * L::T_SLD + h * 2),
+               s0 + L::T_CANON + static_cast<unsigned>(k_canon_off(row, 4 * h)), 0u);
     }
 };
 
@@ -74,20 +80,22 @@ struct WsNextUnit {
 // k0 is a multiple of kWsRingPeriod, so every ring index is a function of v (a constant of the
 // consumers' unrolled period, 1..kWsRingPeriod) -- except the scale slots' phase, ph_s ^ (that
 // of v): ph_s = (k0 / kWsRingPeriod) & 1, as in ws_fp4_consume_period.
-__device__ __forceinline__ void ws_n256_consumer_unit(int v, unsigned ph_s, unsigned s0,
-                                                      unsigned dbar, unsigned sbar,
-                                                      const WsNextUnit& nu, int cols) {
+__device__ __forceinline__ void ws_n256_consumer_unit(int v, unsigned ph_s, unsigned dbar,
+                                                      unsigned sbar, const WsNextUnit& nu) {
     using L = WsTmaLayout;
     constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
     constexpr int SGT = kWsScaleTiles, P = kWsRingPeriod;
     static_assert(P % NCB == 0 && P % NST == 0 && P == SGT * NSG && (P / NST) % 2 == 0,
                   "ring positions and stage phases of k0 + v are those of v");
     const int st = v % NST, sl = (v / SGT) % NSG;
+    const uint4 a = lds_v4(nu.at);  // raw, scale and canonical addresses (see WsNextUnit)
     mbar_wait(dbar + 8 * st, static_cast<unsigned>(v / NST) & 1u);
     mbar_wait(sbar + 8 * sl, ph_s ^ (static_cast<unsigned>(v / P) & 1u));
-    ws_fp4_expand_unit(s0 + st * L::T_STAGE + L::T_DA + nu.o_raw,
-                       s0 + L::T_SC + sl * L::T_SLOT + L::T_SB + (v % SGT) * 4 + nu.o_sc,
-                       s0 + L::T_CANON + (v % NCB) * L::CANON_B + nu.o_cn, nu.row < cols);
+    // every unit, also those of columns past the tile's extent: a B row feeds only its own
+    // output column, and those columns are never stored (the skip's branch cost more than the
+    // rare partial tile's decode saves)
+    ws_fp4_expand_unit(a.x + st * L::T_STAGE, a.y + sl * L::T_SLOT + (v % SGT) * 4,
+                       a.z + (v % NCB) * L::CANON_B, true);
     fence_proxy_async();
 }
 
@@ -149,15 +157,15 @@ __device__ __forceinline__ void gemm_ws_n256(LPM_GG_PARAMS, const TmaMap* tm_a,
         for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
     float* const accf = &acc[0][0][0];
     const WsFragUnit me(threadIdx.x);  // this thread's A row in a raw stage and a scale slot
-    const WsNextUnit nu(threadIdx.x);   // this thread's unit of B
-    if (KT > 0) ws_n256_consumer_unit(0, 0u, s0, dbar, sbar, nu, cols_valid);
+    const WsNextUnit nu(threadIdx.x, s0);  // this thread's unit of B
+    if (KT > 0) ws_n256_consumer_unit(0, 0u, dbar, sbar, nu);
     // after step 1 of k-tile kt = k0 + u: the unit of k-tile kt + 1 (v = u + 1). After step 0
     // or step 2 instead, ptxas serializes the wgmma (C7513: it defines A-fragment registers
     // between a wgmma and its wait; after step 2 measured 13-18 % slower).
     unsigned ph_s = 0u;  // (k0 / kWsRingPeriod) & 1
     const auto next_unit = [&](int u, int kt, int s) {
         if (s == 1 && kt + 1 < KT)
-            ws_n256_consumer_unit(u + 1, ph_s, s0, dbar, sbar, nu, cols_valid);
+            ws_n256_consumer_unit(u + 1, ph_s, dbar, sbar, nu);
     };
     for (int k0 = 0; k0 < KT; k0 += kWsRingPeriod, ph_s ^= 1u)
         ws_fp4_consume_period<NI * 4, false, kWnThreads, true>(accf, k0, KT, s0, dbar, sbar, me,

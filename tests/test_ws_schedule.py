@@ -193,9 +193,9 @@ def test_ws_n256_b_units_cover_the_tile_once():
                       "constexpr int kWnProducers = 128;",
                       "row = 64 + static_cast<int>(c >> 1) + (c >= 128 ? 64 : 0);",
                       "const int h = static_cast<int>(c) & 1;",
-                      "o_raw = static_cast<unsigned>(row * (kBK / 2) + h * 16);",
-                      "o_sc = static_cast<unsigned>(row * WsTmaLayout::T_SLD + h * 2);",
-                      "o_cn = static_cast<unsigned>(k_canon_off(row, 4 * h));",
+                      "s0 + L::T_DA + static_cast<unsigned>(row * (kBK / 2) + h * 16),",
+                      "s0 + L::T_SC + L::T_SB + static_cast<unsigned>(row * L::T_SLD + h * 2),",
+                      "s0 + L::T_CANON + static_cast<unsigned>(k_canon_off(row, 4 * h)), 0u);",
                       "ws_fp4_produce<false, kWnThreads>(")
     # the producers' units (ws_fp4_produce: rows ur, ur + 128) and offsets, the same formulas
     # for row ur and half uh
