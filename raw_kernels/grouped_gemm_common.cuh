@@ -115,8 +115,8 @@
 #include "grouped_gemm_ws_fp4.cuh"
 #include "grouped_gemm_ws.cuh"
 #include "grouped_gemm_ws_mx.cuh"
-#include "grouped_gemm_ws_persist.cuh"
 #include "grouped_gemm_ws_n256.cuh"
+#include "grouped_gemm_ws_persist.cuh"
 #include "grouped_gemm_tma.cuh"
 #include "grouped_gemm_swap.cuh"
 

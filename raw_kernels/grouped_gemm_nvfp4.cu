@@ -30,6 +30,8 @@ LPM_GG_DEFINE_WS_N256(lpm_gg_nvfp4_kk_q)
 // ... and its persistent form: one CTA per SM over many tiles, the next tile's copies and
 // expansion overlapping the current one's end and epilogue (grouped_gemm_ws_persist.cuh).
 LPM_GG_DEFINE_WS_P(lpm_gg_nvfp4_kk_z, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K)
+// ... and the persistent 384-thread form (the same file).
+LPM_GG_DEFINE_WS_NP(lpm_gg_nvfp4_kk_o)
 // Few tokens per expert (fprop / dgrad, sm_90a only): 32 tokens x 128 output columns, weights
 // on the wgmma M side (grouped_gemm_swap.cuh).
 LPM_GG_DEFINE_SWAP(lpm_gg_nvfp4_kk_t, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 16, 3)

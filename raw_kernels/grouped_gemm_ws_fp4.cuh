@@ -357,12 +357,18 @@ constexpr int kWsRingPeriod = 12;
 struct WsNoKtileHook {
     __device__ __forceinline__ void operator()(int, int, int) const {}
 };
+// The span form (gemm_ws_n256_p, whose CTA runs its tiles as one flattened sequence of J
+// k-tiles): only the k-tiles kt of the period with kbeg <= kt < kend, where kfirst <= kbeg is
+// the first k-tile of the current output tile (a tile's first k-tile hands no buffer back: the
+// previous tile's last one went back at that tile's end). kbeg and kend are multiples of the
+// scale group (kWsScaleTiles k-tiles): the TMA build's contractions are whole scale groups
+// (16-byte scale rows), and so are its tiles' in the flattened sequence.
 template <int NACC, bool PRE = true, int NT = kWsThreads, bool N256 = false,
           class KHook = WsNoKtileHook>
-__device__ __forceinline__ void ws_fp4_consume_period(float* accf, int k0, int KT, unsigned s0,
-                                                      unsigned dbar, unsigned sbar,
-                                                      const WsFragUnit& me, int aq,
-                                                      const KHook& khook = KHook{}) {
+__device__ __forceinline__ void ws_fp4_consume_span(float* accf, int k0, int kbeg, int kfirst,
+                                                    int kend, int J, unsigned s0, unsigned dbar,
+                                                    unsigned sbar, const WsFragUnit& me, int aq,
+                                                    const KHook& khook = KHook{}) {
     using L = WsTmaLayout;
     constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
     constexpr int SGT = kWsScaleTiles, P = kWsRingPeriod;
@@ -370,9 +376,13 @@ __device__ __forceinline__ void ws_fp4_consume_period(float* accf, int k0, int K
                   "every ring's position (and the stages' phase) repeats after P k-tiles");
     const unsigned ph_s = static_cast<unsigned>(k0 / P) & 1u;
 #pragma unroll
-    for (int u = 0; u < P; ++u) {
-        const int kt = k0 + u;
-        if (kt >= KT) break;
+    for (int q = 0; q < P / SGT; ++q) {
+        // whole scale groups at a time: kbeg and kend are multiples of SGT (kbeg - k0 too)
+        if (k0 + q * SGT < kbeg) continue;
+        if (k0 + q * SGT >= kend) break;
+#pragma unroll
+    for (int v = 0; v < SGT; ++v) {
+        const int u = q * SGT + v, kt = k0 + u;
         const int cb = u % NCB, st = u % NST, sl = u / SGT;
         named_sync(WS_BAR_FULL + cb, NT);  // B of k-tile kt expanded into buffer cb
         mbar_wait(dbar + 8 * st, static_cast<unsigned>((u / NST) & 1));
@@ -381,9 +391,20 @@ __device__ __forceinline__ void ws_fp4_consume_period(float* accf, int k0, int K
         ws_fp4_consume<NACC, PRE, NT, N256>(
             accf, s0 + st * L::T_STAGE + me.a_off,
             s0 + L::T_SC + sl * L::T_SLOT + (u % SGT) * 4 + me.s_off, db, aq,
-            kt >= 1 && kt - 1 + NCB < KT, (u + NCB - 1) % NCB,
+            kt > kfirst && kt - 1 + NCB < J, (u + NCB - 1) % NCB,
             s0 + L::T_FRAG + cb * kWsFragBytes + me.o_fr, [&](int s) { khook(u, kt, s); });
     }
+    }
+}
+// One output tile's k-tiles k0 .. KT - 1 of the period (gemm_ws, gemm_ws_n256).
+template <int NACC, bool PRE = true, int NT = kWsThreads, bool N256 = false,
+          class KHook = WsNoKtileHook>
+__device__ __forceinline__ void ws_fp4_consume_period(float* accf, int k0, int KT, unsigned s0,
+                                                      unsigned dbar, unsigned sbar,
+                                                      const WsFragUnit& me, int aq,
+                                                      const KHook& khook = KHook{}) {
+    ws_fp4_consume_span<NACC, PRE, NT, N256>(accf, k0, k0, 0, KT, KT, s0, dbar, sbar, me, aq,
+                                             khook);
 }
 
 }  // namespace lpm_gg

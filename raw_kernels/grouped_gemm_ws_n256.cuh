@@ -52,20 +52,23 @@ static_assert(kWnLaunchRegs >= 160, "ptxas: m64n256k16 with A from registers");
 // Consumer thread c's unit of B (c < 128: row 64 + c / 2; else row 128 + c / 2; contraction
 // half c % 2): its shared-memory addresses in raw stage 0's B half, scale slot 0's B rows and
 // canonical buffer 0 (the ring positions add constants: see ws_n256_consumer_unit), kept in
-// shared memory at `at` (thread c's 16 bytes in the unused A-fragment buffers) and loaded per
-// unit: held in registers, ptxas recomputes them from the thread index every k-tile instead
-// (~16 instructions on the consumers' critical path).
+// shared memory at `at` (gemm_ws_n256: thread c's 16 bytes in the unused A-fragment buffers)
+// and loaded per unit: held in registers, ptxas recomputes them from the thread index every
+// k-tile instead (~16 instructions on the consumers' critical path).
 struct WsNextUnit {
-    unsigned at;
-    __device__ __forceinline__ WsNextUnit(unsigned c, unsigned s0) {
+    unsigned at = 0;
+    __device__ __forceinline__ WsNextUnit() {}
+    // thread c's addresses, kept at `at`
+    __device__ __forceinline__ WsNextUnit(unsigned c, unsigned s0, unsigned at_) : at(at_) {
+        store(c, s0);
+    }
+    // (again: gemm_ws_n256_p keeps them in a staging buffer, which its epilogue overwrites)
+    __device__ __forceinline__ void store(unsigned c, unsigned s0) const {
         using L = WsTmaLayout;
         static_assert(2 * kWnProducers + kWnConsumers == TileGeo<KIND_FP4_K, 256>::UNITS,
                       "two B units per producer thread, one per consumer thread");
-        static_assert(16 * kWnConsumers <= kWsCanonBuffers * kWsFragBytes,
-                      "the consumers' unit addresses fit the fragment buffers");
         const int row = 64 + static_cast<int>(c >> 1) + (c >= 128 ? 64 : 0);
         const int h = static_cast<int>(c) & 1;
-        at = s0 + L::T_FRAG + 16 * c;
         sts_v4(at, s0 + L::T_DA + static_cast<unsigned>(row * (kBK / 2) + h * 16),
                s0 + L::T_SC + L::T_SB + static_cast<unsigned>(row * L::T_SLD + h * 2),
                s0 + L::T_CANON + static_cast<unsigned>(k_canon_off(row, 4 * h)), 0u);
@@ -157,7 +160,10 @@ __device__ __forceinline__ void gemm_ws_n256(LPM_GG_PARAMS, const TmaMap* tm_a,
         for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
     float* const accf = &acc[0][0][0];
     const WsFragUnit me(threadIdx.x);  // this thread's A row in a raw stage and a scale slot
-    const WsNextUnit nu(threadIdx.x, s0);  // this thread's unit of B
+    // this thread's unit of B
+    static_assert(16 * kWnConsumers <= kWsCanonBuffers * kWsFragBytes,
+                  "the consumers' unit addresses fit the fragment buffers");
+    const WsNextUnit nu(threadIdx.x, s0, s0 + WsTmaLayout::T_FRAG + 16 * threadIdx.x);
     if (KT > 0) ws_n256_consumer_unit(0, 0u, dbar, sbar, nu);
     // after step 1 of k-tile kt = k0 + u: the unit of k-tile kt + 1 (v = u + 1). After step 0
     // or step 2 instead, ptxas serializes the wgmma (C7513: it defines A-fragment registers

@@ -23,16 +23,18 @@
 #define LPM_GROUPED_GEMM_WS_PERSIST_CUH
 
 #include "grouped_gemm_ws_fp4.cuh"
+#include "grouped_gemm_ws_n256.cuh"
 
 namespace lpm_gg {
 
-template <int AKIND, int BKIND>
+template <int AKIND, int BKIND, bool N256 = false>
 __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
                                           const TmaMap* tm_as, const TmaMap* tm_bs,
                                           int num_tiles) {
     constexpr int BM = 128, BN = 256;
     static_assert(AKIND == KIND_FP4_K && BKIND == KIND_FP4_K, "NVFP4 operands only");
     using L = WsTmaLayout;  // gemm_ws's TMA layout, then the consumer warps' staging buffers
+    constexpr int NT = N256 ? kWnThreads : kWsThreads;  // the FULL / EMPTY barriers' count
     constexpr int NST = kWsStages, NCB = kWsCanonBuffers, AHEAD = kWsAhead;
     constexpr int NSG = kWsScaleSlots, SGT = kWsScaleTiles;
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
@@ -72,7 +74,7 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
 
     if (threadIdx.x >= kWsConsumers) {
         // ---------------- producer warpgroups ----------------
-        regs_release<kWsTmaProducerRegs>();
+        regs_release<N256 ? kWnProducerRegs : kWsTmaProducerRegs>();
         int T0, TS, my_tiles, KT, J, NG;
         schedule(T0, TS, my_tiles, KT, J, NG);
         const int NGT = KT / SGT;  // scale groups per tile
@@ -89,16 +91,30 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
             if (my_tiles > 1)
                 rows_of[1] = ws_rows_of<BM, BN>(T0 + TS, tiles, n_col_tiles, desc, n_cols);
         }
+        // Both streams are requested in order (data k-tiles 0, 1, ..., scale groups 0, 1, ...),
+        // so each keeps its tile and its position in it as counters: a division by the
+        // runtime KT per request (the leader's warp also expands B) made the persistent
+        // 384-thread form 15 % slower per k-tile than the per-tile one.
+        int d_ti = 0, d_kt = 0;  // the data stream's next tile and k-tile in it
         auto issue_data = [&](int j) {
-            const int ti = j / KT, kt = j - ti * KT;
+            const int ti = d_ti, kt = d_kt;
+            if (++d_kt == KT) {
+                d_kt = 0;
+                ++d_ti;
+            }
             if (kt == 0 && ti > 0 && ti + 1 < my_tiles)  // the stream enters tile ti
                 rows_of[(ti + 1) & 1] =
                     ws_rows_of<BM, BN>(T0 + (ti + 1) * TS, tiles, n_col_tiles, desc, n_cols);
             ws_fp4_issue_data(s0, dbar, j % NST, kt, rows_of[ti & 1], tm_a, tm_b);
         };
+        int s_ti = 0, s_q = 0;  // the scale stream's next tile and group in it
         auto issue_scales = [&](int q) {
-            const int ti = q / NGT;
-            ws_fp4_issue_scales(s0, sbar, q % NSG, q - ti * NGT, rows_of[ti & 1], tm_as, tm_bs);
+            const int ti = s_ti, qt = s_q;
+            if (++s_q == NGT) {
+                s_q = 0;
+                ++s_ti;
+            }
+            ws_fp4_issue_scales(s0, sbar, q % NSG, qt, rows_of[ti & 1], tm_as, tm_bs);
         };
         if (leader) ws_fp4_issue_first(J, NG, issue_data, issue_scales);
         const WsFp4Units u(t);
@@ -109,7 +125,8 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         };
         int kt = 0, ti = 0, cv = cols_of(0);
         for (int j = 0; j < J; ++j) {
-            ws_fp4_produce(j, J, NG, leader, s0, dbar, sbar, u, cv, issue_data, issue_scales);
+            ws_fp4_produce<false, NT>(j, J, NG, leader, s0, dbar, sbar, u, cv, issue_data,
+                                      issue_scales);
             if (++kt == KT) {
                 kt = 0;
                 cv = cols_of(++ti);
@@ -119,10 +136,10 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     }
 
     // ---------------- consumer warpgroups ----------------
-    // gemm_ws's consumers, tile after tile: per k-tile ws_fp4_consume; at a tile's end every
-    // MMA retires, the last k-tile's canonical buffer goes back to the producers at once (they
+    // gemm_ws's consumers (N256: gemm_ws_n256's), tile after tile; at a tile's end every MMA
+    // retires, the last k-tile's canonical buffer goes back to the producers at once (they
     // expand the next tile's first k-tiles meanwhile) and each warp runs its rows' epilogue.
-    regs_claim<kWsTmaConsumerRegs>();
+    regs_claim<N256 ? kWnConsumerRegs : kWsTmaConsumerRegs>();
     int T0, TS, my_tiles, KT, J, NG;
     schedule(T0, TS, my_tiles, KT, J, NG);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -130,6 +147,20 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     const int ar = wm0 + (lane >> 2), aq = lane & 3;
     float acc[NI * 4];
     float* const accf = acc;
+    // the warp's staging buffer (and column table) after the pipeline buffers
+    const unsigned wbuf = smem_u32(smem + L::T_END) + warp * Epilogue::kWarpBufFloats * 4;
+    // N256: the lanes' B-unit addresses, 16 bytes each at the start of the warp's staging buffer
+    // between epilogues, and the first k-tile's unit
+    static_assert(32 * 16 <= Epilogue::kWarpBufFloats * 4, "unit addresses in a staging buffer");
+    const WsNextUnit nu = N256 ? WsNextUnit(threadIdx.x, s0, wbuf + 16 * lane) : WsNextUnit();
+    if (N256 && J > 0) ws_n256_consumer_unit(0, 0u, dbar, sbar, nu);
+    unsigned ph_s = 0u;  // N256: the scale slots' phase of the current span's period
+    // N256: after step 1 of k-tile kt (ring position u), the unit of k-tile kt + 1 (the next
+    // tile's first at a tile's last)
+    const auto next_unit = [&](int u, int kt, int s) {
+        if (s == 1 && kt + 1 < J) ws_n256_consumer_unit(u + 1, ph_s, dbar, sbar, nu);
+    };
+    const WsFragUnit me(N256 ? threadIdx.x : 0u);
     const unsigned a_off = static_cast<unsigned>(ar * (kBK / 2));
     const unsigned s_off = static_cast<unsigned>(ar * L::T_SLD);
     int j = 0;
@@ -141,16 +172,28 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         const int rows_valid = tl.rows_valid<BM>(), cols_valid = tl.cols_valid<BN>();
 #pragma unroll
         for (int i = 0; i < NI * 4; ++i) acc[i] = 0.0f;
-        for (int kt = 0; kt < KT; ++kt, ++j)
-            ws_fp4_consume_ktile<NI * 4>(accf, j, kt >= 1 && j - 1 + NCB < J, s0, dbar, sbar,
-                                         a_off, s_off, aq);
+        if constexpr (N256) {
+            // the tile's k-tiles kfirst .. kend - 1 of the flattened sequence, in spans of the
+            // ring period (every ring index a constant of the unrolled span)
+            constexpr int P = kWsRingPeriod;
+            const int kfirst = j, kend = j + KT;
+            while (j < kend) {
+                const int k0 = j - j % P;
+                ph_s = static_cast<unsigned>(k0 / P) & 1u;
+                ws_fp4_consume_span<NI * 4, false, kWnThreads, true>(
+                    accf, k0, j, kfirst, kend, J, s0, dbar, sbar, me, aq, next_unit);
+                j = k0 + P < kend ? k0 + P : kend;
+            }
+        } else {
+            for (int kt = 0; kt < KT; ++kt, ++j)
+                ws_fp4_consume_ktile<NI * 4>(accf, j, kt >= 1 && j - 1 + NCB < J, s0, dbar, sbar,
+                                             a_off, s_off, aq);
+        }
         wg_wait0();
         wg_fence_acc<NI * 4>(accf);
-        if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j - 1) % NCB, kWsThreads);
+        if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j - 1) % NCB, NT);
         Epilogue ep = LPM_GG_EPILOGUE_OF(d);
         ep.init_alpha();
-        // the warp's staging buffer and (row-scaled register epilogue) column table, after the
-        // pipeline buffers (computed here: nothing of the epilogue stays live in the k-loop)
         float* const ws = reinterpret_cast<float*>(smem + L::T_END) +
                           (threadIdx.x >> 5) * Epilogue::kWarpBufFloats;
         if (reg_epi_ok(ep)) {
@@ -162,6 +205,10 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
                                        rows_valid, cols_valid);
         } else {
             ep.warp_tile<NI>(ws, accf, wm0, lane, r0, c0, rows_valid, cols_valid);
+        }
+        if constexpr (N256) {
+            __syncwarp();  // every lane's last read of the staging buffer is done
+            nu.store(threadIdx.x, s0);
         }
     }
 }
@@ -176,6 +223,14 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
         NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS, int num_tiles) {                             \
         lpm_gg::gemm_ws_p<AKIND, BKIND>(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS, num_tiles);           \
+    }
+
+// ... and of its 384-thread form (gemm_ws_n256's roles).
+#define LPM_GG_DEFINE_WS_NP(NAME)                                                              \
+    extern "C" __global__ void __launch_bounds__(lpm_gg::kWnThreads, 1)                        \
+        NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS, int num_tiles) {                             \
+        lpm_gg::gemm_ws_p<lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true>(                       \
+            LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS, num_tiles);                                       \
     }
 
 #endif  // LPM_GROUPED_GEMM_WS_PERSIST_CUH

@@ -147,16 +147,25 @@ def test_choose_kernel_ws_tma(mode, monkeypatch):
         assert not C._use_ws_tma(C.plan(p))
 
 
+@pytest.mark.parametrize("n256", [True, False], ids=["kk_o", "kk_z"])
 @pytest.mark.parametrize("mode", MODES)
-def test_choose_kernel_persistent(mode, monkeypatch):
-    """The persistent form of the NVFP4 ``_kk_y`` build (``_kk_z``): with more tiles than
-    multiprocessors and a short contraction ("auto"), or wherever the one-tile-per-CTA build
-    runs ("on"), provided the contraction is a whole, nonzero number of scale groups (4
-    k-tiles); that build (its 384-thread form ``_kk_q``) with "off", a ragged group, and few
-    tiles or a long contraction in "auto". The grid is capped at one CTA per multiprocessor."""
+def test_choose_kernel_persistent(mode, n256, monkeypatch):
+    """The persistent forms of the NVFP4 ``_kk_y`` build (``_kk_o`` of its 384-thread form
+    ``_kk_q``; ``_kk_z`` with ``LOWPREC_MOE_GEMM_WS_N256=off``): with more tiles than
+    multiprocessors and a short contraction ("auto": up to ``PERSIST_N256_MAX_KTILES`` /
+    ``PERSIST_MAX_KTILES`` k-tiles), or wherever the one-tile-per-CTA build runs ("on"),
+    provided the contraction is a whole, nonzero number of scale groups (4 k-tiles); that build
+    with "off", a ragged group, and few tiles or a long contraction in "auto". The grid is
+    capped at one CTA per multiprocessor."""
     from lowprec_moe.cuda import gemm as C
 
     monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
+    if not n256:
+        monkeypatch.setenv(C.WS_N256_ENV, "off")
+    persistent, per_tile = ("lpm_gg_nvfp4_kk_o", "lpm_gg_nvfp4_kk_q") if n256 else \
+        ("lpm_gg_nvfp4_kk_z", "lpm_gg_nvfp4_kk_y")
+    threads = C.WS_N256_THREADS if n256 else C.WS_THREADS
+    longest = C.PERSIST_N256_MAX_KTILES if n256 else C.PERSIST_MAX_KTILES
     sms = H200_CAPS[2]
     splits = [256] * 3 if mode == "wgrad" else [0, 300, 37, 260, 5, 129]
     for fmt in ("nvfp4", "nvfp4-row-scaled"):
@@ -167,11 +176,11 @@ def test_choose_kernel_persistent(mode, monkeypatch):
         pl = C.plan(p)
         assert C.num_tiles(pl, 128, 256) > sms
         ln = C.choose_kernel(p, pl, caps=H200_CAPS)
-        assert ln.kernel == "lpm_gg_nvfp4_kk_z" and ln.tma and ln.grid_cap == sms, ln
-        assert ln.smem == C._ws_p_smem_bytes() and ln.threads == C.WS_THREADS, ln
+        assert ln.kernel == persistent and ln.tma and ln.grid_cap == sms, ln
+        assert ln.smem == C._ws_p_smem_bytes() and ln.threads == threads, ln
         monkeypatch.setenv(C.PERSIST_ENV, "off")
         ln = C.choose_kernel(p, pl, caps=H200_CAPS)
-        assert ln.kernel == "lpm_gg_nvfp4_kk_q" and ln.grid_cap == 0, ln
+        assert ln.kernel == per_tile and ln.grid_cap == 0 and ln.threads == threads, ln
         monkeypatch.setenv(C.PERSIST_ENV, "sometimes")
         with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_PERSIST"):
             C.choose_kernel(p, pl, caps=H200_CAPS)
@@ -180,20 +189,20 @@ def test_choose_kernel_persistent(mode, monkeypatch):
         p = _policy_problem(mode, fmt, splits, n=512, k=1024)
         pl = C.plan(p)
         assert C.num_tiles(pl, 128, 256) <= sms
-        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_q"
+        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == per_tile
         monkeypatch.setenv(C.PERSIST_ENV, "on")
-        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_z"
+        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == persistent
         # (16-byte scale rows already make every _kk_y contraction whole scale groups; the
         # kernel's own condition, checked on the plan:) 6 or 0 k-tiles are not
         for kt, want in ((16, True), (6, False), (0, False)):
             pl.length[:] = kt * C.BK
-            assert C._persist(pl, sms) == want, kt
+            assert C._persist(pl, sms, n256) == want, kt
         monkeypatch.delenv(C.PERSIST_ENV)
-        # "auto" with many tiles: up to PERSIST_MAX_KTILES k-tiles
+        # "auto" with many tiles: up to `longest` k-tiles
         pl = C.plan(_policy_problem(mode, fmt, big, n=n, k=k))
-        for kt in (4, C.PERSIST_MAX_KTILES, C.PERSIST_MAX_KTILES + 4):
+        for kt in (4, longest, longest + 4):
             pl.length[:] = kt * C.BK
-            assert C._persist(pl, sms) == (kt <= C.PERSIST_MAX_KTILES), kt
+            assert C._persist(pl, sms, n256) == (kt <= longest), kt
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-hybrid"])

@@ -202,7 +202,7 @@ def test_kernel_constants_match_sources():
     for prefix in ("bf16", "fp16", "nvfp4", "mxfp8"):
         text = (kernels.kernel_dir() / f"grouped_gemm_{prefix}.cu").read_text()
         defined = set(re.findall(
-            r"LPM_GG_DEFINE(?:_WG|_WS|_WS_TMA|_WS_MX|_WS_P|_WS_N256|_SWAP|_SWAP_TMA|_SWAP_TMA_WIDE)?"
+            r"LPM_GG_DEFINE(?:_WG|_WS|_WS_TMA|_WS_MX|_WS_P|_WS_NP|_WS_N256|_SWAP|_SWAP_TMA|_SWAP_TMA_WIDE)?"
             r"\((\w+)[,)]",
             text))
         layouts = {"nvfp4": ["kk"]}.get(prefix, ["kk", "kn", "nn"])
@@ -217,7 +217,7 @@ def test_kernel_constants_match_sources():
                 assert f"lpm_gg_{prefix}_kk_t{suf}" in defined, prefix
         if prefix == "nvfp4":  # the TMA builds (swapped-operand, warp-specialised)
             assert {"lpm_gg_nvfp4_kk_u", "lpm_gg_nvfp4_kk_r", "lpm_gg_nvfp4_kk_y",
-                    "lpm_gg_nvfp4_kk_z", "lpm_gg_nvfp4_kk_q"} <= defined
+                    "lpm_gg_nvfp4_kk_z", "lpm_gg_nvfp4_kk_q", "lpm_gg_nvfp4_kk_o"} <= defined
         if prefix == "mxfp8":  # the warp-specialised MXFP8 kernel (TMA builds only)
             assert {"lpm_gg_mxfp8_kk_y", "lpm_gg_mxfp8_kn_y", "lpm_gg_mxfp8_nn_y"} <= defined
     # the swapped-operand kernel's tile and stage counts

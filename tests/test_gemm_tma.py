@@ -86,7 +86,7 @@ class _FakeArr:
 
 
 @pytest.mark.parametrize("kernel", ["lpm_gg_nvfp4_kk_y", "lpm_gg_nvfp4_kk_z", "lpm_gg_nvfp4_kk_q",
-                                    "lpm_gg_mxfp8_kk_y",
+                                    "lpm_gg_nvfp4_kk_o", "lpm_gg_mxfp8_kk_y",
                                     "lpm_gg_mxfp8_kn_y", "lpm_gg_mxfp8_nn_y", "lpm_gg_nvfp4_kk_u",
                                     "lpm_gg_nvfp4_kk_p"])
 def test_tma_map_geometry(kernel, monkeypatch):
@@ -111,14 +111,14 @@ def test_tma_map_geometry(kernel, monkeypatch):
                               arrs[0], arrs[1], arrs[2], arrs[3])
     assert maps == tuple(range(1, len(calls) + 1))
     rows = lambda ld: (1 << 20) // ld  # noqa: E731
-    a_box = {"y": 128, "z": 128, "q": 128, "u": 32, "p": 16}[kernel[-1]]
-    b_box = {"y": 256, "z": 256, "q": 256, "u": 128, "p": 256}[kernel[-1]]
+    a_box = {"y": 128, "z": 128, "q": 128, "o": 128, "u": 32, "p": 16}[kernel[-1]]
+    b_box = {"y": 256, "z": 256, "q": 256, "o": 256, "u": 128, "p": 256}[kernel[-1]]
     d_box, swz = (64, 64) if mx else (32, 0)
     want = [(4096, m_rows, rows(a_ld), a_ld, 128, 64, 128) if a_mn else
             (4096, inner, rows(a_ld), a_ld, d_box, a_box, swz)]
     want.append((3 * 4096, n_cols, rows(b_ld), b_ld, 128, 64, 128) if b_mn else
                 (3 * 4096, inner, rows(b_ld), b_ld, d_box, b_box, swz))
-    if kernel.endswith(("_y", "_z", "_q")):
+    if kernel.endswith(("_y", "_z", "_q", "_o")):
         want.append((2 * 4096, m_rows, rows(a_sld), a_sld, 128, 16, 0) if a_mn else
                     (2 * 4096, a_sld, rows(a_sld), a_sld, 16, a_box, 0))
         want.append((4 * 4096, n_cols, rows(b_sld), b_sld, 256, 16, 0) if b_mn else

@@ -1,6 +1,7 @@
-"""The persistent form of the warp-specialised NVFP4 kernel (``lpm_gg_nvfp4_kk_z``,
-raw_kernels/grouped_gemm_ws_persist.cuh) on the GPU: each CTA runs many tiles as one flattened
-pipeline, and the epilogue works straight from the accumulators.
+"""The persistent forms of the warp-specialised NVFP4 kernel (``lpm_gg_nvfp4_kk_o`` of the
+384-thread form, ``lpm_gg_nvfp4_kk_z`` of the 512-thread one; raw_kernels/
+grouped_gemm_ws_persist.cuh) on the GPU: each CTA runs many tiles as one flattened pipeline,
+and the epilogue works straight from the accumulators.
 
 The grid is capped at 3 CTAs here (the launcher sees 3 multiprocessors), so every CTA runs 6-7
 tiles and the raw stages, canonical buffers, scale slots and mbarrier phases wrap across tile
@@ -61,17 +62,20 @@ def _kernel(mode, a, b, splits):
     return C.choose_kernel(p, C.plan(p))
 
 
+@pytest.mark.parametrize("form", ["o", "z"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
 @pytest.mark.parametrize("tiles", [4, 12, 20])
 @pytest.mark.parametrize("mode", MODES)
-def test_gpu_persistent_equals_per_tile(mode, tiles, fmt, monkeypatch, few_ctas):
+def test_gpu_persistent_equals_per_tile(mode, tiles, fmt, form, monkeypatch, few_ctas):
     from lowprec_moe.cuda import gemm as C
 
     a, b, splits, kw = _case(mode, fmt, tiles, 61 + tiles)
-    what = f"persistent {mode} {fmt} {tiles} k-tiles"
+    what = f"persistent _kk_{form} {mode} {fmt} {tiles} k-tiles"
     monkeypatch.setenv(C.PERSIST_ENV, "on")
+    if form == "z":
+        monkeypatch.setenv(C.WS_N256_ENV, "off")
     ln = _kernel(mode, a, b, splits)
-    assert ln.kernel == "lpm_gg_nvfp4_kk_z" and ln.grid_cap == NUM_CTAS, ln
+    assert ln.kernel == f"lpm_gg_nvfp4_kk_{form}" and ln.grid_cap == NUM_CTAS, ln
     got = _run(mode, a, b, splits, out_dtype="float32", **kw)
     got16 = _run(mode, a, b, splits, out_dtype="bfloat16", **kw)
     exp, mag = _expected(mode, a, b, splits, **kw)
@@ -82,6 +86,7 @@ def test_gpu_persistent_equals_per_tile(mode, tiles, fmt, monkeypatch, few_ctas)
     base = np.random.default_rng(tiles).standard_normal(got.shape).astype(np.float32)
     acc = _run(mode, a, b, splits, out=gpu(base.copy()), accumulate=True, **kw)
     monkeypatch.setenv(C.PERSIST_ENV, "off")
+    monkeypatch.delenv(C.WS_N256_ENV, raising=False)
     assert _kernel(mode, a, b, splits).kernel == "lpm_gg_nvfp4_kk_q"
     assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32", **kw),
                        f"{what} vs _kk_q")
@@ -100,7 +105,7 @@ def test_gpu_persistent_many_tiles_default(monkeypatch):
         pytest.skip("the warp-specialised kernel needs an sm_90 GPU")
     splits = [512, 0, 1000, 384, 130, 700] * 6  # ~165 row tiles x 2 column tiles
     a, b = _host_operands("fprop", "nvfp4", seed=71, splits=splits, n=512, k=256)
-    assert _kernel("fprop", a, b, splits).kernel == "lpm_gg_nvfp4_kk_z"
+    assert _kernel("fprop", a, b, splits).kernel == "lpm_gg_nvfp4_kk_o"
     got = _run("fprop", a, b, splits, out_dtype="bfloat16")
     monkeypatch.setenv(C.PERSIST_ENV, "off")
     assert _kernel("fprop", a, b, splits).kernel == "lpm_gg_nvfp4_kk_q"

@@ -1,7 +1,7 @@
 """The register epilogue of the warp-specialised kernels (raw_kernels/grouped_gemm_epi_regs.cuh)
 on the GPU: 16-bit output without bias from the NVFP4 kernel (``_kk_q`` and ``_kk_y``, per-tensor
-and row-scaled factors), its persistent form (``_kk_z``, 128 columns at a time) and the MXFP8 kernel
-(``_kk_y``, ``_kn_y``, ``_nn_y``: the paired fragment rows of the MN-major A), each bit for bit
+and row-scaled factors), its persistent forms (``_kk_o``, ``_kk_z``: 128 columns at a time) and
+the MXFP8 kernel (``_kk_y``, ``_kn_y``, ``_nn_y``: the paired fragment rows of the MN-major A), each bit for bit
 against the plain wgmma kernel, whose epilogue stages the fp32 tile (Epilogue::tile), in bf16
 and fp16, with ragged experts and a partial column tile; a NaN row keeps the plain kernel's
 bits (the element-by-element conversion of the words that hold a NaN).
@@ -60,20 +60,25 @@ def test_gpu_reg_epilogue_nvfp4(mode, fmt, out_dtype, kernel, monkeypatch):
     assert_bytes_equal(got, want, f"register epilogue {mode} {fmt} {out_dtype} vs plain wgmma")
 
 
+@pytest.mark.parametrize("form", ["o", "z"])
 @pytest.mark.parametrize("out_dtype", OUT16)
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
 @pytest.mark.parametrize("mode", ["fprop", "wgrad"])
-def test_gpu_reg_epilogue_persistent(mode, fmt, out_dtype, monkeypatch, few_ctas):  # noqa: F811
+def test_gpu_reg_epilogue_persistent(mode, fmt, out_dtype, form, monkeypatch,
+                                     few_ctas):  # noqa: F811
     _require_wgmma()
     from lowprec_moe.cuda import gemm as C
 
     splits, n, k = ws_case_dims(mode, 4)
     a, b, _, _ = _setup(mode, fmt, splits, n, k, 73, 74)
     monkeypatch.setenv(C.PERSIST_ENV, "on")
+    if form == "z":
+        monkeypatch.setenv(C.WS_N256_ENV, "off")
     ln = _kernel(mode, a, b, splits)
-    assert ln.kernel == "lpm_gg_nvfp4_kk_z" and ln.grid_cap == NUM_CTAS, ln
+    assert ln.kernel == f"lpm_gg_nvfp4_kk_{form}" and ln.grid_cap == NUM_CTAS, ln
     got = _run(mode, a, b, splits, out_dtype=out_dtype)
     monkeypatch.delenv(C.PERSIST_ENV)
+    monkeypatch.delenv(C.WS_N256_ENV, raising=False)
     want = _plain(mode, a, b, splits, monkeypatch, out_dtype=out_dtype)
     assert_bytes_equal(got, want, f"persistent register epilogue {mode} {fmt} {out_dtype}")
 

@@ -144,7 +144,8 @@ def test_ws_ring_period_constants():
                       "const int cb = u % NCB, st = u % NST, sl = u / SGT;",
                       "mbar_wait(dbar + 8 * st, static_cast<unsigned>((u / NST) & 1));",
                       "sl * L::T_SLOT + (u % SGT) * 4 + me.s_off,",
-                      "kt >= 1 && kt - 1 + NCB < KT, (u + NCB - 1) % NCB,")
+                      "kt > kfirst && kt - 1 + NCB < J, (u + NCB - 1) % NCB,",
+                      "ws_fp4_consume_span<NACC, PRE, NT, N256>(accf, k0, k0, 0, KT, KT, s0, dbar,")
     ncb, nst, nsg, sgt, period = 3, 6, 3, 4, 12
     assert (C.WS_CANON_BUFFERS, C.WS_SCALE_SLOTS, C.WS_SCALE_TILES) == (ncb, nsg, sgt)
     assert C.WS_AHEAD + C.WS_CANON_BUFFERS == nst
@@ -156,6 +157,43 @@ def test_ws_ring_period_constants():
         assert u // sgt == g % nsg and (k0 // period) & 1 == (g // nsg) & 1
         assert u % sgt == j % sgt
         assert (u + ncb - 1) % ncb == (j + ncb - 1) % ncb
+
+
+@pytest.mark.parametrize("kt_per_tile", [4, 8, 12, 16, 20, 32])
+def test_ws_n256_persistent_spans(kt_per_tile):
+    """gemm_ws_n256_p (grouped_gemm_ws_persist.cuh) runs each tile's k-tiles kfirst .. kend - 1
+    of the flattened sequence in spans of the ring period (k0 = j - j % P; the span's k-tiles
+    kbeg = j <= kt < min(k0 + P, kend)): emulated here, every k-tile comes once and in order,
+    and the span's release rule (kt > kfirst and kt - 1 + NCB < J) equals the 512-thread
+    persistent form's per-k-tile one (k-tile kt_in_tile >= 1 and j - 1 + NCB < J)."""
+    assert_source_has("grouped_gemm_ws_persist.cuh",
+                      "const int kfirst = j, kend = j + KT;",
+                      "const int k0 = j - j % P;",
+                      "ph_s = static_cast<unsigned>(k0 / P) & 1u;",
+                      "accf, k0, j, kfirst, kend, J, s0, dbar, sbar, me, aq, next_unit);",
+                      "j = k0 + P < kend ? k0 + P : kend;",
+                      "if (s == 1 && kt + 1 < J) ws_n256_consumer_unit(u + 1, ph_s, dbar, sbar, nu);",
+                      "if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j - 1) % NCB, NT);",
+                      "kt >= 1 && j - 1 + NCB < J, s0, dbar, sbar,")
+    ncb, period, tiles = 3, 12, 7
+    total = tiles * kt_per_tile
+    seen, released = [], []
+    j = 0
+    for _ in range(tiles):
+        kfirst, kend = j, j + kt_per_tile
+        while j < kend:
+            k0 = j - j % period
+            for u in range(period):
+                kt = k0 + u
+                if kt < j:
+                    continue
+                if kt >= kend:
+                    break
+                seen.append(kt)
+                released.append(kt > kfirst and kt - 1 + ncb < total)
+            j = min(k0 + period, kend)
+    assert seen == list(range(total))
+    assert released == [(jj % kt_per_tile) >= 1 and jj - 1 + ncb < total for jj in range(total)]
 
 
 def test_ws_fragment_unit_matches_consumer_rows():

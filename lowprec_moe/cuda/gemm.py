@@ -44,7 +44,8 @@ from .. import kernels
 from . import gemm_choice  # noqa: F401 - tests patch the policy helpers (_chunk, ...) there
 from .gemm_choice import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     KERNEL_ENV, MXFP8_MMA_ENV, MXFP8_WS_AUTO, MXFP8_WS_ENV, PERSIST_ENV, PERSIST_MAX_KTILES,
-    SWAP_N16_ENV, SWAP_WIDE_ENV, SWAP_WIDE_MIN_CTAS_PER_SM, TMA_ENV, WS_N256_ENV, Launch, _chunk,
+    PERSIST_N256_MAX_KTILES, SWAP_N16_ENV, SWAP_WIDE_ENV, SWAP_WIDE_MIN_CTAS_PER_SM, TMA_ENV,
+    WS_N256_ENV, Launch, _chunk,
     _device_caps, _env_mode, _mx_bf16, _cupy, _persist, _pick_bm, _swap_wide, _use_swap,
     choose_kernel, kernel_info, num_tiles)
 from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)

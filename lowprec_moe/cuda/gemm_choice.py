@@ -68,11 +68,12 @@ Kernel choice
   one producer warpgroup, the consumers on ``m64n256k16`` with one wgmma group in flight and
   one unit of the next k-tile's B each; bitwise ``_kk_y``); ``LOWPREC_MOE_GEMM_WS_N256`` =
   ``auto`` (default) | ``off`` (``_kk_y``).
-  Its persistent form ``_kk_z`` (``raw_kernels/grouped_gemm_ws_persist.cuh``: one CTA per SM
+  Its persistent form ``_kk_o`` (``raw_kernels/grouped_gemm_ws_persist.cuh``: one CTA per SM
   over many tiles, the next tile's copies and expansion overlapping this tile's end and
-  epilogue; bitwise ``_kk_y``) takes its place for contractions of at most
-  ``PERSIST_MAX_KTILES`` k-tiles (a whole number of scale groups) with more tiles than SMs;
-  ``LOWPREC_MOE_GEMM_PERSIST`` = ``auto`` (default) | ``on`` | ``off``.
+  epilogue; bitwise ``_kk_q``) takes its place for contractions of at most
+  ``PERSIST_N256_MAX_KTILES`` k-tiles (a whole number of scale groups) with more tiles than
+  SMs; with ``LOWPREC_MOE_GEMM_WS_N256=off`` the persistent form of ``_kk_y``, ``_kk_z``, up to
+  ``PERSIST_MAX_KTILES``. ``LOWPREC_MOE_GEMM_PERSIST`` = ``auto`` (default) | ``on`` | ``off``.
 * On sm_90, MXFP8 GEMMs with the 128-row tile run the warp-specialised MXFP8 kernel
   (fprop ``_kk_y``, dgrad ``_kn_y``, wgrad ``_nn_y``; ``raw_kernels/grouped_gemm_ws_mx.cuh``),
   for the layouts in ``MXFP8_WS_AUTO``, wherever its TMA loads apply (fprop / dgrad: the
@@ -145,10 +146,11 @@ _MXFP8_MMA = ("auto", "bf16")
 #: comparisons and cross-checks).
 MXFP8_WS_ENV = "LOWPREC_MOE_GEMM_MXFP8_WS"
 _MXFP8_WS_MODES = ("auto", "all", "off")
-#: Environment variable for the persistent form of the warp-specialised NVFP4 TMA build
-#: (``_kk_z``, one CTA per SM over many tiles): "auto" (default: more tiles than
-#: multiprocessors and at most PERSIST_MAX_KTILES k-tiles per tile), "on" (wherever it
-#: applies) or "off" (``_kk_q`` / ``_kk_y``, one CTA per tile).
+#: Environment variable for the persistent forms of the warp-specialised NVFP4 TMA build
+#: (``_kk_o`` of the 384-thread ``_kk_q``, ``_kk_z`` of ``_kk_y``; one CTA per SM over many
+#: tiles): "auto" (default: more tiles than multiprocessors and at most
+#: PERSIST_N256_MAX_KTILES / PERSIST_MAX_KTILES k-tiles per tile), "on" (wherever it applies)
+#: or "off" (``_kk_q`` / ``_kk_y``, one CTA per tile).
 PERSIST_ENV = "LOWPREC_MOE_GEMM_PERSIST"
 _PERSIST_MODES = ("auto", "on", "off")
 #: Longest contraction (k-tiles) that "auto" runs persistently: it saves the per-tile start and
@@ -157,6 +159,11 @@ _PERSIST_MODES = ("auto", "on", "off")
 #: faster (qwen-fc2 fprop, 16: -0.7 to -1.4 %; before ``_kk_q``, ``_kk_y`` lost to it there
 #: by 1 %, and won on 40 k-tiles and more; benchmarks/RESULTS.md).
 PERSIST_MAX_KTILES = 8
+#: ... and of the 384-thread one, ``_kk_o``: it saves ~3 us of each tile's start and drain but
+#: ran ~15 % slower per k-tile than ``_kk_q`` (H200, fprop K sweep: 4 k-tiles +36 %, 8 +15 %,
+#: 16 +4 %, 32 -4 %, 112 -11 %; fine wgrad, 8 k-tiles, 14 % faster than ``_kk_q`` and 10 %
+#: than ``_kk_z``; benchmarks/RESULTS.md).
+PERSIST_N256_MAX_KTILES = 16
 #: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk"), dgrad
 #: ("kn", B MN-major) and wgrad ("nn", both MN-major) all measured faster than the plain kernel
 #: on every compute-bound shape where they apply (fprop 4-15 %, dgrad 8-20 %, wgrad 2-31 %;
@@ -336,21 +343,21 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
         bm, bn = CONFIGS[cfg]
     # ... and so does the warp-specialised kernel, block scales included (the _kk_y build)
     ws_tma = ws_mx or (ws and ch == 16 and tma_ok and _use_ws_tma(pl))
-    # ... in its persistent form (_kk_z) when there are more tiles than multiprocessors
-    grid_cap = sms if ws_tma and not ws_mx and _persist(pl, sms) else 0
-    ws = ws or ws_mx
     # ... in its 384-thread form (_kk_q) unless switched off
-    n256 = (ws_tma and not ws_mx and not grid_cap
-            and _env_mode(WS_N256_ENV, _WS_N256_MODES) == "auto")
-    suffix = (cfg if cfg in ("r", "p") else "u" if use_tma else "z" if grid_cap
-              else "q" if n256 else "y" if ws_tma else cfg)
+    n256 = ws_tma and not ws_mx and _env_mode(WS_N256_ENV, _WS_N256_MODES) == "auto"
+    # ... persistent (_kk_o, or _kk_z in the 512-thread form) when there are more tiles than
+    # multiprocessors
+    grid_cap = sms if ws_tma and not ws_mx and _persist(pl, sms, n256) else 0
+    ws = ws or ws_mx
+    suffix = (cfg if cfg in ("r", "p") else "u" if use_tma else
+              ("o" if n256 else "z") if grid_cap else "q" if n256 else "y" if ws_tma else cfg)
     use_tma = use_tma or ws_tma
     name = f"lpm_gg_{prefix}_{layout}_{suffix}" + ("8" if ch == 8 else "")
     if cfg in ("t", "r", "p"):
         smem = _swap_smem_bytes(pl.a.kind, pl.b.kind, wide=cfg != "t")
     elif ws_mx:
         smem = _ws_mx_smem_bytes()
-    elif grid_cap:
+    elif grid_cap:  # both persistent forms
         smem = _ws_p_smem_bytes()
     elif ws_tma:
         smem = _ws_tma_smem_bytes()
@@ -372,16 +379,18 @@ def _long_wgrad(pl: Plan) -> bool:
     return bool(length.size) and float(length.mean()) >= MXFP8_WS_WGRAD_MIN_LEN
 
 
-def _persist(pl: Plan, sms: int) -> bool:
-    """Whether an NVFP4 problem that takes the ``_kk_y`` build runs its persistent form
-    ``_kk_z`` (see PERSIST_ENV): it needs the contraction (one length for every expert, which
-    ``_kk_y`` already requires) to be a whole, nonzero number of scale groups
-    (``WS_SCALE_TILES`` k-tiles), so that a group of block scales never straddles two tiles."""
+def _persist(pl: Plan, sms: int, n256: bool) -> bool:
+    """Whether an NVFP4 problem that takes the ``_kk_y`` build (``n256``: its 384-thread form
+    ``_kk_q``) runs persistently, ``_kk_z`` (``_kk_o``; see PERSIST_ENV): it needs the
+    contraction (one length for every expert, which ``_kk_y`` already requires) to be a whole,
+    nonzero number of scale groups (``WS_SCALE_TILES`` k-tiles), so that a group of block
+    scales never straddles two tiles."""
     mode = _env_mode(PERSIST_ENV, _PERSIST_MODES)
     kt = -(-int(pl.length[0]) // BK) if len(pl.length) else 0
     if mode == "off" or kt == 0 or kt % WS_SCALE_TILES:
         return False
-    return mode == "on" or (kt <= PERSIST_MAX_KTILES and num_tiles(pl, *CONFIGS["x"]) > sms)
+    longest = PERSIST_N256_MAX_KTILES if n256 else PERSIST_MAX_KTILES
+    return mode == "on" or (kt <= longest and num_tiles(pl, *CONFIGS["x"]) > sms)
 
 
 def num_tiles(pl: Plan, bm: int, bn: int) -> int:
