@@ -152,8 +152,8 @@ def test_choose_kernel_ws_tma(mode, monkeypatch):
 def test_choose_kernel_persistent(mode, n256, monkeypatch):
     """The persistent forms of the NVFP4 ``_kk_y`` build (``_kk_o`` of its 384-thread form
     ``_kk_q``; ``_kk_z`` with ``LOWPREC_MOE_GEMM_WS_N256=off``): with more tiles than
-    multiprocessors and a short contraction ("auto": up to ``PERSIST_N256_MAX_KTILES`` /
-    ``PERSIST_MAX_KTILES`` k-tiles), or wherever the one-tile-per-CTA build runs ("on"),
+    multiprocessors ("auto"; ``_kk_z`` only for contractions of up to ``PERSIST_MAX_KTILES``
+    k-tiles), or wherever the one-tile-per-CTA build runs ("on"),
     provided the contraction is a whole, nonzero number of scale groups (4 k-tiles); that build
     with "off", a ragged group, and few tiles or a long contraction in "auto". The grid is
     capped at one CTA per multiprocessor."""
@@ -198,11 +198,11 @@ def test_choose_kernel_persistent(mode, n256, monkeypatch):
             pl.length[:] = kt * C.BK
             assert C._persist(pl, sms, n256) == want, kt
         monkeypatch.delenv(C.PERSIST_ENV)
-        # "auto" with many tiles: up to `longest` k-tiles
+        # "auto" with many tiles: up to `longest` k-tiles (_kk_o: any number)
         pl = C.plan(_policy_problem(mode, fmt, big, n=n, k=k))
-        for kt in (4, longest, longest + 4):
+        for kt in (4, 16, 112) if longest is None else (4, longest, longest + 4):
             pl.length[:] = kt * C.BK
-            assert C._persist(pl, sms, n256) == (kt <= longest), kt
+            assert C._persist(pl, sms, n256) == (longest is None or kt <= longest), kt
 
 
 @pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-hybrid"])

@@ -70,10 +70,10 @@ Kernel choice
   ``auto`` (default) | ``off`` (``_kk_y``).
   Its persistent form ``_kk_o`` (``raw_kernels/grouped_gemm_ws_persist.cuh``: one CTA per SM
   over many tiles, the next tile's copies and expansion overlapping this tile's end and
-  epilogue; bitwise ``_kk_q``) takes its place for contractions of at most
-  ``PERSIST_N256_MAX_KTILES`` k-tiles (a whole number of scale groups) with more tiles than
-  SMs; with ``LOWPREC_MOE_GEMM_WS_N256=off`` the persistent form of ``_kk_y``, ``_kk_z``, up to
-  ``PERSIST_MAX_KTILES``. ``LOWPREC_MOE_GEMM_PERSIST`` = ``auto`` (default) | ``on`` | ``off``.
+  epilogue; bitwise ``_kk_q``) takes its place with more tiles than SMs (contractions of a
+  whole number of scale groups, which ``_kk_y``'s 16-byte scale rows already make); with
+  ``LOWPREC_MOE_GEMM_WS_N256=off`` the persistent form of ``_kk_y``, ``_kk_z``, for
+  contractions of at most ``PERSIST_MAX_KTILES`` k-tiles. ``LOWPREC_MOE_GEMM_PERSIST`` = ``auto`` (default) | ``on`` | ``off``.
 * On sm_90, MXFP8 GEMMs with the 128-row tile run the warp-specialised MXFP8 kernel
   (fprop ``_kk_y``, dgrad ``_kn_y``, wgrad ``_nn_y``; ``raw_kernels/grouped_gemm_ws_mx.cuh``),
   for the layouts in ``MXFP8_WS_AUTO``, wherever its TMA loads apply (fprop / dgrad: the
@@ -148,9 +148,9 @@ MXFP8_WS_ENV = "LOWPREC_MOE_GEMM_MXFP8_WS"
 _MXFP8_WS_MODES = ("auto", "all", "off")
 #: Environment variable for the persistent forms of the warp-specialised NVFP4 TMA build
 #: (``_kk_o`` of the 384-thread ``_kk_q``, ``_kk_z`` of ``_kk_y``; one CTA per SM over many
-#: tiles): "auto" (default: more tiles than multiprocessors and at most
-#: PERSIST_N256_MAX_KTILES / PERSIST_MAX_KTILES k-tiles per tile), "on" (wherever it applies)
-#: or "off" (``_kk_q`` / ``_kk_y``, one CTA per tile).
+#: tiles): "auto" (default: more tiles than multiprocessors and, ``_kk_z``, at most
+#: PERSIST_MAX_KTILES k-tiles per tile), "on" (wherever it applies) or "off" (``_kk_q`` /
+#: ``_kk_y``, one CTA per tile).
 PERSIST_ENV = "LOWPREC_MOE_GEMM_PERSIST"
 _PERSIST_MODES = ("auto", "on", "off")
 #: Longest contraction (k-tiles) that "auto" runs persistently: it saves the per-tile start and
@@ -159,11 +159,12 @@ _PERSIST_MODES = ("auto", "on", "off")
 #: faster (qwen-fc2 fprop, 16: -0.7 to -1.4 %; before ``_kk_q``, ``_kk_y`` lost to it there
 #: by 1 %, and won on 40 k-tiles and more; benchmarks/RESULTS.md).
 PERSIST_MAX_KTILES = 8
-#: ... and of the 384-thread one, ``_kk_o``: it saves ~3 us of each tile's start and drain but
-#: ran ~15 % slower per k-tile than ``_kk_q`` (H200, fprop K sweep: 4 k-tiles +36 %, 8 +15 %,
-#: 16 +4 %, 32 -4 %, 112 -11 %; fine wgrad, 8 k-tiles, 14 % faster than ``_kk_q`` and 10 %
-#: than ``_kk_z``; benchmarks/RESULTS.md).
-PERSIST_N256_MAX_KTILES = 16
+#: ... and of the 384-thread one, ``_kk_o``: None, any length. It saves ~3 us of each tile's
+#: start and drain (fprop K sweep on the H200: 4 k-tiles per tile 36 % faster than ``_kk_q``,
+#: 8 15 %) and, since its producers stopped dividing by the contraction per copy request, runs
+#: its k-tiles as fast as ``_kk_q`` (A/B: 2-6 % faster at 32 to 112 k-tiles, 10 % at 16, 16 %
+#: on fine wgrad at 8; benchmarks/RESULTS.md).
+PERSIST_N256_MAX_KTILES = None
 #: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk"), dgrad
 #: ("kn", B MN-major) and wgrad ("nn", both MN-major) all measured faster than the plain kernel
 #: on every compute-bound shape where they apply (fprop 4-15 %, dgrad 8-20 %, wgrad 2-31 %;
@@ -390,7 +391,8 @@ def _persist(pl: Plan, sms: int, n256: bool) -> bool:
     if mode == "off" or kt == 0 or kt % WS_SCALE_TILES:
         return False
     longest = PERSIST_N256_MAX_KTILES if n256 else PERSIST_MAX_KTILES
-    return mode == "on" or (kt <= longest and num_tiles(pl, *CONFIGS["x"]) > sms)
+    return mode == "on" or ((longest is None or kt <= longest)
+                            and num_tiles(pl, *CONFIGS["x"]) > sms)
 
 
 def num_tiles(pl: Plan, bm: int, bn: int) -> int:
