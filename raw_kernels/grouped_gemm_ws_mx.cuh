@@ -51,10 +51,10 @@ constexpr int kWmxMinKTiles = 16;
 // loop spilled ~17 local loads and stores per k-tile, with 8 more ~6, with 16 more none (140
 // instructions per k-tile, from 178). The producers get what is left: 56 with 16 more, 72 with
 // 8 more; the MN-major B builds' producers reload ~8-11 values per k-tile at 56. Measured
-// (H200, interleaved A/B against the rolled loop, 6 shapes): all K-major (fprop) 2.5-4.9 %
-// faster with 16 more and 1.0-2.4 % with 8; K-major A, MN-major B (dgrad) 2.3-2.7 % slower with
-// 16 more and 2.5 % faster with 8; both MN-major (wgrad) 0-4.5 % slower with 16 more and
-// 0-1.6 % faster with 8.
+// (H200, interleaved A/B, time ratio to the rolled loop, 6 shapes): all K-major (fprop)
+// 0.953-0.976 with 16 more, 0.971-0.985 with 8; K-major A, MN-major B (dgrad) 1.018-1.029 with
+// 16 more, 0.966-0.975 with 8; both MN-major (wgrad) 0.999-1.045 with 16 more, 0.981-1.004
+// with 8.
 constexpr int wmx_extra_regs(bool bmn) { return bmn ? 8 : 16; }
 template <bool BMN>
 struct WmxRegs {
