@@ -90,9 +90,13 @@
 //                             and LPM_GG_DEFINE_WS
 //   grouped_gemm_ws_mx.cuh    the warp-specialised MXFP8 kernel gemm_ws_mx (fprop, TMA loads,
 //                             fp16 window or bf16 per tile) and LPM_GG_DEFINE_WS_MX
-//   grouped_gemm_ws_persist.cuh  the persistent form of gemm_ws's TMA build, gemm_ws_p (one
-//                             CTA per SM over many tiles; epilogue from registers) and
-//                             LPM_GG_DEFINE_WS_P
+//   grouped_gemm_ws_n256.cuh  the 384-thread form of gemm_ws's TMA build, gemm_ws_n256 (one
+//                             producer warpgroup, consumers on m64n256k16), and
+//                             LPM_GG_DEFINE_WS_N256
+//   grouped_gemm_ws_persist.cuh  the persistent forms of gemm_ws's TMA build, gemm_ws_p (one
+//                             CTA per SM over many tiles; epilogue from registers), in 512
+//                             threads (LPM_GG_DEFINE_WS_P) or gemm_ws_n256's 384
+//                             (LPM_GG_DEFINE_WS_NP)
 //   grouped_gemm_tma.cuh      TMA tile loads: the tensor-map parameter type, mbarrier and
 //                             cp.async.bulk.tensor wrappers
 //   grouped_gemm_swap.cuh     the swapped-operand wgmma kernel body gemm_swap for few tokens

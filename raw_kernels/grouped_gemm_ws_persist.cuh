@@ -1,6 +1,7 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
-// persistent form of the warp-specialised NVFP4 kernel with TMA loads, gemm_ws_p, and its
-// entry-point macro LPM_GG_DEFINE_WS_P.
+// persistent forms of the warp-specialised NVFP4 kernel with TMA loads, gemm_ws_p, and their
+// entry-point macros LPM_GG_DEFINE_WS_P (gemm_ws's 512 threads) and LPM_GG_DEFINE_WS_NP
+// (N256: gemm_ws_n256's 384 threads and k-tile steps, the default).
 //
 // gemm_ws (TMA build) runs one 128 x 256 output tile per CTA, so every tile pays the CTA's
 // start (barrier set-up, the first copies' latency, the first expansion before any wgmma) and
@@ -18,6 +19,9 @@
 // at least one k-tile and a whole number of scale groups (kWsScaleTiles k-tiles) per tile, so
 // that a scale group never straddles two tiles. Every output element gets the same products in
 // the same order and the same epilogue arithmetic as in gemm_ws: the results are bitwise its.
+// N256: the consumers run each tile's k-tiles in spans of the ring period
+// (ws_fp4_consume_span), so every ring index stays a constant as in gemm_ws_n256, and keep
+// their B units' addresses in their warp's staging buffer between epilogues.
 
 #ifndef LPM_GROUPED_GEMM_WS_PERSIST_CUH
 #define LPM_GROUPED_GEMM_WS_PERSIST_CUH
