@@ -357,13 +357,13 @@ constexpr int kWsRingPeriod = 12;
 struct WsNoKtileHook {
     __device__ __forceinline__ void operator()(int, int, int) const {}
 };
-// The span form (gemm_ws_n256_p, whose CTA runs its tiles as one flattened sequence of J
-// k-tiles): only the k-tiles kt of the period with kbeg <= kt < kend, where kfirst <= kbeg is
-// the first k-tile of the current output tile (a tile's first k-tile hands no buffer back: the
-// previous tile's last one went back at that tile's end). kbeg and kend are multiples of the
-// scale group (kWsScaleTiles k-tiles): the TMA build's contractions are whole scale groups
-// (16-byte scale rows), and so are its tiles' in the flattened sequence.
-template <int NACC, bool PRE = true, int NT = kWsThreads, bool N256 = false,
+// The span form (gemm_ws_p<..., N256>, whose CTA runs its tiles as one flattened sequence of
+// J k-tiles): only the k-tiles kt of the period with kbeg <= kt < kend, where kfirst <= kbeg
+// is the first k-tile of the current output tile (a tile's first k-tile hands no buffer back:
+// the previous tile's last one went back at that tile's end). GROUPS: kbeg and kend are
+// multiples of the scale group (kWsScaleTiles k-tiles; the persistent forms' condition), so
+// the bounds are checked once per group.
+template <int NACC, bool PRE = true, int NT = kWsThreads, bool N256 = false, bool GROUPS = false,
           class KHook = WsNoKtileHook>
 __device__ __forceinline__ void ws_fp4_consume_span(float* accf, int k0, int kbeg, int kfirst,
                                                     int kend, int J, unsigned s0, unsigned dbar,
@@ -375,14 +375,9 @@ __device__ __forceinline__ void ws_fp4_consume_span(float* accf, int k0, int kbe
     static_assert(P % NCB == 0 && P % NST == 0 && P == SGT * NSG && (P / NST) % 2 == 0,
                   "every ring's position (and the stages' phase) repeats after P k-tiles");
     const unsigned ph_s = static_cast<unsigned>(k0 / P) & 1u;
-#pragma unroll
-    for (int q = 0; q < P / SGT; ++q) {
-        // whole scale groups at a time: kbeg and kend are multiples of SGT (kbeg - k0 too)
-        if (k0 + q * SGT < kbeg) continue;
-        if (k0 + q * SGT >= kend) break;
-#pragma unroll
-    for (int v = 0; v < SGT; ++v) {
-        const int u = q * SGT + v, kt = k0 + u;
+    // k-tile kt = k0 + u (u: a constant of the unrolled loops below)
+    const auto ktile = [&](int u) {
+        const int kt = k0 + u;
         const int cb = u % NCB, st = u % NST, sl = u / SGT;
         named_sync(WS_BAR_FULL + cb, NT);  // B of k-tile kt expanded into buffer cb
         mbar_wait(dbar + 8 * st, static_cast<unsigned>((u / NST) & 1));
@@ -393,7 +388,22 @@ __device__ __forceinline__ void ws_fp4_consume_span(float* accf, int k0, int kbe
             s0 + L::T_SC + sl * L::T_SLOT + (u % SGT) * 4 + me.s_off, db, aq,
             kt > kfirst && kt - 1 + NCB < J, (u + NCB - 1) % NCB,
             s0 + L::T_FRAG + cb * kWsFragBytes + me.o_fr, [&](int s) { khook(u, kt, s); });
-    }
+    };
+    if constexpr (GROUPS) {
+#pragma unroll
+        for (int q = 0; q < P / SGT; ++q) {
+            if (k0 + q * SGT < kbeg) continue;
+            if (k0 + q * SGT >= kend) break;
+#pragma unroll
+            for (int v = 0; v < SGT; ++v) ktile(q * SGT + v);
+        }
+    } else {
+#pragma unroll
+        for (int u = 0; u < P; ++u) {
+            if (k0 + u < kbeg) continue;
+            if (k0 + u >= kend) break;
+            ktile(u);
+        }
     }
 }
 // One output tile's k-tiles k0 .. KT - 1 of the period (gemm_ws, gemm_ws_n256).

@@ -62,7 +62,8 @@ struct WsNextUnit {
     __device__ __forceinline__ WsNextUnit(unsigned c, unsigned s0, unsigned at_) : at(at_) {
         store(c, s0);
     }
-    // (again: gemm_ws_n256_p keeps them in a staging buffer, which its epilogue overwrites)
+    // (again: gemm_ws_p<..., N256> keeps them in a staging buffer, which its epilogue
+    // overwrites)
     __device__ __forceinline__ void store(unsigned c, unsigned s0) const {
         using L = WsTmaLayout;
         static_assert(2 * kWnProducers + kWnConsumers == TileGeo<KIND_FP4_K, 256>::UNITS,

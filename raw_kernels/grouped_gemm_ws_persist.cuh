@@ -184,7 +184,7 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
             while (j < kend) {
                 const int k0 = j - j % P;
                 ph_s = static_cast<unsigned>(k0 / P) & 1u;
-                ws_fp4_consume_span<NI * 4, false, kWnThreads, true>(
+                ws_fp4_consume_span<NI * 4, false, kWnThreads, true, true>(
                     accf, k0, j, kfirst, kend, J, s0, dbar, sbar, me, aq, next_unit);
                 j = k0 + P < kend ? k0 + P : kend;
             }

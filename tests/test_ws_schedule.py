@@ -161,21 +161,30 @@ def test_ws_ring_period_constants():
 
 @pytest.mark.parametrize("kt_per_tile", [4, 8, 12, 16, 20, 32])
 def test_ws_n256_persistent_spans(kt_per_tile):
-    """gemm_ws_n256_p (grouped_gemm_ws_persist.cuh) runs each tile's k-tiles kfirst .. kend - 1
-    of the flattened sequence in spans of the ring period (k0 = j - j % P; the span's k-tiles
-    kbeg = j <= kt < min(k0 + P, kend)): emulated here, every k-tile comes once and in order,
-    and the span's release rule (kt > kfirst and kt - 1 + NCB < J) equals the 512-thread
-    persistent form's per-k-tile one (k-tile kt_in_tile >= 1 and j - 1 + NCB < J)."""
+    """The persistent 384-thread form (gemm_ws_p<..., N256>, grouped_gemm_ws_persist.cuh) runs
+    each tile's k-tiles kfirst .. kend - 1 of the flattened sequence in spans of the ring
+    period (k0 = j - j % P; the span's k-tiles kbeg = j <= kt < min(k0 + P, kend), bounds
+    checked once per scale group of 4 k-tiles, which the tiles' whole scale groups allow):
+    emulated here, every k-tile comes once and in order, and the span's release rule
+    (kt > kfirst and kt - 1 + NCB < J) equals the 512-thread persistent form's per-k-tile one
+    (k-tile kt_in_tile >= 1 and j - 1 + NCB < J)."""
     assert_source_has("grouped_gemm_ws_persist.cuh",
                       "const int kfirst = j, kend = j + KT;",
                       "const int k0 = j - j % P;",
                       "ph_s = static_cast<unsigned>(k0 / P) & 1u;",
+                      "ws_fp4_consume_span<NI * 4, false, kWnThreads, true, true>(",
                       "accf, k0, j, kfirst, kend, J, s0, dbar, sbar, me, aq, next_unit);",
                       "j = k0 + P < kend ? k0 + P : kend;",
-                      "if (s == 1 && kt + 1 < J) ws_n256_consumer_unit(u + 1, ph_s, dbar, sbar, nu);",
+                      "if (s == 1 && kt + 1 < J) "
+                      "ws_n256_consumer_unit(u + 1, ph_s, dbar, sbar, nu);",
                       "if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j - 1) % NCB, NT);",
                       "kt >= 1 && j - 1 + NCB < J, s0, dbar, sbar,")
-    ncb, period, tiles = 3, 12, 7
+    assert_source_has("grouped_gemm_ws_fp4.cuh",
+                      "if (k0 + q * SGT < kbeg) continue;",
+                      "if (k0 + q * SGT >= kend) break;",
+                      "for (int v = 0; v < SGT; ++v) ktile(q * SGT + v);")
+    ncb, sgt, period, tiles = 3, 4, 12, 7
+    assert kt_per_tile % sgt == 0  # _persist's condition: whole scale groups per tile
     total = tiles * kt_per_tile
     seen, released = [], []
     j = 0
@@ -183,14 +192,15 @@ def test_ws_n256_persistent_spans(kt_per_tile):
         kfirst, kend = j, j + kt_per_tile
         while j < kend:
             k0 = j - j % period
-            for u in range(period):
-                kt = k0 + u
-                if kt < j:
+            for q in range(period // sgt):
+                if k0 + q * sgt < j:
                     continue
-                if kt >= kend:
+                if k0 + q * sgt >= kend:
                     break
-                seen.append(kt)
-                released.append(kt > kfirst and kt - 1 + ncb < total)
+                for v in range(sgt):
+                    kt = k0 + q * sgt + v
+                    seen.append(kt)
+                    released.append(kt > kfirst and kt - 1 + ncb < total)
             j = min(k0 + period, kend)
     assert seen == list(range(total))
     assert released == [(jj % kt_per_tile) >= 1 and jj - 1 + ncb < total for jj in range(total)]

@@ -70,10 +70,10 @@ Kernel choice
   ``auto`` (default) | ``off`` (``_kk_y``).
   Its persistent form ``_kk_o`` (``raw_kernels/grouped_gemm_ws_persist.cuh``: one CTA per SM
   over many tiles, the next tile's copies and expansion overlapping this tile's end and
-  epilogue; bitwise ``_kk_q``) takes its place with more tiles than SMs (contractions of a
-  whole number of scale groups, which ``_kk_y``'s 16-byte scale rows already make); with
-  ``LOWPREC_MOE_GEMM_WS_N256=off`` the persistent form of ``_kk_y``, ``_kk_z``, for
-  contractions of at most ``PERSIST_MAX_KTILES`` k-tiles. ``LOWPREC_MOE_GEMM_PERSIST`` = ``auto`` (default) | ``on`` | ``off``.
+  epilogue; bitwise ``_kk_q``) takes its place with more tiles than SMs, for contractions of
+  a whole number of scale groups; with ``LOWPREC_MOE_GEMM_WS_N256=off`` the persistent form
+  of ``_kk_y``, ``_kk_z``, for contractions of at most ``PERSIST_MAX_KTILES`` k-tiles.
+  ``LOWPREC_MOE_GEMM_PERSIST`` = ``auto`` (default) | ``on`` | ``off``.
 * On sm_90, MXFP8 GEMMs with the 128-row tile run the warp-specialised MXFP8 kernel
   (fprop ``_kk_y``, dgrad ``_kn_y``, wgrad ``_nn_y``; ``raw_kernels/grouped_gemm_ws_mx.cuh``),
   for the layouts in ``MXFP8_WS_AUTO``, wherever its TMA loads apply (fprop / dgrad: the

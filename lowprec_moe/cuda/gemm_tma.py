@@ -97,8 +97,9 @@ def _tma_maps(kernel: str, geom: tuple, a_data, a_scale, b_data, b_scale) -> tup
     (``_kk_r``: 256 rows; ``_kk_p``: 16 and 256); ``_kk_y`` A in boxes of 128 rows, B of 256,
     then the two block-scale maps, 16 bytes per box row (NVFP4: ``WS_SCALE_TILES`` k-tiles,
     MXFP8: ``WMX_SCALE_TILES``); ``_kk_z`` (NVFP4, persistent), ``_kk_q`` (its 384-thread
-    form) and ``_kk_o`` (that form persistent) take ``_kk_y``'s maps. The MXFP8 K-major data boxes (64-byte rows) are stored with
-    the 64-byte swizzle, the raw layout of the cp.async kernels. ``_kn_y`` (MXFP8 dgrad, B
+    form) and ``_kk_o`` (that form persistent) take ``_kk_y``'s maps. The MXFP8 K-major data
+    boxes (64-byte rows) are stored with the 64-byte swizzle, the raw layout of the cp.async
+    kernels. ``_kn_y`` (MXFP8 dgrad, B
     MN-major: lines of ``n_cols`` bytes along the contraction) loads B as two panels of 128 columns x one
     k-tile of lines (128-byte swizzle) and B's scales as ``2 * WMX_SCALE_TILES`` block lines of
     256 columns. ``_nn_y`` (MXFP8 wgrad, A MN-major too: lines of ``m_rows`` bytes) loads A as one
