@@ -51,11 +51,8 @@ __device__ __forceinline__ void ws_fp4_expand_b(unsigned rb, unsigned rsb, unsig
 // One unit of the same (gemm_ws_n256's consumers: one unit of the next k-tile's B each): raw
 // words at rb, block-scale pair at rsb, decoded a chunk at a time (fp4_unit_decode's values)
 // into canonical chunk j at cn ^ (j << 4) (cn: the address of the unit's first chunk, its
-// buffer 1024-byte aligned, so the XOR acts on k_canon_off's swizzled chunk bits only);
-// skipped unless live.
-__device__ __forceinline__ void ws_fp4_expand_unit(unsigned rb, unsigned rsb, unsigned cn,
-                                                   bool live) {
-    if (!live) return;
+// buffer 1024-byte aligned, so the XOR acts on k_canon_off's swizzled chunk bits only).
+__device__ __forceinline__ void ws_fp4_expand_unit(unsigned rb, unsigned rsb, unsigned cn) {
     const uint4 w = lds_v4(rb);
     const unsigned sc = fp4_scales_x64(lds_u16(rsb));
     unsigned o[4];
@@ -145,7 +142,8 @@ struct WsTmaLayout {
     static constexpr int T_SC = T_CANON + kWsCanonBuffers * CANON_B;
     static constexpr int T_SLOT = ws_tma_scale_slot_bytes();
     static constexpr int T_SB = 128 * T_SLD;  // B's rows in a slot
-    static constexpr int T_FRAG = T_SC + kWsScaleSlots * T_SLOT;  // gemm_ws: A fragments
+    // gemm_ws: A fragments (gemm_ws_n256: its consumers' B-unit addresses)
+    static constexpr int T_FRAG = T_SC + kWsScaleSlots * T_SLOT;
     static constexpr int T_END = T_FRAG;
     static_assert(T_STAGE % 128 == 0 && T_DA % 128 == 0 && T_CANON % 1024 == 0 &&
                       T_SLOT % 128 == 0 && T_SB % 128 == 0 && T_SLD == 16,

@@ -49,7 +49,7 @@ constexpr int kWmxMinKTiles = 16;
 // groups of three k-tiles (one per canonical buffer), which keeps B's descriptors in uniform
 // registers (no R2UR per wgmma) but holds more values: with kWsTmaConsumerRegs the K-major fp16
 // loop spilled ~17 local loads and stores per k-tile, with 8 more ~6, with 16 more none (140
-// instructions per k-tile, from 178). The producers get what is left: 56 with 16 more, 72 with
+// instructions per k-tile, from 178). The producers get what is left: 56 with 16 more, 64 with
 // 8 more; the MN-major B builds' producers reload ~8-11 values per k-tile at 56. Measured
 // (H200, interleaved A/B, time ratio to the rolled loop, 6 shapes): all K-major (fprop)
 // 0.953-0.976 with 16 more, 0.971-0.985 with 8; K-major A, MN-major B (dgrad) 1.018-1.029 with
@@ -477,11 +477,11 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                     mx_decode4<E5, H>(__byte_perm(wa0, wa1, sel), s < 2 ? ma0 : ma1, f[0], f[2]);
                     mx_decode4<E5, H>(__byte_perm(wb0, wb1, sel), s < 2 ? mb0 : mb1, f[1], f[3]);
                     if (s + 1 < kBK / 16) {
-                        const unsigned c = chunk(s + 1);
-                        wa0 = lds_u32(c);
-                        wa1 = lds_u32(c + 8);
-                        wb0 = lds_u32(c + 8 * kBK);
-                        wb1 = lds_u32(c + 8 * kBK + 8);
+                        const unsigned ch = chunk(s + 1);
+                        wa0 = lds_u32(ch);
+                        wa1 = lds_u32(ch + 8);
+                        wb0 = lds_u32(ch + 8 * kBK);
+                        wb1 = lds_u32(ch + 8 * kBK + 8);
                     }
                 }
                 wg_fence();

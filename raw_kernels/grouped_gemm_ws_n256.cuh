@@ -17,9 +17,9 @@
 // The consumers also expand half of B (see WsNextUnit): with the producers expanding all
 // of it, skipping their decode made the kernel 10-14 % faster, skipping the consumers' A decode
 // 2-5 %. The handshake (FULL / EMPTY named barriers, mbarriers of the raw stages and scale
-// slots), the shared-memory layout (WsTmaLayout; its fragment buffers unused) and the k-tile
-// steps are gemm_ws's, so every output element gets the same products in the same order: the
-// results are bitwise gemm_ws's.
+// slots), the shared-memory layout (WsTmaLayout; its fragment buffers hold the consumers'
+// B-unit addresses instead) and the k-tile steps are gemm_ws's, so every output element gets
+// the same products in the same order: the results are bitwise gemm_ws's.
 
 #ifndef LPM_GROUPED_GEMM_WS_N256_CUH
 #define LPM_GROUPED_GEMM_WS_N256_CUH
@@ -99,7 +99,7 @@ __device__ __forceinline__ void ws_n256_consumer_unit(int v, unsigned ph_s, unsi
     // output column, and those columns are never stored (the skip's branch cost more than the
     // rare partial tile's decode saves)
     ws_fp4_expand_unit(a.x + st * L::T_STAGE, a.y + sl * L::T_SLOT + (v % SGT) * 4,
-                       a.z + (v % NCB) * L::CANON_B, true);
+                       a.z + (v % NCB) * L::CANON_B);
     fence_proxy_async();
 }
 

@@ -153,10 +153,10 @@ def test_choose_kernel_persistent(mode, n256, monkeypatch):
     """The persistent forms of the NVFP4 ``_kk_y`` build (``_kk_o`` of its 384-thread form
     ``_kk_q``; ``_kk_z`` with ``LOWPREC_MOE_GEMM_WS_N256=off``): with more tiles than
     multiprocessors ("auto"; ``_kk_z`` only for contractions of up to ``PERSIST_MAX_KTILES``
-    k-tiles), or wherever the one-tile-per-CTA build runs ("on"),
-    provided the contraction is a whole, nonzero number of scale groups (4 k-tiles); that build
-    with "off", a ragged group, and few tiles or a long contraction in "auto". The grid is
-    capped at one CTA per multiprocessor."""
+    k-tiles), or wherever the one-tile-per-CTA build runs ("on"), provided the contraction is a
+    whole, nonzero number of scale groups (4 k-tiles); that build with "off", a ragged group,
+    and few tiles (or, ``_kk_z``, a long contraction) in "auto". The grid is capped at one CTA
+    per multiprocessor."""
     from lowprec_moe.cuda import gemm as C
 
     monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
@@ -192,8 +192,9 @@ def test_choose_kernel_persistent(mode, n256, monkeypatch):
         assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == per_tile
         monkeypatch.setenv(C.PERSIST_ENV, "on")
         assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == persistent
-        # (16-byte scale rows already make every _kk_y contraction whole scale groups; the
-        # kernel's own condition, checked on the plan:) 6 or 0 k-tiles are not
+        # (compact 16-byte scale rows make _kk_y contractions whole scale groups, a padded
+        # scale stride need not; the persistent forms' own condition, checked on the plan:)
+        # 6 or 0 k-tiles are not
         for kt, want in ((16, True), (6, False), (0, False)):
             pl.length[:] = kt * C.BK
             assert C._persist(pl, sms, n256) == want, kt

@@ -202,7 +202,8 @@ def test_kernel_constants_match_sources():
     for prefix in ("bf16", "fp16", "nvfp4", "mxfp8"):
         text = (kernels.kernel_dir() / f"grouped_gemm_{prefix}.cu").read_text()
         defined = set(re.findall(
-            r"LPM_GG_DEFINE(?:_WG|_WS|_WS_TMA|_WS_MX|_WS_P|_WS_NP|_WS_N256|_SWAP|_SWAP_TMA|_SWAP_TMA_WIDE)?"
+            r"LPM_GG_DEFINE(?:_WG|_WS|_WS_TMA|_WS_MX|_WS_P|_WS_NP|_WS_N256|_SWAP|_SWAP_TMA"
+            r"|_SWAP_TMA_WIDE)?"
             r"\((\w+)[,)]",
             text))
         layouts = {"nvfp4": ["kk"]}.get(prefix, ["kk", "kn", "nn"])

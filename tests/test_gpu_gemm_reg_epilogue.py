@@ -1,8 +1,8 @@
 """The register epilogue of the warp-specialised kernels (raw_kernels/grouped_gemm_epi_regs.cuh)
 on the GPU: 16-bit output without bias from the NVFP4 kernel (``_kk_q`` and ``_kk_y``, per-tensor
 and row-scaled factors), its persistent forms (``_kk_o``, ``_kk_z``: 128 columns at a time) and
-the MXFP8 kernel (``_kk_y``, ``_kn_y``, ``_nn_y``: the paired fragment rows of the MN-major A), each bit for bit
-against the plain wgmma kernel, whose epilogue stages the fp32 tile (Epilogue::tile), in bf16
+the MXFP8 kernel (``_kk_y``, ``_kn_y``, ``_nn_y``: the paired fragment rows of the MN-major A),
+each bit for bit against the plain wgmma kernel, whose epilogue stages the fp32 tile (Epilogue::tile), in bf16
 and fp16, with ragged experts and a partial column tile; a NaN row keeps the plain kernel's
 bits (the element-by-element conversion of the words that hold a NaN).
 """

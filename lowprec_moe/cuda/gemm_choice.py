@@ -153,11 +153,13 @@ _MXFP8_WS_MODES = ("auto", "all", "off")
 #: ``_kk_y``, one CTA per tile).
 PERSIST_ENV = "LOWPREC_MOE_GEMM_PERSIST"
 _PERSIST_MODES = ("auto", "on", "off")
-#: Longest contraction (k-tiles) that "auto" runs persistently: it saves the per-tile start and
-#: hides the epilogue, which matters on short contractions (fine wgrad, 8 k-tiles: +6-7 % over
-#: the 384-thread ``_kk_q``), while on longer ones the one-CTA-per-tile ``_kk_q`` measured
-#: faster (qwen-fc2 fprop, 16: -0.7 to -1.4 %; before ``_kk_q``, ``_kk_y`` lost to it there
-#: by 1 %, and won on 40 k-tiles and more; benchmarks/RESULTS.md).
+#: Longest contraction (k-tiles) that "auto" runs in the 512-thread persistent form ``_kk_z``
+#: (only with ``LOWPREC_MOE_GEMM_WS_N256=off``; the alternative is ``_kk_y``): it saves the
+#: per-tile start and hides the epilogue, which matters on short contractions (fine wgrad, 8
+#: k-tiles: +6-7 % over ``_kk_q``), while on longer ones the one-CTA-per-tile builds measured
+#: faster (qwen-fc2 fprop, 16: ``_kk_q`` 0.7-1.4 %; ``_kk_y`` won on 40 k-tiles and more;
+#: benchmarks/RESULTS.md). Measured before ``_kk_z``'s producers stopped dividing by the
+#: contraction per copy request, which made it faster (fine wgrad 4 %); not re-measured since.
 PERSIST_MAX_KTILES = 8
 #: ... and of the 384-thread one, ``_kk_o``: None, any length. It saves ~3 us of each tile's
 #: start and drain (fprop K sweep on the H200: 4 k-tiles per tile 36 % faster than ``_kk_q``,
