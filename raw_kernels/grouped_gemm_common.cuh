@@ -88,6 +88,8 @@
 //                             for NVFP4: two producer warpgroups copy and expand B, two
 //                             consumer warpgroups decode A into registers and multiply)
 //                             and LPM_GG_DEFINE_WS
+//   grouped_gemm_ws_mx_produce.cuh  its shared-memory layout (WmxLayout) and producers'
+//                             k-loops (wmx_produce_b: B widened per K-major or MN-major layout)
 //   grouped_gemm_ws_mx.cuh    the warp-specialised MXFP8 kernel gemm_ws_mx (fprop, TMA loads,
 //                             fp16 window or bf16 per tile) and LPM_GG_DEFINE_WS_MX
 //   grouped_gemm_ws_n256.cuh  the 384-thread form of gemm_ws's TMA build, gemm_ws_n256 (one

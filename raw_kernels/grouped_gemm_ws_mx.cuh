@@ -22,7 +22,8 @@
 //     one -- and block scales kWmxScaleTiles k-tiles at a time); all of them widen B into a
 //     canonical buffer, 64 elements per thread and k-tile (K-major: two 32-element units, rows
 //     ur, ur + 128, contraction half uh, one block factor each; MN-major: 8 rows x 8
-//     contraction lines of one block, the 8 rows' factors computed from their codes).
+//     contraction lines of one block, the 8 rows' factors computed from their codes;
+//     wmx_produce_b, grouped_gemm_ws_mx_produce.cuh).
 // The handshake is gemm_ws's (FULL / EMPTY named barriers, mbarriers for the copies). Every
 // output element gets the same products in the same 16-deep steps and order as in gemm_mma, on
 // the same 16-bit values, so the results are bitwise those of the plain wgmma kernel in the same
@@ -35,6 +36,7 @@
 #include "grouped_gemm_tma.cuh"
 #include "grouped_gemm_ws_roles.cuh"
 #include "grouped_gemm_mxf16.cuh"
+#include "grouped_gemm_ws_mx_produce.cuh"
 
 namespace lpm_gg {
 
@@ -77,16 +79,10 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     constexpr int NSA = kWmxAStages, NSB = kWmxBStages, NCB = kWmxCanonBuffers;
     constexpr int AHEAD = kWmxAhead;
     constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
-    constexpr int T_DA = raw_data_bytes(AKIND, BM);  // 128 rows x 64 bytes or 64 lines x 128
-    constexpr int T_DB = raw_data_bytes(BKIND, BN);  // 256 rows x 64 bytes or 2 x 64 x 128
-    constexpr int T_B0 = NSA * T_DA;                 // A's ring, then B's
-    constexpr int CANON_B = canon_bytes(BN);
-    constexpr int T_CANON = T_B0 + NSB * T_DB;
-    constexpr int T_SLD = SGT * (kBK / LPM_MXFP8_BLOCK);  // scale bytes per row in a slot
-    constexpr int T_SC = T_CANON + NCB * CANON_B, T_SLOT = ws_mx_scale_slot_bytes();
-    constexpr int T_SB = BM * T_SLD;  // B's rows (MN-major: 2 SGT block lines of 256) in a slot
-    constexpr int T_EXPS = T_SC + NSG * T_SLOT;
-    constexpr int P_RAW = kBK * 128;  // MN-major B: a raw panel of 128 rows, [64 lines][128 bytes]
+    using L = WmxLayout<AMN, BMN>;  // shared-memory layout (grouped_gemm_ws_mx_produce.cuh)
+    constexpr int T_DA = L::T_DA, T_DB = L::T_DB, T_B0 = L::T_B0, CANON_B = L::CANON_B;
+    constexpr int T_CANON = L::T_CANON, T_SLD = L::T_SLD, T_SC = L::T_SC, T_SLOT = L::T_SLOT;
+    constexpr int T_SB = L::T_SB, T_EXPS = L::T_EXPS, P_RAW = L::P_RAW;
     constexpr int EPI_LD = BN + 8;
     constexpr int SMEM = ws_mx_smem_bytes();
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
@@ -214,139 +210,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             mbar_wait(bbar + 8 * (kt % NSB), static_cast<unsigned>(kt / NSB) & 1u);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
         };
-        if constexpr (BMN) {
-            // Thread t widens 8 columns x 8 contraction lines of each k-tile: columns
-            // col .. col + 7 (col = 128 p + 8 g: half g % 2 of chunk g / 2 of raw panel p,
-            // [64 lines][128 bytes], TMA 128-byte swizzle: chunk c of line l at c ^ (l & 7)) of
-            // lines 8 w + j (j < 8, w = t / 32: one block, w / 4, per thread), stored as
-            // canonical chunk 16 p + g of each line (mn_canon_off). Its 8 factors per k-tile come
-            // from the 8 columns' codes (one 8-byte load from the scale slot), so no producer
-            // waits for another. Per line, the warp reads one whole 128-byte line of each panel
-            // and a quarter-warp stores 8 distinct 16-byte chunks of one canonical line.
-            const int g = t & 15, p = (t >> 4) & 1, w = t >> 5;
-            const int col = 128 * p + 8 * g;
-            const bool live = col < cols_valid;
-            // line 8 w + j: raw chunk gc ^ j, canonical chunk gk ^ j (mn_canon_off) of its line
-            const unsigned o_raw = static_cast<unsigned>(p * P_RAW + 8 * w * 128 + ((g & 1) << 3));
-            const unsigned o_cn = static_cast<unsigned>(mn_canon_off(8 * w, 16 * p + g) -
-                                                        ((g & 7) << 4));
-            const unsigned o_sc = static_cast<unsigned>(T_SB + (w >> 2) * BN + col);
-            const unsigned gc = static_cast<unsigned>(g >> 1), gk = static_cast<unsigned>(g & 7);
-            // fp16 window: the factor of code e in column c is 2^(e - e_max(c) + S_MAX), as fp16
-            // bits (mx_factor_bits: f = e - e_max + bias_b clamped to [0, 30], << 10). Per pair of
-            // columns, two halves at once: e + (256 + bias_b - e_max) = f + 256 stays in
-            // [1, 65535] per half (no carry between them); the clamp to [256, 286] and
-            // (<< 10) & 0x7C00 per half give f << 10.
-            unsigned dh[4];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-                const unsigned d0 = 256u + static_cast<unsigned>(bias_b) - exps_b[col + 2 * i];
-                const unsigned d1 = 256u + static_cast<unsigned>(bias_b) - exps_b[col + 2 * i + 1];
-                dh[i] = d0 | (d1 << 16);
-            }
-            auto loop = [&](auto h, auto e5) {
-                constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
-                for (int kt = 0; kt < KT; ++kt) {
-                    const int cb = kt % NCB, gs = kt / SGT;
-                    refill(kt);
-                    const unsigned rb = s0 + T_B0 + (kt % NSB) * T_DB + o_raw;
-                    const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
-                    const uint2 sc =
-                        lds_v2(s0 + T_SC + (gs % NSG) * T_SLOT + (kt % SGT) * 2 * BN + o_sc);
-                    uint2 x[8];
-#pragma unroll
-                    for (int j = 0; j < 8; ++j)
-                        x[j] = lds_v2(rb + j * 128 + ((gc ^ static_cast<unsigned>(j)) << 4));
-                    if (live) {
-                        if constexpr (H) {
-                            unsigned m[4];
-#pragma unroll
-                            for (int i = 0; i < 4; ++i) {
-                                const unsigned e2 = __byte_perm(i < 2 ? sc.x : sc.y, 0u,
-                                                                (i & 1) ? 0x4342u : 0x4140u);
-                                const unsigned v =
-                                    __vminu2(__vmaxu2(e2 + dh[i], 0x01000100u), 0x011E011Eu);
-                                m[i] = (v << LPM_FP16_MANT_BITS) & 0x7C007C00u;
-                            }
-#pragma unroll
-                            for (int j = 0; j < 8; ++j) {
-                                unsigned o[4];
-                                fp8_decode4_f16<E5>(x[j].x, m[0], m[1], o[0], o[1]);
-                                fp8_decode4_f16<E5>(x[j].y, m[2], m[3], o[2], o[3]);
-                                sts_v4(cbb + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4), o[0],
-                                       o[1], o[2], o[3]);
-                            }
-                        } else {
-                            float f[8];
-#pragma unroll
-                            for (int i = 0; i < 8; ++i)
-                                f[i] = lpm_e8m0_to_f32(((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) &
-                                                       0xFFu);
-#pragma unroll
-                            for (int j = 0; j < 8; ++j) {
-                                unsigned o[4];
-                                fp8_decode4<E5>(x[j].x, f[0], f[1], f[2], f[3], o[0], o[1]);
-                                fp8_decode4<E5>(x[j].y, f[4], f[5], f[6], f[7], o[2], o[3]);
-                                sts_v4(cbb + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4), o[0],
-                                       o[1], o[2], o[3]);
-                            }
-                        }
-                    }
-                    fence_proxy_async();
-                    named_arrive(WS_BAR_FULL + cb, kWsThreads);
-                }
-            };
-            with_flags(f16m, eb5, loop);  // one k-loop per staging mode and B format
-        } else {
-            const int ur = t >> 1, uh = t & 1;
-            // unit (ur, uh): raw chunks 2uh and 2uh + 1 of row ur (the second at the first's
-            // address with bit 4 flipped: the swizzle XORs whole chunk indices), its block code,
-            // and canonical chunks 4uh + j (canon_chunk4); row ur + 128 at constant distances.
-            const unsigned o_raw =
-                static_cast<unsigned>(ur * kBK + (((2 * uh) ^ ((ur >> 1) & 3)) << 4));
-            const unsigned o_sc = static_cast<unsigned>(ur * T_SLD + uh);
-            const unsigned o_cn = static_cast<unsigned>(k_canon_off(ur, 4 * uh));
-            constexpr unsigned D_RAW = 128 * kBK, D_SC = 128 * T_SLD, D_CN = 128 * kBK * 2;
-            const bool live0 = ur < cols_valid, live1 = ur + 128 < cols_valid;
-            // fp16 window only: the rows' parts of their factor words (mx_window_row; a live
-            // row's codes all lie in the window)
-            const unsigned fk0 = mx_window_row(exps_b[ur], bias_b);
-            const unsigned fk1 = mx_window_row(exps_b[ur + 128], bias_b);
-            auto loop = [&](auto h, auto e5) {
-                constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
-                for (int kt = 0; kt < KT; ++kt) {
-                    const int cb = kt % NCB, g = kt / SGT;
-                    refill(kt);
-                    const unsigned rb = s0 + T_B0 + (kt % NSB) * T_DB + o_raw;
-                    const unsigned rsb =
-                        s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 2 + o_sc;
-                    const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
-                    const uint4 x0 = lds_v4(rb), y0 = lds_v4(rb ^ 16u);
-                    const uint4 x1 = lds_v4(rb + D_RAW), y1 = lds_v4((rb + D_RAW) ^ 16u);
-                    const unsigned e0 = lds_u8(rsb), e1 = lds_u8(rsb + D_SC);
-                    auto unit = [&](const uint4& x, const uint4& y, unsigned m, unsigned dst) {
-                        unsigned o[16];
-                        mx_decode4<E5, H>(x.x, m, o[0], o[1]);
-                        mx_decode4<E5, H>(x.y, m, o[2], o[3]);
-                        mx_decode4<E5, H>(x.z, m, o[4], o[5]);
-                        mx_decode4<E5, H>(x.w, m, o[6], o[7]);
-                        mx_decode4<E5, H>(y.x, m, o[8], o[9]);
-                        mx_decode4<E5, H>(y.y, m, o[10], o[11]);
-                        mx_decode4<E5, H>(y.z, m, o[12], o[13]);
-                        mx_decode4<E5, H>(y.w, m, o[14], o[15]);
-#pragma unroll
-                        for (int j = 0; j < 4; ++j)
-                            sts_v4(canon_chunk4(dst, j), o[4 * j], o[4 * j + 1], o[4 * j + 2],
-                                   o[4 * j + 3]);
-                    };
-                    if (live0) unit(x0, y0, mx_block_factor<H>(e0, fk0), cbb);
-                    if (live1) unit(x1, y1, mx_block_factor<H>(e1, fk1), cbb + D_CN);
-                    fence_proxy_async();
-                    named_arrive(WS_BAR_FULL + cb, kWsThreads);
-                }
-            };
-            with_flags(f16m, eb5, loop);  // one k-loop per staging mode and B format
-        }
+        wmx_produce_b<BMN, L>(t, KT, s0, cols_valid, bias_b, exps_b, f16m, eb5, refill);
         return;
     }
 

@@ -1,5 +1,5 @@
 """The MN-major B producers of the warp-specialised MXFP8 kernel (``_kn_y`` dgrad, ``_nn_y``
-wgrad; raw_kernels/grouped_gemm_ws_mx.cuh), emulated on the CPU.
+wgrad; raw_kernels/grouped_gemm_ws_mx_produce.cuh), emulated on the CPU.
 
 * Address map: each of the 256 producer threads widens 8 columns x 8 contraction lines per
   k-tile. Checked for every thread and line: the 8 raw bytes it loads (two raw panels of
@@ -42,7 +42,7 @@ def _producer_addresses(t: int, j: int) -> tuple:
 
 def test_source_has_the_emulated_addresses():
     assert_source_has(
-        "grouped_gemm_ws_mx.cuh",
+        "grouped_gemm_ws_mx_produce.cuh",
         "const int g = t & 15, p = (t >> 4) & 1, w = t >> 5;",
         "p * P_RAW + 8 * w * 128 + ((g & 1) << 3)",
         "mn_canon_off(8 * w, 16 * p + g) -",
@@ -105,7 +105,7 @@ def test_packed_factor_pairs(e5m2):
 
 def test_source_factor_constants():
     assert_source_has(
-        "grouped_gemm_ws_mx.cuh",
+        "grouped_gemm_ws_mx_produce.cuh",
         "__vminu2(__vmaxu2(e2 + dh[i], 0x01000100u), 0x011E011Eu)",
         "(v << LPM_FP16_MANT_BITS) & 0x7C007C00u",
         "256u + static_cast<unsigned>(bias_b) - exps_b[col + 2 * i]")
@@ -146,6 +146,7 @@ def test_source_window_factor():
                       "return e * kMxPairUnit + fk;")
     assert_source_has("grouped_gemm_ws_mx.cuh",
                       "const unsigned ma0 = mx_block_factor<H>(ea0, fka),",
+                      "const unsigned fka = mx_window_row(exps_a[ra0], bias_a);")
+    assert_source_has("grouped_gemm_ws_mx_produce.cuh",
                       "if (live0) unit(x0, y0, mx_block_factor<H>(e0, fk0), cbb);",
-                      "const unsigned fka = mx_window_row(exps_a[ra0], bias_a);",
                       "const unsigned fk0 = mx_window_row(exps_b[ur], bias_b);")
