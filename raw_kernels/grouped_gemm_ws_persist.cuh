@@ -151,12 +151,14 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     const int ar = wm0 + (lane >> 2), aq = lane & 3;
     float acc[NI * 4];
     float* const accf = acc;
-    // the warp's staging buffer (and column table) after the pipeline buffers
-    const unsigned wbuf = smem_u32(smem + L::T_END) + warp * Epilogue::kWarpBufFloats * 4;
     // N256: the lanes' B-unit addresses, 16 bytes each at the start of the warp's staging buffer
-    // between epilogues, and the first k-tile's unit
+    // (after the pipeline buffers) between epilogues, and the first k-tile's unit
     static_assert(32 * 16 <= Epilogue::kWarpBufFloats * 4, "unit addresses in a staging buffer");
-    const WsNextUnit nu = N256 ? WsNextUnit(threadIdx.x, s0, wbuf + 16 * lane) : WsNextUnit();
+    const WsNextUnit nu =
+        N256 ? WsNextUnit(threadIdx.x, s0,
+                          smem_u32(smem + L::T_END) + warp * Epilogue::kWarpBufFloats * 4 +
+                              16 * lane)
+             : WsNextUnit();
     if (N256 && J > 0) ws_n256_consumer_unit(0, 0u, dbar, sbar, nu);
     unsigned ph_s = 0u;  // N256: the scale slots' phase of the current span's period
     // N256: after step 1 of k-tile kt (ring position u), the unit of k-tile kt + 1 (the next
@@ -198,6 +200,8 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j - 1) % NCB, NT);
         Epilogue ep = LPM_GG_EPILOGUE_OF(d);
         ep.init_alpha();
+        // the warp's staging buffer and (row-scaled register epilogue) column table, after the
+        // pipeline buffers (computed here: nothing of the epilogue stays live in the k-loop)
         float* const ws = reinterpret_cast<float*>(smem + L::T_END) +
                           (threadIdx.x >> 5) * Epilogue::kWarpBufFloats;
         if (reg_epi_ok(ep)) {
