@@ -245,6 +245,18 @@ __host__ __device__ constexpr int ws_mx_smem_bytes() {
     const int epi = epi_bytes(128, 256);
     return (main > epi ? main : epi) + 1024;
 }
+// Its persistent form (grouped_gemm_ws_mx_persist.cuh): the same pipeline buffers, then two
+// window slots (a tile's rows' and columns' largest block codes, their range over the tile and
+// the tile's staging mode: the producers check the next tile while the consumers finish this
+// one) and the check's scratch (its running ranges); the epilogue stages through a canonical
+// buffer.
+constexpr int kWmxWinSlot = 128 + 256 + 32;  // codes, range (4 words), mode (1 word), padding
+constexpr int kWmxWinScratch = (128 + 256) * 8;
+__host__ __device__ constexpr int ws_mx_p_smem_bytes() {
+    return kWmxAStages * raw_data_bytes(KIND_FP8_K, 128) +
+           kWmxBStages * raw_data_bytes(KIND_FP8_K, 256) + kWmxCanonBuffers * canon_bytes(256) +
+           kWmxScaleSlots * ws_mx_scale_slot_bytes() + 2 * kWmxWinSlot + kWmxWinScratch + 1024;
+}
 
 // ==========================================================================================
 // PTX wrappers
@@ -255,6 +267,17 @@ __device__ __forceinline__ int tid_volatile() {
     int t;
     asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(t));
     return t;
+}
+// ... and so are the CTA's index and the grid's size (%ctaid.x, %nctaid.x).
+__device__ __forceinline__ int ctaid_x_volatile() {
+    int v;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(v));
+    return v;
+}
+__device__ __forceinline__ int nctaid_x_volatile() {
+    int v;
+    asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(v));
+    return v;
 }
 
 __device__ __forceinline__ unsigned smem_u32(const void* p) {

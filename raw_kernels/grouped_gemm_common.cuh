@@ -90,6 +90,8 @@
 //                             and LPM_GG_DEFINE_WS
 //   grouped_gemm_ws_mx_produce.cuh  its shared-memory layout (WmxLayout) and producers'
 //                             k-loops (wmx_produce_b: B widened per K-major or MN-major layout)
+//   grouped_gemm_ws_mx_consume.cuh  its consumers' k-loop (wmx_consume: A widened into
+//                             registers, m64n128k16 on the canonical B)
 //   grouped_gemm_ws_mx.cuh    the warp-specialised MXFP8 kernel gemm_ws_mx (fprop, TMA loads,
 //                             fp16 window or bf16 per tile) and LPM_GG_DEFINE_WS_MX
 //   grouped_gemm_ws_n256.cuh  the 384-thread form of gemm_ws's TMA build, gemm_ws_n256 (one
@@ -99,6 +101,9 @@
 //                             CTA per SM over many tiles; epilogue from registers), in 512
 //                             threads (LPM_GG_DEFINE_WS_P) or gemm_ws_n256's 384
 //                             (LPM_GG_DEFINE_WS_NP)
+//   grouped_gemm_ws_mx_persist.cuh  the persistent form of gemm_ws_mx, gemm_ws_mx_p (the
+//                             producers check the next tile's window; epilogue from
+//                             registers), and LPM_GG_DEFINE_WS_MX_P
 //   grouped_gemm_tma.cuh      TMA tile loads: the tensor-map parameter type, mbarrier and
 //                             cp.async.bulk.tensor wrappers
 //   grouped_gemm_swap.cuh     the swapped-operand wgmma kernel body gemm_swap for few tokens
@@ -123,6 +128,7 @@
 #include "grouped_gemm_ws_mx.cuh"
 #include "grouped_gemm_ws_n256.cuh"
 #include "grouped_gemm_ws_persist.cuh"
+#include "grouped_gemm_ws_mx_persist.cuh"
 #include "grouped_gemm_tma.cuh"
 #include "grouped_gemm_swap.cuh"
 

@@ -88,7 +88,7 @@ __device__ __forceinline__ void reg_epi_t(const Epilogue& ep, unsigned buf, unsi
     static_assert(NI % CNI == 0 && CNI % 2 == 0, "whole chunks of fragment pairs");
     constexpr int CCOLS = 8 * CNI, LD = reg_epi_ld<CCOLS>();
     constexpr int LPR = CCOLS / 8;  // lanes per staging row on the way out
-    static_assert(LPR == 16 || LPR == 32, "chunks of 128 or 256 columns");
+    static_assert(LPR == 8 || LPR == 16 || LPR == 32, "chunks of 64, 128 or 256 columns");
     constexpr int RPI = 32 / LPR;   // staging rows per warp instruction
     const int q = lane & 3;
     // the two fragment rows' amaxes (row-scaled)

@@ -195,18 +195,47 @@ __device__ __forceinline__ bool mx_finish(const unsigned* smax, const unsigned* 
     return ok;
 }
 
-// The whole window check of a BM x BN tile, by all NT threads of the CTA (contains barriers):
-// exps_a / exps_b (shared, BM + BN bytes) receive the rows' / columns' e_max, mx_tile_range their
-// range over the tile; `scratch` (shared, (BM + BN) * 8 bytes, free until the caller's next
-// barrier) holds the running ranges. Returns the CTA-uniform verdict: true = stage this tile in
+// The window check's barriers: __syncthreads (BAR = 0, the whole CTA) or named barrier BAR of
+// NT threads (the persistent kernel's producers); mx_sync_and also returns whether `ok` holds
+// in every participating thread.
+template <int BAR, int NT>
+__device__ __forceinline__ void mx_sync() {
+    if constexpr (BAR == 0) {
+        __syncthreads();
+    } else {
+        asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(NT) : "memory");
+    }
+}
+template <int BAR, int NT>
+__device__ __forceinline__ bool mx_sync_and(bool ok) {
+    if constexpr (BAR == 0) {
+        return __syncthreads_and(ok) != 0;
+    } else {
+        unsigned r;
+        asm volatile(
+            "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n"
+            " bar.red.and.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}\n"
+            : "=r"(r)
+            : "r"(static_cast<unsigned>(ok)), "n"(BAR), "n"(NT)
+            : "memory");
+        return r != 0u;
+    }
+}
+
+// The whole window check of a BM x BN tile, by all NT threads of the CTA or of named barrier BAR
+// (contains their barriers, mx_sync): exps_a / exps_b (shared, BM + BN bytes) receive the rows' /
+// columns' e_max, `range` (shared, 4 words; mx_tile_range by default) their range over the
+// tile; `scratch` (shared, (BM + BN) * 8 bytes, free until the caller's next barrier) holds the
+// running ranges. Returns the verdict, uniform over the NT threads: true = stage this tile in
 // the fp16 window.
-template <int AKIND, int BKIND, int BM, int BN, int NT>
+template <int AKIND, int BKIND, int BM, int BN, int NT, int BAR = 0>
 __device__ __forceinline__ bool mx_window_check(const unsigned char* a_sbase, long long a_sld,
                                                 int rows_valid, const unsigned char* b_sbase,
                                                 long long b_sld, int cols_valid, long long len,
                                                 bool a_e5m2, bool b_e5m2, bool allowed,
                                                 unsigned* scratch, unsigned char* exps_a,
-                                                unsigned char* exps_b, unsigned t) {
+                                                unsigned char* exps_b, unsigned t,
+                                                unsigned* range = mx_tile_range) {
     allowed = allowed && mx_scan_aligned<AKIND>(a_sbase, a_sld, len) &&
               mx_scan_aligned<BKIND>(b_sbase, b_sld, len);
     if (!allowed) return false;  // uniform: launch arguments and the tile's descriptor
@@ -219,11 +248,11 @@ __device__ __forceinline__ bool mx_window_check(const unsigned char* a_sbase, lo
         (isa ? amax_ : bmax_)[isa ? i : i - BM] = 0u;
         (isa ? amin_ : bmin_)[isa ? i : i - BM] = LPM_E8M0_NAN;
     }
-    if (t < 4) mx_tile_range[t] = (t & 1) ? LPM_E8M0_NAN : 0u;
-    __syncthreads();
+    if (t < 4) range[t] = (t & 1) ? LPM_E8M0_NAN : 0u;
+    mx_sync<BAR, NT>();
     mx_scan<AKIND, BM, NT>(a_sbase, a_sld, rows_valid, len, amax_, amin_, t);
     mx_scan<BKIND, BN, NT>(b_sbase, b_sld, cols_valid, len, bmax_, bmin_, t);
-    __syncthreads();
+    mx_sync<BAR, NT>();
     unsigned ahi = 0u, alo = LPM_E8M0_NAN, bhi = 0u, blo = LPM_E8M0_NAN;
     bool ok = mx_finish<BM, NT>(amax_, amin_, rows_valid, mx_window(a_e5m2), exps_a, t, ahi, alo);
     ok = mx_finish<BN, NT>(bmax_, bmin_, cols_valid, mx_window(b_e5m2), exps_b, t, bhi, blo) && ok;
@@ -233,12 +262,12 @@ __device__ __forceinline__ bool mx_window_check(const unsigned char* a_sbase, lo
     bhi = __reduce_max_sync(~0u, bhi);
     blo = __reduce_min_sync(~0u, blo);
     if ((t & 31u) == 0u) {
-        atomicMax(&mx_tile_range[0], ahi);
-        atomicMin(&mx_tile_range[1], alo);
-        atomicMax(&mx_tile_range[2], bhi);
-        atomicMin(&mx_tile_range[3], blo);
+        atomicMax(&range[0], ahi);
+        atomicMin(&range[1], alo);
+        atomicMax(&range[2], bhi);
+        atomicMin(&range[3], blo);
     }
-    return __syncthreads_and(ok) != 0;
+    return mx_sync_and<BAR, NT>(ok);
 }
 
 __device__ __forceinline__ double f64_from_f32(float x) {
@@ -273,9 +302,10 @@ __device__ __forceinline__ float mx_ldexp(float v, int x) {
 template <int MI, int NI, bool PAIRED = false>
 __device__ __forceinline__ void mx_rescale(float* accf, const unsigned char* exps_a,
                                            const unsigned char* exps_b, int shift, int wm0,
-                                           int wn0, int lane) {
-    const int top = static_cast<int>(mx_tile_range[0] + mx_tile_range[2]) - shift;
-    const int bottom = static_cast<int>(mx_tile_range[1] + mx_tile_range[3]) - shift;
+                                           int wn0, int lane,
+                                           const unsigned* range = mx_tile_range) {
+    const int top = static_cast<int>(range[0] + range[2]) - shift;
+    const int bottom = static_cast<int>(range[1] + range[3]) - shift;
     if (top <= LPM_FP32_EXP_BIAS && bottom >= 1 - LPM_FP32_EXP_BIAS) {
         unsigned rt[MI][2];  // (e_max(row) + 127 - shift) << 23
 #pragma unroll

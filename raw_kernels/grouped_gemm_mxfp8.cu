@@ -25,6 +25,9 @@ LPM_GG_DEFINE_WG(lpm_gg_mxfp8_nn_w, 128, lpm_gg::KIND_FP8_MN, lpm_gg::KIND_FP8_M
 LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kk_y, false, false)
 LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kn_y, false, true)
 LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_nn_y, true, true)
+LPM_GG_DEFINE_WS_MX_P(lpm_gg_mxfp8_kk_o, false, false)
+LPM_GG_DEFINE_WS_MX_P(lpm_gg_mxfp8_kn_o, false, true)
+LPM_GG_DEFINE_WS_MX_P(lpm_gg_mxfp8_nn_o, true, true)
 // Few tokens per expert (fprop, sm_90a only): 32 tokens x 128 output columns, weights on the
 // wgmma M side (grouped_gemm_swap.cuh).
 LPM_GG_DEFINE_SWAP(lpm_gg_mxfp8_kk_t, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_K, false, 16, 2)

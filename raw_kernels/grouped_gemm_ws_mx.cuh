@@ -9,13 +9,9 @@
 //     otherwise (or with fewer than kWmxMinKTiles k-tiles, or mx_bf16) on bf16 as q * 2^(e-127)
 //     -- the two staging modes of the plain wgmma kernel, with the same values;
 //   * warpgroups 0-1 ("consumers"): per 16-deep step they widen their A fragments straight from
-//     the raw stage into registers (rows ar, ar + 8; contraction 2q, 2q+1, 2q+8, 2q+9: half-word
-//     q % 2 of words q / 2 and q / 2 + 2 of the step's 16-byte chunk) and issue two m64n128k16
-//     with B from a canonical buffer; then the epilogue. An MN-major A (one raw panel of 64
-//     lines x 128 rows, 128-byte swizzle) is read with ldmatrix.trans of 16-bit row pairs, two
-//     steps per load: fragment rows ar and ar + 8 then hold tile rows 2 (lane/4) and
-//     2 (lane/4) + 1 of the warp's 16 (frag_row), a permutation of the rows that the window
-//     rescale and the epilogue's staging undo -- each output is the same dot product;
+//     the raw stage into registers and issue two m64n128k16 with B from a canonical buffer
+//     (wmx_consume, grouped_gemm_ws_mx_consume.cuh; an MN-major A through ldmatrix.trans, whose
+//     row permutation the window rescale and the epilogue's staging undo); then the epilogue;
 //   * warpgroups 2-3 ("producers"): one thread issues the TMA copies (data tiles per k-tile --
 //     K-major rows of 64 bytes with the 64-byte swizzle, the raw layout of the cp.async kernels
 //     (swz<2>); MN-major B as two panels of 128 rows with the 128-byte swizzle, MN-major A as
@@ -37,6 +33,7 @@
 #include "grouped_gemm_ws_roles.cuh"
 #include "grouped_gemm_mxf16.cuh"
 #include "grouped_gemm_ws_mx_produce.cuh"
+#include "grouped_gemm_ws_mx_consume.cuh"
 
 namespace lpm_gg {
 
@@ -80,13 +77,12 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     constexpr int AHEAD = kWmxAhead;
     constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     using L = WmxLayout<AMN, BMN>;  // shared-memory layout (grouped_gemm_ws_mx_produce.cuh)
-    constexpr int T_DA = L::T_DA, T_DB = L::T_DB, T_B0 = L::T_B0, CANON_B = L::CANON_B;
-    constexpr int T_CANON = L::T_CANON, T_SLD = L::T_SLD, T_SC = L::T_SC, T_SLOT = L::T_SLOT;
-    constexpr int T_SB = L::T_SB, T_EXPS = L::T_EXPS, P_RAW = L::P_RAW;
+    constexpr int T_DA = L::T_DA, T_DB = L::T_DB, CANON_B = L::CANON_B;
+    constexpr int T_CANON = L::T_CANON, T_SLD = L::T_SLD, T_SLOT = L::T_SLOT;
+    constexpr int T_SB = L::T_SB, T_EXPS = L::T_EXPS;
     constexpr int EPI_LD = BN + 8;
     constexpr int SMEM = ws_mx_smem_bytes();
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
-    constexpr int B_STEP = BMN ? 16 * 128 : 32;  // bytes of a 16-deep step in a canonical B
     static_assert(T_DA % 1024 == 0 && T_DB % 1024 == 0 && T_CANON % 1024 == 0 &&
                       CANON_B % 1024 == 0 && T_SLOT % 128 == 0 && T_SB % 128 == 0 &&
                       T_SLD == 16,
@@ -123,46 +119,13 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
         ws_tail = static_cast<unsigned>(len - static_cast<long long>(KT - 1) * kBK);
     }
     __syncthreads();
-    int a_row = 0, b_row = 0, as_row = 0, bs_row = 0;
-    if (leader) {  // MN-major: the first contraction line / block line (columns from r0 / c0)
-        a_row = static_cast<int>(d[D_A_OFF] / d[D_A_LD] + (AMN ? 0 : r0));
-        b_row = static_cast<int>(d[D_B_OFF] / d[D_B_LD] + (BMN ? 0 : c0));
-        as_row = static_cast<int>(d[D_A_SOFF] / d[D_A_SLD] + (AMN ? 0 : r0));
-        bs_row = static_cast<int>(d[D_B_SOFF] / d[D_B_SLD] + (BMN ? 0 : c0));
-    }
-    // MN-major: the tile's first row / column
-    const int ac = static_cast<int>(r0), bc = static_cast<int>(c0);
+    // the copy-issuing thread's tensor-map rows of the tile
+    const WmxRows rw = leader ? wmx_rows<AMN, BMN>(d, r0, c0) : WmxRows{};
     auto issue_data = [&](int kt) {
-        const unsigned sa = s0 + (kt % NSA) * T_DA, ba = abar + 8 * (kt % NSA);
-        const unsigned sb = s0 + T_B0 + (kt % NSB) * T_DB, bb = bbar + 8 * (kt % NSB);
-        mbar_arrive_expect_tx(ba, T_DA);
-        if constexpr (AMN) {  // one 128-row panel
-            tma_load_2d(sa, tm_a, ba, ac, a_row + kt * kBK);
-        } else {
-            tma_load_2d(sa, tm_a, ba, kt * kBK, a_row);
-        }
-        mbar_arrive_expect_tx(bb, T_DB);
-        if constexpr (BMN) {  // two 128-row panels
-            tma_load_2d(sb, tm_b, bb, bc, b_row + kt * kBK);
-            tma_load_2d(sb + P_RAW, tm_b, bb, bc + 128, b_row + kt * kBK);
-        } else {
-            tma_load_2d(sb, tm_b, bb, kt * kBK, b_row);
-        }
+        wmx_issue_data<AMN, BMN, L>(s0, abar, bbar, kt, kt, rw, tm_a, tm_b);
     };
     auto issue_scales = [&](int g) {
-        const int sl = g % NSG;
-        const unsigned sb = s0 + T_SC + sl * T_SLOT, bar = sbar + 8 * sl;
-        mbar_arrive_expect_tx(bar, T_SLOT);
-        if constexpr (AMN) {
-            tma_load_2d(sb, tm_as, bar, ac, as_row + g * 2 * SGT);
-        } else {
-            tma_load_2d(sb, tm_as, bar, g * T_SLD, as_row);
-        }
-        if constexpr (BMN) {
-            tma_load_2d(sb + T_SB, tm_bs, bar, bc, bs_row + g * 2 * SGT);
-        } else {
-            tma_load_2d(sb + T_SB, tm_bs, bar, g * T_SLD, bs_row);
-        }
+        wmx_issue_scales<AMN, BMN, L>(s0, sbar, g, g, rw, tm_as, tm_bs);
     };
     if (leader) {
 #pragma unroll
@@ -210,7 +173,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
             mbar_wait(bbar + 8 * (kt % NSB), static_cast<unsigned>(kt / NSB) & 1u);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
         };
-        wmx_produce_b<BMN, L>(t, KT, s0, cols_valid, bias_b, exps_b, f16m, eb5, refill);
+        wmx_produce_b<BMN, L>(t, KT, s0, cols_valid, bias_b, exps_b, f16m, eb5, refill, 0);
         return;
     }
 
@@ -220,34 +183,16 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     // fragments are widened while the previous step's wgmma run).
     regs_claim<WmxRegs<BMN>::CONSUMER>();
     ep.init_alpha();
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
-    const int ar = wm0 + (lane >> 2), aq = lane & 3;
-    // The tile rows of the thread's fragment rows lane/4 and lane/4 + 8: ar and ar + 8, or for
-    // an MN-major A (frag_row<AMN>: ldmatrix.trans hands each thread a pair of adjacent rows)
-    // wm0 + 2 (lane/4) and the next; the epilogue and mx_rescale follow the same map.
-    const int ra0 = frag_row<AMN>(wm0, lane, 0), ra1 = frag_row<AMN>(wm0, lane, 1);
+    const WmxFrag<AMN, L> fr(threadIdx.x);
     float acc[NI * 4];
 #pragma unroll
     for (int i = 0; i < NI * 4; ++i) acc[i] = 0.0f;
     float* const accf = acc;
-    // Row ar's words in a raw stage: step s reads 16-byte chunk s, stored at chunk s ^ sw,
-    // words aq / 2 and aq / 2 + 2 of it; row ar + 8 (the same swizzle) 8 rows further on.
-    const unsigned sw = static_cast<unsigned>((ar >> 1) & 3);
-    const unsigned a_off = static_cast<unsigned>(ar * kBK + ((aq >> 1) << 2));
-    const unsigned sel = (aq & 1) ? 0x7632u : 0x5410u;  // the thread's half-word of each word
-    const unsigned s_off = static_cast<unsigned>(AMN ? ra0 : ar * T_SLD);
-    // MN-major A (raw panel [64 lines][128 bytes], 128-byte swizzle: chunk c of line l at
-    // c ^ (l & 7)): steps 2p and 2p + 1 in one ldmatrix.x4.trans of 16-bit row pairs, lane l
-    // addressing line 32p + l at the warp's chunk wm0 / 16 -- the four 8 x 8 matrices are
-    // lines 0-7, 8-15 of step 2p and of step 2p + 1; each thread gets rows ra0, ra1 of
-    // contraction lines 2 (lane%4) and 2 (lane%4) + 1 (+ 8 in the second matrix).
-    const unsigned a_mn = static_cast<unsigned>(lane * 128 + (((wm0 >> 4) ^ (lane & 7)) << 4));
     const int bias_a = mx_s_max(ea5) + LPM_FP16_EXP_BIAS;
     // fp16 window only: the rows' parts of their factor words (mx_window_row; the window check
     // put every code of a valid row in the window, see mx_block_factor)
-    const unsigned fka = mx_window_row(exps_a[ra0], bias_a);
-    const unsigned fkb = mx_window_row(exps_a[ra1], bias_a);
+    const unsigned fka = mx_window_row(exps_a[fr.ra0], bias_a);
+    const unsigned fkb = mx_window_row(exps_a[fr.ra1], bias_a);
     // The k-tile count, for the MN-major build read again from the descriptor (a volatile load,
     // which the compiler cannot merge with the first): ptxas spilled the pre-split value there
     // and reloaded it from local memory in every k-tile.
@@ -258,108 +203,8 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     // plain kernel's zero-filled tail. The tail's length sits in shared memory (tail_len, read
     // in the last k-tile only): a register for it through the k-loop spills.
     auto loop = [&](auto h, auto e5) {
-        constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
-        // NCB k-tiles at a time (group c): the canonical buffer is a constant of the unrolled
-        // k-tiles, A's stage NCB (c % 2) + u and its phase (c / 2) & 1 (NSA = 2 NCB) bit
-        // operations on the group index, so the k-tile head needs no division by 3 or 6
-        // (unrolled over A's whole ring instead, ptxas serializes the wgmma: C7512)
-        static_assert(NSA == 2 * NCB, "two groups of NCB k-tiles per turn of A's stage ring");
-        for (int c = 0; NCB * c < KTc; ++c) {
-#pragma unroll
-        for (int u = 0; u < NCB; ++u) {
-            const int kt = NCB * c + u;
-            if (kt >= KTc) break;
-            const int cb = u;
-            named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt widened into buffer cb
-            const int st = NCB * (c & 1) + u, g = kt / SGT;
-            const unsigned ph_a = static_cast<unsigned>(c >> 1) & 1u;
-            // A's copies were issued with B's, which the producers waited for before arriving at
-            // FULL; the wait makes A's TMA writes visible to this thread (and is usually one
-            // try_wait)
-            mbar_wait(abar + 8 * st, ph_a);
-            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-            if constexpr (AMN) {
-                // a last k-tile that ends early: its B lines from tail_len on (bytes
-                // 128 * tail_len on of each 64-column panel) become zeros, so that the steps
-                // there multiply zeros by the zero A fragments below, as the plain kernel does
-                if (kt == KTc - 1) {
-                    const unsigned tail = lds_u32_volatile(tail_len);
-                    if (tail < kBK) {
-                        const unsigned pb = s0 + T_CANON + cb * CANON_B +
-                                            (threadIdx.x >> 6) * (kBK * 128);
-                        for (unsigned o = tail * 128 + 16 * (threadIdx.x & 63); o < kBK * 128;
-                             o += 64 * 16)
-                            sts_v4(pb + o, 0u, 0u, 0u, 0u);
-                        fence_proxy_async();
-                        named_sync(WS_BAR_EPI, kWsConsumers);
-                    }
-                }
-            }
-            // B's canonical buffer (MN-major: 64-row panels 8 KiB apart, a step = 16 lines)
-            const unsigned long long db =
-                wg_desc(s0 + T_CANON + cb * CANON_B, BMN ? kBK * 128 : 16, 1024);
-            const unsigned ra = s0 + st * T_DA + (AMN ? a_mn : a_off);
-            const unsigned rsc = s0 + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 2 * (AMN ? BM : 1) +
-                                 s_off;
-            // the block codes of rows ra0 (ma*) and ra1 (mb*), blocks 0 and 1 (K-major: one
-            // half-word per row; MN-major: one per block line, rows ra0 and ra1 side by side)
-            const unsigned ca = lds_u16(rsc), cr = lds_u16(rsc + (AMN ? BM : 8 * T_SLD));
-            const unsigned ea0 = ca & 0xFFu, ea1 = (AMN ? cr : ca >> 8) & 0xFFu;
-            const unsigned eb0 = AMN ? ca >> 8 : cr & 0xFFu, eb1 = cr >> 8;
-            // fp16 window: one IMAD per factor (codes of rows past the valid ones and of blocks
-            // past the contraction give other bits: those rows are never stored, those steps'
-            // fragments are zeroed below); bf16: 2^(e - 127)
-            const unsigned ma0 = mx_block_factor<H>(ea0, fka), ma1 = mx_block_factor<H>(ea1, fka);
-            const unsigned mb0 = mx_block_factor<H>(eb0, fkb), mb1 = mx_block_factor<H>(eb1, fkb);
-            auto chunk = [&](int s) { return ra + ((static_cast<unsigned>(s) ^ sw) << 4); };
-            // each step's words are loaded one step ahead, before the wgmma wait (MN-major:
-            // two steps' words per load, the second pair after step 1's decode)
-            unsigned wa0, wa1, wb0, wb1;
-            if constexpr (AMN) {
-                ldsm_x4_t(ra, wa0, wa1, wb0, wb1);
-            } else {
-                wa0 = lds_u32(chunk(0));
-                wa1 = lds_u32(chunk(0) + 8);
-                wb0 = lds_u32(chunk(0) + 8 * kBK);
-                wb1 = lds_u32(chunk(0) + 8 * kBK + 8);
-            }
-            unsigned af[2][4];
-#pragma unroll
-            for (int s = 0; s < kBK / 16; ++s) {
-                ws_step_wait<NI * 4>(s, kt >= 1 && kt - 1 + NCB < KTc, (u + NCB - 1) % NCB, accf);
-                unsigned* const f = af[s & 1];
-                if constexpr (AMN) {
-                    // step s: lines 0-7 in x, 8-15 in y; bytes (row ra0, line 2q), (ra1, 2q),
-                    // (ra0, 2q + 1), (ra1, 2q + 1) of each
-                    const unsigned x = (s & 1) ? wb0 : wa0, y = (s & 1) ? wb1 : wa1;
-                    mx_decode4<E5, H>(__byte_perm(x, y, 0x6420u), s < 2 ? ma0 : ma1, f[0], f[2]);
-                    mx_decode4<E5, H>(__byte_perm(x, y, 0x7531u), s < 2 ? mb0 : mb1, f[1], f[3]);
-                    if (s == 1) ldsm_x4_t(ra + 32 * 128, wa0, wa1, wb0, wb1);
-                    if (s > 0 && kt == KTc - 1 && 16 * s >= lds_u32_volatile(tail_len))
-                        f[0] = f[1] = f[2] = f[3] = 0u;
-                } else {
-                    mx_decode4<E5, H>(__byte_perm(wa0, wa1, sel), s < 2 ? ma0 : ma1, f[0], f[2]);
-                    mx_decode4<E5, H>(__byte_perm(wb0, wb1, sel), s < 2 ? mb0 : mb1, f[1], f[3]);
-                    if (s + 1 < kBK / 16) {
-                        const unsigned ch = chunk(s + 1);
-                        wa0 = lds_u32(ch);
-                        wa1 = lds_u32(ch + 8);
-                        wb0 = lds_u32(ch + 8 * kBK);
-                        wb1 = lds_u32(ch + 8 * kBK + 8);
-                    }
-                }
-                wg_fence();
-#pragma unroll
-                for (int n = 0; n < 2; ++n)
-                    wgmma_m64n128k16_rs<H, BMN ? 1 : 0>(
-                        accf + 64 * n, af[s & 1],
-                        static_cast<unsigned>(db) + ((n * (128 * 128) + s * B_STEP) >> 4),
-                        static_cast<unsigned>(db >> 32));
-                wg_commit();
-                wg_fence_acc<NI * 4>(accf);
-            }
-        }
-        }
+        wmx_consume<AMN, BMN, L, decltype(h)::value, decltype(e5)::value, NI * 4>(
+            accf, fr, s0, abar, sbar, tail_len, fka, fkb, 0, KTc, KTc);
         // retired inside each staging mode's loop: the modes' accumulators meet only after
         // (ptxas serializes the wgmma when they join with groups in flight)
         wg_wait0();
@@ -367,10 +212,11 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     };
     with_flags(f16m, ea5, loop);  // one k-loop per staging mode and A format
     if (f16m) {
-        mx_rescale<1, NI, AMN>(accf, exps_a, exps_b, mx_rescale_shift(ea5, eb5), wm0, 0, lane);
+        mx_rescale<1, NI, AMN>(accf, exps_a, exps_b, mx_rescale_shift(ea5, eb5), fr.wm0, 0,
+                               fr.lane);
     }
     // (the staging tile ends below the exponents, which mx_rescale read before)
-    ws_epilogue<BN, NI, EPI_LD, AMN>(smem, accf, wm0, lane, ep, r0, c0, rows_valid, cols_valid);
+    ws_epilogue<BN, NI, EPI_LD, AMN>(smem, accf, fr.wm0, fr.lane, ep, r0, c0, rows_valid, cols_valid);
 }
 
 }  // namespace lpm_gg

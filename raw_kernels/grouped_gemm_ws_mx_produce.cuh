@@ -9,6 +9,7 @@
 #define LPM_GROUPED_GEMM_WS_MX_PRODUCE_CUH
 
 #include "grouped_gemm_dequant.cuh"
+#include "grouped_gemm_tma.cuh"
 #include "grouped_gemm_ws_roles.cuh"
 #include "grouped_gemm_mxf16.cuh"
 
@@ -35,15 +36,81 @@ struct WmxLayout {
     static constexpr int P_RAW = kBK * 128;  // MN-major B: a raw panel, [64 lines][128 bytes]
 };
 
-// The k-loops of producer thread t (0..255) of gemm_ws_mx: per k-tile kt, refill(kt) (frees the
-// ring positions, requests copies, waits for k-tile kt's), then widens its share of B into
-// canonical buffer kt % kWmxCanonBuffers and arrives at FULL. One loop per staging mode (f16m:
+// The copy-issuing thread's tensor-map rows of a tile at (r0, c0) of the expert with descriptor
+// words d: K-major operands their first row; MN-major ones their first contraction line / block
+// line, their columns from ac / bc (the tile's first row / column).
+struct WmxRows {
+    int a, b, as, bs, ac, bc;
+};
+template <bool AMN, bool BMN>
+__device__ __forceinline__ WmxRows wmx_rows(const long long* d, long long r0, long long c0) {
+    WmxRows r;
+    r.a = static_cast<int>(d[D_A_OFF] / d[D_A_LD] + (AMN ? 0 : r0));
+    r.b = static_cast<int>(d[D_B_OFF] / d[D_B_LD] + (BMN ? 0 : c0));
+    r.as = static_cast<int>(d[D_A_SOFF] / d[D_A_SLD] + (AMN ? 0 : r0));
+    r.bs = static_cast<int>(d[D_B_SOFF] / d[D_B_SLD] + (BMN ? 0 : c0));
+    r.ac = static_cast<int>(r0);
+    r.bc = static_cast<int>(c0);
+    return r;
+}
+
+// The copies of k-tile kt of a tile (rows rw) into the ring positions of the CTA's k-tile j:
+// A's raw stage (K-major: 128 rows x 64 bytes; MN-major: one 128-row panel of 64 lines), B's
+// (K-major: 256 rows; MN-major: two 128-row panels), each on its stage's mbarrier.
+template <bool AMN, bool BMN, class L>
+__device__ __forceinline__ void wmx_issue_data(unsigned s0, unsigned abar, unsigned bbar, int j,
+                                               int kt, const WmxRows& rw, const TmaMap* tm_a,
+                                               const TmaMap* tm_b) {
+    constexpr int NSA = kWmxAStages, NSB = kWmxBStages;
+    const unsigned sa = s0 + (j % NSA) * L::T_DA, ba = abar + 8 * (j % NSA);
+    const unsigned sb = s0 + L::T_B0 + (j % NSB) * L::T_DB, bb = bbar + 8 * (j % NSB);
+    mbar_arrive_expect_tx(ba, L::T_DA);
+    if constexpr (AMN) {
+        tma_load_2d(sa, tm_a, ba, rw.ac, rw.a + kt * kBK);
+    } else {
+        tma_load_2d(sa, tm_a, ba, kt * kBK, rw.a);
+    }
+    mbar_arrive_expect_tx(bb, L::T_DB);
+    if constexpr (BMN) {
+        tma_load_2d(sb, tm_b, bb, rw.bc, rw.b + kt * kBK);
+        tma_load_2d(sb + L::P_RAW, tm_b, bb, rw.bc + 128, rw.b + kt * kBK);
+    } else {
+        tma_load_2d(sb, tm_b, bb, kt * kBK, rw.b);
+    }
+}
+// ... and of scale group g of a tile (kWmxScaleTiles k-tiles: K-major 16 bytes per row,
+// MN-major 2 kWmxScaleTiles block lines) into the slot of the CTA's group q.
+template <bool AMN, bool BMN, class L>
+__device__ __forceinline__ void wmx_issue_scales(unsigned s0, unsigned sbar, int q, int g,
+                                                 const WmxRows& rw, const TmaMap* tm_as,
+                                                 const TmaMap* tm_bs) {
+    constexpr int SGT = kWmxScaleTiles;
+    const int sl = q % kWmxScaleSlots;
+    const unsigned sb = s0 + L::T_SC + sl * L::T_SLOT, bar = sbar + 8 * sl;
+    mbar_arrive_expect_tx(bar, L::T_SLOT);
+    if constexpr (AMN) {
+        tma_load_2d(sb, tm_as, bar, rw.ac, rw.as + g * 2 * SGT);
+    } else {
+        tma_load_2d(sb, tm_as, bar, g * L::T_SLD, rw.as);
+    }
+    if constexpr (BMN) {
+        tma_load_2d(sb + L::T_SB, tm_bs, bar, rw.bc, rw.bs + g * 2 * SGT);
+    } else {
+        tma_load_2d(sb + L::T_SB, tm_bs, bar, g * L::T_SLD, rw.bs);
+    }
+}
+
+// The k-loops of producer thread t (0..255) of gemm_ws_mx: per k-tile j (KT of them from j0, the
+// CTA's k-tile sequence: one tile's, j0 a multiple of kWmxScaleTiles), refill(j) (frees the
+// ring positions, requests copies, waits for k-tile j's), then widens its share of B into
+// canonical buffer j % kWmxCanonBuffers and arrives at FULL. One loop per staging mode (f16m:
 // fp16 window, factors relative to the columns' largest codes in exps_b and bias_b; else bf16)
 // and B format (eb5: E5M2). Columns from cols_valid on are not widened.
 template <bool BMN, class L, class Refill>
 __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int cols_valid,
                                               int bias_b, const unsigned char* exps_b,
-                                              bool f16m, bool eb5, const Refill& refill) {
+                                              bool f16m, bool eb5, const Refill& refill,
+                                              int j0) {
     constexpr int BN = L::BN, NSB = kWmxBStages, NCB = kWmxCanonBuffers;
     constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     constexpr int T_B0 = L::T_B0, T_DB = L::T_DB, CANON_B = L::CANON_B, T_CANON = L::T_CANON;
@@ -81,17 +148,17 @@ __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int co
         }
         auto loop = [&](auto h, auto e5) {
             constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
-            for (int kt = 0; kt < KT; ++kt) {
-                const int cb = kt % NCB, gs = kt / SGT;
-                refill(kt);
-                const unsigned rb = s0 + T_B0 + (kt % NSB) * T_DB + o_raw;
+            for (int j = j0; j < j0 + KT; ++j) {
+                const int cb = j % NCB, gs = j / SGT;
+                refill(j);
+                const unsigned rb = s0 + T_B0 + (j % NSB) * T_DB + o_raw;
                 const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
                 const uint2 sc =
-                    lds_v2(s0 + T_SC + (gs % NSG) * T_SLOT + (kt % SGT) * 2 * BN + o_sc);
+                    lds_v2(s0 + T_SC + (gs % NSG) * T_SLOT + (j % SGT) * 2 * BN + o_sc);
                 uint2 x[8];
 #pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    x[j] = lds_v2(rb + j * 128 + ((gc ^ static_cast<unsigned>(j)) << 4));
+                for (int l = 0; l < 8; ++l)
+                    x[l] = lds_v2(rb + l * 128 + ((gc ^ static_cast<unsigned>(l)) << 4));
                 if (live) {
                     if constexpr (H) {
                         unsigned m[4];
@@ -104,11 +171,11 @@ __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int co
                             m[i] = (v << LPM_FP16_MANT_BITS) & 0x7C007C00u;
                         }
 #pragma unroll
-                        for (int j = 0; j < 8; ++j) {
+                        for (int l = 0; l < 8; ++l) {
                             unsigned o[4];
-                            fp8_decode4_f16<E5>(x[j].x, m[0], m[1], o[0], o[1]);
-                            fp8_decode4_f16<E5>(x[j].y, m[2], m[3], o[2], o[3]);
-                            sts_v4(cbb + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4), o[0],
+                            fp8_decode4_f16<E5>(x[l].x, m[0], m[1], o[0], o[1]);
+                            fp8_decode4_f16<E5>(x[l].y, m[2], m[3], o[2], o[3]);
+                            sts_v4(cbb + l * 128 + ((gk ^ static_cast<unsigned>(l)) << 4), o[0],
                                    o[1], o[2], o[3]);
                         }
                     } else {
@@ -118,11 +185,11 @@ __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int co
                             f[i] = lpm_e8m0_to_f32(((i < 4 ? sc.x : sc.y) >> (8 * (i & 3))) &
                                                    0xFFu);
 #pragma unroll
-                        for (int j = 0; j < 8; ++j) {
+                        for (int l = 0; l < 8; ++l) {
                             unsigned o[4];
-                            fp8_decode4<E5>(x[j].x, f[0], f[1], f[2], f[3], o[0], o[1]);
-                            fp8_decode4<E5>(x[j].y, f[4], f[5], f[6], f[7], o[2], o[3]);
-                            sts_v4(cbb + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4), o[0],
+                            fp8_decode4<E5>(x[l].x, f[0], f[1], f[2], f[3], o[0], o[1]);
+                            fp8_decode4<E5>(x[l].y, f[4], f[5], f[6], f[7], o[2], o[3]);
+                            sts_v4(cbb + l * 128 + ((gk ^ static_cast<unsigned>(l)) << 4), o[0],
                                    o[1], o[2], o[3]);
                         }
                     }
@@ -149,12 +216,12 @@ __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int co
         const unsigned fk1 = mx_window_row(exps_b[ur + 128], bias_b);
         auto loop = [&](auto h, auto e5) {
             constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
-            for (int kt = 0; kt < KT; ++kt) {
-                const int cb = kt % NCB, g = kt / SGT;
-                refill(kt);
-                const unsigned rb = s0 + T_B0 + (kt % NSB) * T_DB + o_raw;
+            for (int j = j0; j < j0 + KT; ++j) {
+                const int cb = j % NCB, g = j / SGT;
+                refill(j);
+                const unsigned rb = s0 + T_B0 + (j % NSB) * T_DB + o_raw;
                 const unsigned rsb =
-                    s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (kt % SGT) * 2 + o_sc;
+                    s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (j % SGT) * 2 + o_sc;
                 const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
                 const uint4 x0 = lds_v4(rb), y0 = lds_v4(rb ^ 16u);
                 const uint4 x1 = lds_v4(rb + D_RAW), y1 = lds_v4((rb + D_RAW) ^ 16u);
@@ -170,9 +237,9 @@ __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int co
                     mx_decode4<E5, H>(y.z, m, o[12], o[13]);
                     mx_decode4<E5, H>(y.w, m, o[14], o[15]);
 #pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        sts_v4(canon_chunk4(dst, j), o[4 * j], o[4 * j + 1], o[4 * j + 2],
-                               o[4 * j + 3]);
+                    for (int l = 0; l < 4; ++l)
+                        sts_v4(canon_chunk4(dst, l), o[4 * l], o[4 * l + 1], o[4 * l + 2],
+                               o[4 * l + 3]);
                 };
                 if (live0) unit(x0, y0, mx_block_factor<H>(e0, fk0), cbb);
                 if (live1) unit(x1, y1, mx_block_factor<H>(e1, fk1), cbb + D_CN);

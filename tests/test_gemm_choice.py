@@ -270,6 +270,67 @@ def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
     monkeypatch.delenv(C.MXFP8_WS_ENV)
 
 
+@pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
+def test_choose_kernel_mxfp8_persistent(mode, monkeypatch):
+    """sm_90, MXFP8 on the warp-specialised kernel with more tiles than multiprocessors: its
+    persistent form (``_kk_o`` / ``_kn_o`` / ``_nn_o``, its own shared-memory formula, the grid
+    capped at one CTA per SM) for 16-bit output without bias into an aligned buffer, a
+    contraction of whole scale groups and one length for every expert; the per-tile kernel
+    for fp32 output, bias, accumulation, other lengths, ``LOWPREC_MOE_GEMM_PERSIST=off``;
+    ``=on`` takes it for few tiles too."""
+    from dataclasses import replace
+
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
+    monkeypatch.setenv(C.MXFP8_WS_ENV, "all")
+    sms = H200_CAPS[2]
+    lay = {"fprop": "kk", "dgrad": "kn", "wgrad": "nn"}[mode]
+    # (contraction: PERSIST_MX_MAX_KTILES k-tiles)
+    length = C.PERSIST_MX_MAX_KTILES * C.BK
+    if mode == "wgrad":  # 24 experts x `length` tokens, 512 x 1024 outputs: 24 x 4 x 4 tiles
+        splits, n, k = [length] * 24, 512, 1024
+    else:  # 160 row tiles x 2 column tiles
+        splits, n, k = ([0, 300, 37, 260, 5, 129] * 16, 512, length) if mode == "fprop" else \
+            ([0, 300, 37, 260, 5, 129] * 16, length, 512)
+    p = replace(_policy_problem(mode, "mxfp8-hybrid", splits, n=n, k=k), out_dtype="bfloat16")
+    pl = C.plan(p)
+    assert C.num_tiles(pl, 128, 256) > sms
+    ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+    assert ln.kernel == f"lpm_gg_mxfp8_{lay}_o" and ln.tma and ln.grid_cap == sms, ln
+    assert ln.smem == C._ws_mx_p_smem_bytes() and ln.threads == C.WS_THREADS, ln
+    per_tile = f"lpm_gg_mxfp8_{lay}_y"
+    for other in (dict(out_dtype="float32"), dict(accumulate=True),
+                  dict(bias=np.zeros((len(splits), n), np.float32))):
+        if "bias" in other and mode != "fprop":
+            continue
+        ln = C.choose_kernel(replace(p, **other), pl, caps=H200_CAPS)
+        assert ln.kernel == per_tile and ln.grid_cap == 0, (other, ln)
+        assert ln.smem == C._ws_mx_smem_bytes(), ln
+    assert C.choose_kernel(replace(p, out_dtype="float16"), pl, caps=H200_CAPS).kernel == \
+        f"lpm_gg_mxfp8_{lay}_o"
+    monkeypatch.setenv(C.PERSIST_ENV, "off")
+    assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == per_tile
+    monkeypatch.delenv(C.PERSIST_ENV)
+    # a contraction of 4 k-tiles (not a whole scale group of WMX_SCALE_TILES) or 0; longer
+    # than PERSIST_MX_MAX_KTILES ("on" takes those); experts of different lengths
+    for kt, want in ((8, True), (4, False), (0, False), (16, False)):
+        pl.length[:] = kt * C.BK
+        assert C._persist_mx(p, pl, sms) == want, kt
+    monkeypatch.setenv(C.PERSIST_ENV, "on")
+    assert C._persist_mx(p, pl, sms)
+    monkeypatch.delenv(C.PERSIST_ENV)
+    pl.length[:] = 8 * C.BK
+    pl.length[0] = 16 * C.BK
+    assert not C._persist_mx(p, pl, sms)
+    # few tiles: "auto" keeps one CTA per tile, "on" takes the persistent form
+    few = replace(_policy_problem(mode, "mxfp8-hybrid", [length] * 3 if mode == "wgrad"
+                                  else [300, 37], n=512, k=512), out_dtype="bfloat16")
+    assert C.choose_kernel(few, C.plan(few), caps=H200_CAPS).kernel == per_tile
+    monkeypatch.setenv(C.PERSIST_ENV, "on")
+    assert C.choose_kernel(few, C.plan(few), caps=H200_CAPS).kernel == f"lpm_gg_mxfp8_{lay}_o"
+
+
 @pytest.mark.parametrize("mode", ["fprop", "dgrad"])
 def test_choose_kernel_swap_wide(mode, monkeypatch):
     """sm_90, few tokens per expert, NVFP4 in the default family: the wide swapped-operand TMA

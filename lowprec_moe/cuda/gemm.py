@@ -44,9 +44,11 @@ from .. import kernels
 from . import gemm_choice  # noqa: F401 - tests patch the policy helpers (_chunk, ...) there
 from .gemm_choice import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     KERNEL_ENV, MXFP8_MMA_ENV, MXFP8_WS_AUTO, MXFP8_WS_ENV, PERSIST_ENV, PERSIST_MAX_KTILES,
+    PERSIST_MX_MAX_KTILES,
     PERSIST_N256_MAX_KTILES, SWAP_N16_ENV, SWAP_WIDE_ENV, SWAP_WIDE_MIN_CTAS_PER_SM, TMA_ENV,
     WS_N256_ENV, Launch, _chunk,
-    _device_caps, _env_mode, _mx_bf16, _cupy, _persist, _pick_bm, _swap_wide, _use_swap,
+    _device_caps, _env_mode, _mx_bf16, _cupy, _persist, _persist_mx, _pick_bm, _swap_wide,
+    _use_swap,
     choose_kernel, kernel_info, num_tiles)
 from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     BK, CONFIGS, DESC_WORDS, SWAP_STAGES, D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD,
@@ -59,7 +61,8 @@ from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     EPI_COL_TABLE, EPI_WARP_LD, MAX_SMEM, WMX_A_STAGES, WMX_AHEAD, WMX_B_STAGES,
     WMX_CANON_BUFFERS, WMX_SCALE_SLOTS, WMX_SCALE_TILES,
     WS_SCALE_SLOTS, WS_SCALE_TILES, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes, _smem_bytes,
-    _swap_smem_bytes, _ws_mx_smem_bytes, _ws_p_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
+    _swap_smem_bytes, _ws_mx_p_smem_bytes, _ws_mx_smem_bytes, _ws_p_smem_bytes, _ws_smem_bytes,
+    _ws_tma_smem_bytes)
 
 from .gemm_tma import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     _ptr, _scales_word_aligned, _tma_maps, _tma_rows_ok, _tma_scale_rows_ok, _use_tma,
@@ -150,7 +153,8 @@ def _signature(p, arrays) -> tuple:
             bool(p.accumulate), os.environ.get(KERNEL_ENV, "auto"), os.environ.get(TMA_ENV, "auto"),
             os.environ.get(SWAP_WIDE_ENV, "auto"), os.environ.get(SWAP_N16_ENV, "auto"),
             os.environ.get(MXFP8_WS_ENV, "auto"), os.environ.get(PERSIST_ENV, "auto"),
-            os.environ.get(WS_N256_ENV, "auto"),
+            os.environ.get(WS_N256_ENV, "auto"), p.out_dtype, p.bias is not None,
+            None if p.out is None else _ptr(p.out) % 16,
             gt_sig(p.a), gt_sig(p.b), residues)
 
 

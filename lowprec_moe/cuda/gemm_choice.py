@@ -91,6 +91,12 @@ Kernel choice
   ``MXFP8_WS_WGRAD_MIN_LEN`` tokens or more on average.
   ``LOWPREC_MOE_GEMM_MXFP8_WS``: ``auto`` (default) takes the layouts in ``MXFP8_WS_AUTO``,
   ``all`` all three, ``off`` none.
+  Its persistent form (``_kk_o``, ``_kn_o``, ``_nn_o``;
+  ``raw_kernels/grouped_gemm_ws_mx_persist.cuh``: one CTA per SM over many tiles, the
+  producers checking the next tile's window and widening its first k-tiles while the consumers
+  finish the current one; bitwise the per-tile kernel) takes its place with more tiles than
+  SMs for 16-bit output without bias, one contraction length of a whole number of scale groups
+  and at most ``PERSIST_MX_MAX_KTILES`` k-tiles (``LOWPREC_MOE_GEMM_PERSIST`` as above).
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
   swapped-operand one for few tokens per expert), without the warp-specialised one and without
@@ -107,9 +113,10 @@ import numpy as np
 
 from .gemm_plan import (BK, CONFIGS, KIND_FP4_K, KIND_FP8_K, Operand, Plan, SIMT_TILE,
                         THREADS, WS_N256_THREADS, WS_THREADS, _cdiv, plan)
-from .gemm_smem import (WS_SCALE_TILES, _smem_bytes, _swap_smem_bytes, _ws_mx_smem_bytes,
+from .gemm_smem import (WMX_SCALE_TILES, WS_SCALE_TILES, _smem_bytes, _swap_smem_bytes,
+                        _ws_mx_p_smem_bytes, _ws_mx_smem_bytes,
                         _ws_p_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
-from .gemm_tma import _scales_word_aligned, _use_tma, _use_ws_tma
+from .gemm_tma import _ptr, _scales_word_aligned, _use_tma, _use_ws_tma
 
 #: Environment variable selecting the kernel family: "auto" (default) or "simt".
 KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
@@ -148,9 +155,10 @@ MXFP8_WS_ENV = "LOWPREC_MOE_GEMM_MXFP8_WS"
 _MXFP8_WS_MODES = ("auto", "all", "off")
 #: Environment variable for the persistent forms of the warp-specialised NVFP4 TMA build
 #: (``_kk_o`` of the 384-thread ``_kk_q``, ``_kk_z`` of ``_kk_y``; one CTA per SM over many
-#: tiles): "auto" (default: more tiles than multiprocessors and, ``_kk_z``, at most
-#: PERSIST_MAX_KTILES k-tiles per tile), "on" (wherever it applies) or "off" (``_kk_q`` /
-#: ``_kk_y``, one CTA per tile).
+#: tiles) and of the warp-specialised MXFP8 kernel (``_kk_o`` / ``_kn_o`` / ``_nn_o``): "auto"
+#: (default: more tiles than multiprocessors and, ``_kk_z``, at most PERSIST_MAX_KTILES k-tiles
+#: per tile, MXFP8 at most PERSIST_MX_MAX_KTILES), "on" (wherever it applies) or "off"
+#: (one CTA per tile).
 PERSIST_ENV = "LOWPREC_MOE_GEMM_PERSIST"
 _PERSIST_MODES = ("auto", "on", "off")
 #: Longest contraction (k-tiles) that "auto" runs in the 512-thread persistent form ``_kk_z``
@@ -167,6 +175,13 @@ PERSIST_MAX_KTILES = 8
 #: its k-tiles as fast as ``_kk_q`` (A/B: 2-6 % faster at 32 to 112 k-tiles, 10 % at 16, 16 %
 #: on fine wgrad at 8; benchmarks/RESULTS.md).
 PERSIST_N256_MAX_KTILES = None
+#: Longest contraction (k-tiles) that "auto" runs in the persistent MXFP8 form (``_kk_o``,
+#: ``_kn_o``, ``_nn_o``): its producers check each next tile against the fp16 window, a scan of
+#: the tile's block scales that grows with the contraction and that the consumers wait for
+#: (H200, 6 compute-bound shapes: 2-16 % slower than the per-tile kernel from 16 k-tiles, the
+#: most at 112); below kWmxMinKTiles (16) no tile is checked, and on fine wgrad (8 k-tiles) it
+#: measured 9 % faster (benchmarks/RESULTS.md).
+PERSIST_MX_MAX_KTILES = 8
 #: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk"), dgrad
 #: ("kn", B MN-major) and wgrad ("nn", both MN-major) all measured faster than the plain kernel
 #: on every compute-bound shape where they apply (fprop 4-15 %, dgrad 8-20 %, wgrad 2-31 %;
@@ -349,18 +364,21 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     # ... in its 384-thread form (_kk_q) unless switched off
     n256 = ws_tma and not ws_mx and _env_mode(WS_N256_ENV, _WS_N256_MODES) == "auto"
     # ... persistent (_kk_o, or _kk_z in the 512-thread form) when there are more tiles than
-    # multiprocessors
-    grid_cap = sms if ws_tma and not ws_mx and _persist(pl, sms, n256) else 0
+    # multiprocessors; the MXFP8 kernel too (_kk_o, _kn_o, _nn_o) where its epilogue can run
+    # from registers
+    grid_cap = sms if ws_tma and (_persist_mx(p, pl, sms) if ws_mx else
+                                  _persist(pl, sms, n256)) else 0
     ws = ws or ws_mx
     suffix = (cfg if cfg in ("r", "p") else "u" if use_tma else
-              ("o" if n256 else "z") if grid_cap else "q" if n256 else "y" if ws_tma else cfg)
+              ("o" if n256 or ws_mx else "z") if grid_cap else "q" if n256 else "y" if ws_tma
+              else cfg)
     use_tma = use_tma or ws_tma
     name = f"lpm_gg_{prefix}_{layout}_{suffix}" + ("8" if ch == 8 else "")
     if cfg in ("t", "r", "p"):
         smem = _swap_smem_bytes(pl.a.kind, pl.b.kind, wide=cfg != "t")
     elif ws_mx:
-        smem = _ws_mx_smem_bytes()
-    elif grid_cap:  # both persistent forms
+        smem = _ws_mx_p_smem_bytes() if grid_cap else _ws_mx_smem_bytes()
+    elif grid_cap:  # both persistent NVFP4 forms
         smem = _ws_p_smem_bytes()
     elif ws_tma:
         smem = _ws_tma_smem_bytes()
@@ -395,6 +413,26 @@ def _persist(pl: Plan, sms: int, n256: bool) -> bool:
     longest = PERSIST_N256_MAX_KTILES if n256 else PERSIST_MAX_KTILES
     return mode == "on" or ((longest is None or kt <= longest)
                             and num_tiles(pl, *CONFIGS["x"]) > sms)
+
+
+def _persist_mx(p, pl: Plan, sms: int) -> bool:
+    """Whether an MXFP8 problem that takes the warp-specialised kernel (``_kk_y``, ``_kn_y``,
+    ``_nn_y``) runs in its persistent form (``_kk_o``, ``_kn_o``, ``_nn_o``; see PERSIST_ENV):
+    one contraction length for every expert, a whole, nonzero number of scale groups
+    (``WMX_SCALE_TILES`` k-tiles) per tile, and an epilogue the kernel runs from registers --
+    16-bit output without bias, whole 8-column groups, a 16-byte aligned output buffer (or one
+    the launcher allocates) and no accumulation."""
+    mode = _env_mode(PERSIST_ENV, _PERSIST_MODES)
+    if mode == "off" or not len(pl.length) or np.any(pl.length != pl.length[0]):
+        return False
+    kt = -(-int(pl.length[0]) // BK)
+    if kt == 0 or kt % WMX_SCALE_TILES:
+        return False
+    out_ok = p.out is None or _ptr(p.out) % 16 == 0
+    if (p.out_dtype not in ("bfloat16", "float16") or p.bias is not None or p.accumulate
+            or pl.n_cols % 8 or not out_ok):
+        return False
+    return mode == "on" or (kt <= PERSIST_MX_MAX_KTILES and num_tiles(pl, *CONFIGS["x"]) > sms)
 
 
 def num_tiles(pl: Plan, bm: int, bn: int) -> int:

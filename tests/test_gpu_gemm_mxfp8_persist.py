@@ -1,0 +1,148 @@
+"""The persistent form of the warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_o`` / ``_kn_o`` /
+``_nn_o``, raw_kernels/grouped_gemm_ws_mx_persist.cuh) on the GPU: each CTA runs many tiles as
+one sequence of k-tiles, its producers check each next tile against the fp16 window while the
+consumers finish the current one, and the epilogue runs from registers through a canonical
+buffer.
+
+The grid is capped at 3 CTAs (the launcher sees 3 multiprocessors), so every CTA runs 6-7
+tiles and the rings, window slots and barrier phases wrap across tile boundaries. Checks, bit
+for bit against the one-CTA-per-tile kernel (``_kk_y`` / ``_kn_y`` / ``_nn_y``, itself bitwise
+the plain wgmma kernel) and within tolerance of float64, for fprop, dgrad and wgrad:
+
+* 8 (bf16 staging), 16 and 32 k-tiles (fp16 window), E4M3 and hybrid (E5M2 gradients), bf16
+  and fp16 output, ragged experts with partial row and column tiles;
+* tiles of both staging modes in one CTA (rows spanning more than the window in some tiles);
+* the bf16 path forced (``LOWPREC_MOE_MXFP8_MMA=bf16``);
+* with the real multiprocessor count, "auto" choosing the persistent form for many tiles.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from lowprec_moe.gemm import _validate, grouped_gemm
+
+from conftest import assert_bytes_equal, requires_gpu, to_host
+from test_gemm import _data, _expected, _quantize, assert_gemm_close
+from test_gpu_gemm import gpu
+from test_gpu_gemm_mxfp8_ws import SPLITS, W_IN, W_OUT, _require_wgmma
+from test_gpu_gemm_persist import NUM_CTAS, few_ctas  # noqa: F401 - fixture
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+LAYOUT = {"fprop": "kk", "dgrad": "kn", "wgrad": "nn"}
+
+
+def _operands(mode, fmt, length, seed, *, wide=False):
+    """(A, B, splits): fprop (contraction K = length, 320 output columns), dgrad (contraction N
+    = length, 320 output columns) over SPLITS, or wgrad (three experts of `length` tokens, a
+    320 x 384 output each). ``wide``: some rows of A span ~40 block codes (every 7th block
+    scaled by 2^40), so the tiles holding them leave the fp16 window while the others keep it."""
+    splits = [length] * 3 if mode == "wgrad" else SPLITS
+    m = sum(splits)
+    if mode == "wgrad":
+        x, _, dy = _data(seed, m, W_OUT, W_IN)
+    else:
+        n, k = (320, length) if mode == "fprop" else (length, 320)
+        x, _, dy = _data(seed, m, n, k)
+    if wide:
+        big = np.float32(2.0 ** 40)
+        if mode == "fprop":
+            x[300:337, ::7 * 32] *= big  # expert 2's rows
+        elif mode == "dgrad":
+            dy[600:640, ::7 * 32] *= big  # rows of expert 3
+        else:
+            dy[::7 * 32, 130:140] *= big  # dy columns = output rows of the second row tile
+    if mode == "wgrad":
+        w = np.zeros((1, W_OUT, W_IN), np.float32)
+    else:
+        w = np.random.default_rng(seed + 1).standard_normal(
+            (len(splits),) + ((320, length) if mode == "fprop" else (length, 320)))
+        w = w.astype(np.float32)
+    xq, wq, dq = _quantize(fmt, x, w, dy, splits)
+    if mode == "fprop":
+        return xq, wq, splits
+    if mode == "dgrad":
+        return dq, wq, splits
+    return dq, xq, splits
+
+
+def _run(mode, a, b, splits, monkeypatch, *, persist, out_dtype="bfloat16"):
+    """One call with the persistent form on or off; checks which kernel ran."""
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setenv(C.PERSIST_ENV, "on" if persist else "off")
+    ga, gb = gpu(a), gpu(b)
+    info = C.kernel_info(_validate(mode, ga, gb, splits, bias=None, probs=None,
+                                   out_dtype=out_dtype, out=None, accumulate=False))
+    want = f"lpm_gg_mxfp8_{LAYOUT[mode]}_" + ("o" if persist else "y")
+    assert info["kernel"] == want, info
+    out = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype=out_dtype))
+    monkeypatch.delenv(C.PERSIST_ENV)
+    return out
+
+
+def _check(mode, a, b, splits, monkeypatch, what, out_dtype="bfloat16"):
+    got = _run(mode, a, b, splits, monkeypatch, persist=True, out_dtype=out_dtype)
+    assert_bytes_equal(got, _run(mode, a, b, splits, monkeypatch, persist=True,
+                                 out_dtype=out_dtype), f"{what}, run to run")
+    per_tile = _run(mode, a, b, splits, monkeypatch, persist=False, out_dtype=out_dtype)
+    assert_bytes_equal(got, per_tile, f"{what} vs the per-tile kernel")
+    exp, mag = _expected(mode, a, b, splits)
+    assert_gemm_close(got, exp, mag, what)
+
+
+@pytest.mark.parametrize("length", [512, 1024, 2048])
+@pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-hybrid"])
+@pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
+def test_gpu_mxfp8_persistent_equals_per_tile(mode, fmt, length, monkeypatch, few_ctas):
+    """8, 16 and 32 k-tiles per tile (8: bf16 staging, below the window's k-tile bar), bf16
+    output; fp16 output at 16."""
+    _require_wgmma()
+    a, b, splits = _operands(mode, fmt, length, 80 + length)
+    _check(mode, a, b, splits, monkeypatch, f"persistent {mode} {fmt} {length}")
+    if length == 1024:
+        _check(mode, a, b, splits, monkeypatch, f"persistent {mode} {fmt} {length} fp16 out",
+               out_dtype="float16")
+
+
+@pytest.mark.parametrize("mma", ["auto", "bf16"])
+@pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
+def test_gpu_mxfp8_persistent_mixed_modes(mode, mma, monkeypatch, few_ctas):
+    """Tiles of both staging modes in one CTA (some rows beyond the window), and every tile on
+    bf16 when forced."""
+    _require_wgmma()
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setenv(C.MXFP8_MMA_ENV, mma)
+    a, b, splits = _operands(mode, "mxfp8-e4m3", 2048, 90, wide=True)
+    _check(mode, a, b, splits, monkeypatch, f"persistent {mode} wide rows {mma}")
+
+
+def test_gpu_mxfp8_persistent_many_tiles_default(monkeypatch):
+    """With the real multiprocessor count, more tiles than multiprocessors and a contraction of
+    PERSIST_MX_MAX_KTILES k-tiles, "auto" takes the persistent form for bf16 output and the
+    per-tile one for fp32 output; the two agree bit for bit on bf16 output."""
+    _require_wgmma()
+    from lowprec_moe.cuda import gemm as C
+
+    splits = [512, 0, 1000, 384, 130, 700] * 6  # ~165 row tiles x 2 column tiles
+    k = C.PERSIST_MX_MAX_KTILES * C.BK
+    x, _, dy = _data(91, sum(splits), 512, k)
+    w = np.random.default_rng(92).standard_normal((len(splits), 512, k)).astype(np.float32)
+    a, b, _ = _quantize("mxfp8-e4m3", x, w, dy, splits)
+    ga, gb = gpu(a), gpu(b)
+
+    def kernel(out_dtype):
+        return C.kernel_info(_validate("fprop", ga, gb, splits, bias=None, probs=None,
+                                       out_dtype=out_dtype, out=None, accumulate=False))["kernel"]
+
+    assert kernel("bfloat16") == "lpm_gg_mxfp8_kk_o"
+    assert kernel("float32") == "lpm_gg_mxfp8_kk_y"
+    got = to_host(grouped_gemm(ga, gb, splits, mode="fprop", out_dtype="bfloat16"))
+    monkeypatch.setenv(C.PERSIST_ENV, "off")
+    assert kernel("bfloat16") == "lpm_gg_mxfp8_kk_y"
+    assert_bytes_equal(got, to_host(grouped_gemm(ga, gb, splits, mode="fprop",
+                                                 out_dtype="bfloat16")),
+                       "persistent (auto) vs per-tile")
