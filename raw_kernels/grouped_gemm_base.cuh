@@ -248,14 +248,12 @@ __host__ __device__ constexpr int ws_mx_smem_bytes() {
 // Its persistent form (grouped_gemm_ws_mx_persist.cuh): the same pipeline buffers, then two
 // window slots (a tile's rows' and columns' largest block codes, their range over the tile and
 // the tile's staging mode: the producers check the next tile while the consumers finish this
-// one) and the check's scratch (its running ranges); the epilogue stages through a canonical
-// buffer.
+// one); the epilogue stages through a canonical buffer.
 constexpr int kWmxWinSlot = 128 + 256 + 32;  // codes, range (4 words), mode (1 word), padding
-constexpr int kWmxWinScratch = (128 + 256) * 8;
 __host__ __device__ constexpr int ws_mx_p_smem_bytes() {
     return kWmxAStages * raw_data_bytes(KIND_FP8_K, 128) +
            kWmxBStages * raw_data_bytes(KIND_FP8_K, 256) + kWmxCanonBuffers * canon_bytes(256) +
-           kWmxScaleSlots * ws_mx_scale_slot_bytes() + 2 * kWmxWinSlot + kWmxWinScratch + 1024;
+           kWmxScaleSlots * ws_mx_scale_slot_bytes() + 2 * kWmxWinSlot + 1024;
 }
 
 // ==========================================================================================

@@ -90,6 +90,9 @@
 //                             and LPM_GG_DEFINE_WS
 //   grouped_gemm_ws_mx_produce.cuh  its shared-memory layout (WmxLayout) and producers'
 //                             k-loops (wmx_produce_b: B widened per K-major or MN-major layout)
+//   grouped_gemm_mx_ranges.cuh  the block-code range of every MXFP8 operand row
+//                             (lpm_gg_mx_ranges, LPM_GG_DEFINE_MX_RANGES), which the
+//                             warp-specialised MXFP8 kernels check the fp16 window with
 //   grouped_gemm_ws_mx_consume.cuh  its consumers' k-loop (wmx_consume: A widened into
 //                             registers, m64n128k16 on the canonical B)
 //   grouped_gemm_ws_mx.cuh    the warp-specialised MXFP8 kernel gemm_ws_mx (fprop, TMA loads,
@@ -125,6 +128,7 @@
 #include "grouped_gemm_ws_roles.cuh"
 #include "grouped_gemm_ws_fp4.cuh"
 #include "grouped_gemm_ws.cuh"
+#include "grouped_gemm_mx_ranges.cuh"
 #include "grouped_gemm_ws_mx.cuh"
 #include "grouped_gemm_ws_n256.cuh"
 #include "grouped_gemm_ws_persist.cuh"

@@ -195,9 +195,9 @@ __device__ __forceinline__ bool mx_finish(const unsigned* smax, const unsigned* 
     return ok;
 }
 
-// The window check's barriers: __syncthreads (BAR = 0, the whole CTA) or named barrier BAR of
-// NT threads (the persistent kernel's producers); mx_sync_and also returns whether `ok` holds
-// in every participating thread.
+// A window check's barriers: __syncthreads (BAR = 0, the whole CTA) or named barrier BAR of NT
+// threads (the persistent MXFP8 kernel's producers); mx_sync_and also returns whether `ok`
+// holds in every participating thread.
 template <int BAR, int NT>
 __device__ __forceinline__ void mx_sync() {
     if constexpr (BAR == 0) {
@@ -222,20 +222,20 @@ __device__ __forceinline__ bool mx_sync_and(bool ok) {
     }
 }
 
-// The whole window check of a BM x BN tile, by all NT threads of the CTA or of named barrier BAR
-// (contains their barriers, mx_sync): exps_a / exps_b (shared, BM + BN bytes) receive the rows' /
-// columns' e_max, `range` (shared, 4 words; mx_tile_range by default) their range over the
-// tile; `scratch` (shared, (BM + BN) * 8 bytes, free until the caller's next barrier) holds the
-// running ranges. Returns the verdict, uniform over the NT threads: true = stage this tile in
-// the fp16 window.
-template <int AKIND, int BKIND, int BM, int BN, int NT, int BAR = 0>
+// The whole window check of a BM x BN tile, by all NT threads of the CTA (contains barriers):
+// exps_a / exps_b (shared, BM + BN bytes) receive the rows' / columns' e_max, mx_tile_range their
+// range over the tile; `scratch` (shared, (BM + BN) * 8 bytes, free until the caller's next
+// barrier) holds the running ranges. Returns the CTA-uniform verdict: true = stage this tile in
+// the fp16 window. (The warp-specialised kernels check with precomputed row ranges instead:
+// mx_window_check_ranges, grouped_gemm_mx_ranges.cuh.)
+template <int AKIND, int BKIND, int BM, int BN, int NT>
 __device__ __forceinline__ bool mx_window_check(const unsigned char* a_sbase, long long a_sld,
                                                 int rows_valid, const unsigned char* b_sbase,
                                                 long long b_sld, int cols_valid, long long len,
                                                 bool a_e5m2, bool b_e5m2, bool allowed,
                                                 unsigned* scratch, unsigned char* exps_a,
-                                                unsigned char* exps_b, unsigned t,
-                                                unsigned* range = mx_tile_range) {
+                                                unsigned char* exps_b, unsigned t) {
+    unsigned* const range = mx_tile_range;
     allowed = allowed && mx_scan_aligned<AKIND>(a_sbase, a_sld, len) &&
               mx_scan_aligned<BKIND>(b_sbase, b_sld, len);
     if (!allowed) return false;  // uniform: launch arguments and the tile's descriptor
@@ -249,10 +249,10 @@ __device__ __forceinline__ bool mx_window_check(const unsigned char* a_sbase, lo
         (isa ? amin_ : bmin_)[isa ? i : i - BM] = LPM_E8M0_NAN;
     }
     if (t < 4) range[t] = (t & 1) ? LPM_E8M0_NAN : 0u;
-    mx_sync<BAR, NT>();
+    __syncthreads();
     mx_scan<AKIND, BM, NT>(a_sbase, a_sld, rows_valid, len, amax_, amin_, t);
     mx_scan<BKIND, BN, NT>(b_sbase, b_sld, cols_valid, len, bmax_, bmin_, t);
-    mx_sync<BAR, NT>();
+    __syncthreads();
     unsigned ahi = 0u, alo = LPM_E8M0_NAN, bhi = 0u, blo = LPM_E8M0_NAN;
     bool ok = mx_finish<BM, NT>(amax_, amin_, rows_valid, mx_window(a_e5m2), exps_a, t, ahi, alo);
     ok = mx_finish<BN, NT>(bmax_, bmin_, cols_valid, mx_window(b_e5m2), exps_b, t, bhi, blo) && ok;
@@ -267,7 +267,7 @@ __device__ __forceinline__ bool mx_window_check(const unsigned char* a_sbase, lo
         atomicMax(&range[2], bhi);
         atomicMin(&range[3], blo);
     }
-    return mx_sync_and<BAR, NT>(ok);
+    return __syncthreads_and(ok) != 0;
 }
 
 __device__ __forceinline__ double f64_from_f32(float x) {

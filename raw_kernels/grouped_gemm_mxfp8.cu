@@ -22,6 +22,7 @@ LPM_GG_DEFINE_WG(lpm_gg_mxfp8_nn_w, 128, lpm_gg::KIND_FP8_MN, lpm_gg::KIND_FP8_M
 // Warp-specialised with TMA loads (fprop, dgrad and wgrad, 128x256; uniform strides, the
 // launcher checks): producers widen B, consumers widen A into wgmma registers
 // (grouped_gemm_ws_mx.cuh).
+LPM_GG_DEFINE_MX_RANGES(lpm_gg_mx_ranges)
 LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kk_y, false, false)
 LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kn_y, false, true)
 LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_nn_y, true, true)

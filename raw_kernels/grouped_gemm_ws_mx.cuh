@@ -34,6 +34,7 @@
 #include "grouped_gemm_mxf16.cuh"
 #include "grouped_gemm_ws_mx_produce.cuh"
 #include "grouped_gemm_ws_mx_consume.cuh"
+#include "grouped_gemm_mx_ranges.cuh"
 
 namespace lpm_gg {
 
@@ -69,7 +70,8 @@ struct WmxRegs {
 // they only reach outputs that are never stored.
 template <bool AMN, bool BMN>
 __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
-                                           const TmaMap* tm_as, const TmaMap* tm_bs) {
+                                           const TmaMap* tm_as, const TmaMap* tm_bs,
+                                           LPM_GG_MX_RANGE_PARAMS) {
     constexpr int BM = 128, BN = 256;
     constexpr int AKIND = AMN ? KIND_FP8_MN : KIND_FP8_K;
     constexpr int BKIND = BMN ? KIND_FP8_MN : KIND_FP8_K;
@@ -91,7 +93,6 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
                       BN * 2 * SGT == T_SLOT - T_SB,
                   "shared memory");
     static_assert(BM * EPI_LD * 4 <= T_EXPS, "the epilogue staging tile spares the exponents");
-    static_assert((BM + BN) * 8 <= CANON_B, "window-check scratch in canonical buffer 0");
     static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && NSA == AHEAD + NCB && NSB == AHEAD + 1 &&
                       kBK == 64 && NSA % NCB == 0,
                   "pipeline depth");
@@ -134,16 +135,19 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
         for (int g = 0; g < NSG && g < NG; ++g) issue_scales(g);
     }
 
-    // The window check (all threads; scratch: canonical buffer 0, first written after it).
+    // The window check (all threads) from the rows' range words (grouped_gemm_mx_ranges.cuh)
     unsigned char* const exps_a = smem + T_EXPS;
     unsigned char* const exps_b = exps_a + BM;
     const bool ea5 = a_e5m2 != 0, eb5 = b_e5m2 != 0;
     const long long a_sld = d[D_A_SLD], b_sld = d[D_B_SLD];
-    const bool f16m = mx_window_check<AKIND, BKIND, BM, BN, kWsThreads>(
-        a_scale + d[D_A_SOFF] + (AMN ? r0 : r0 * a_sld), a_sld, rows_valid,
-        b_scale + d[D_B_SOFF] + (BMN ? c0 : c0 * b_sld), b_sld, cols_valid, len, ea5, eb5,
-        mx_bf16 == 0 && KT >= kWmxMinKTiles, reinterpret_cast<unsigned*>(smem + T_CANON),
-        exps_a, exps_b, threadIdx.x);
+    const int g = static_cast<int>((d - desc) / kDescWords);
+    const bool f16m = mx_window_check_ranges<BM, BN, kWsThreads, 0>(
+        mx_ranges_a(mx_words, g, ranges_ra, ranges_rb, r0), rows_valid,
+        mx_ranges_b(mx_words, g, ranges_ra, ranges_rb, c0), cols_valid, ea5, eb5,
+        mx_bf16 == 0 && KT >= kWmxMinKTiles &&
+            mx_scan_aligned<AKIND>(a_scale + d[D_A_SOFF] + (AMN ? r0 : r0 * a_sld), a_sld, len) &&
+            mx_scan_aligned<BKIND>(b_scale + d[D_B_SOFF] + (BMN ? c0 : c0 * b_sld), b_sld, len),
+        exps_a, exps_b, threadIdx.x, mx_tile_range);
 
     if (threadIdx.x >= kWsConsumers) {
         // ---------------- producer warpgroups ----------------
@@ -204,7 +208,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     // in the last k-tile only): a register for it through the k-loop spills.
     auto loop = [&](auto h, auto e5) {
         wmx_consume<AMN, BMN, L, decltype(h)::value, decltype(e5)::value, NI * 4>(
-            accf, fr, s0, abar, sbar, tail_len, fka, fkb, 0, KTc, KTc);
+            accf, fr, s0, abar, sbar, tail_len, exps_a, fka, fkb, 0, KTc, KTc);
         // retired inside each staging mode's loop: the modes' accumulators meet only after
         // (ptxas serializes the wgmma when they join with groups in flight)
         wg_wait0();
@@ -227,8 +231,8 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
 // On other architectures the wgmma compile to traps; the launcher never selects it there.
 #define LPM_GG_DEFINE_WS_MX(NAME, AMN, BMN)                                                    \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
-        NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS) {                                            \
-        lpm_gg::gemm_ws_mx<AMN, BMN>(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS);                         \
+        NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS, LPM_GG_MX_RANGE_PARAMS) {                    \
+        lpm_gg::gemm_ws_mx<AMN, BMN>(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS, LPM_GG_MX_RANGE_ARGS);   \
     }
 
 #endif  // LPM_GROUPED_GEMM_WS_MX_CUH

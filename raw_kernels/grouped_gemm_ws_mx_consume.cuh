@@ -59,13 +59,14 @@ struct WmxFrag {
 // can start where the previous one ended. H: the fp16 window (fka / fkb: rows ra0's and ra1's
 // parts of their factor words, mx_window_row); E5: E5M2 A. The caller retires the last groups
 // (wg_wait0) and hands back the last k-tile's canonical buffer (a tile's first k-tile does not
-// hand back the one before). tail_len (MN-major A): shared word with the contraction's length
-// in its last k-tile, 1..64.
-template <bool AMN, bool BMN, class L, bool H, bool E5, int NACC>
+// hand back the one before). tail_len (MN-major A, TAIL): shared word with the contraction's
+// length in its last k-tile, 1..64; without TAIL every k-tile is whole. exps_a (fp16 window,
+// TAIL): the tile rows' largest codes.
+template <bool AMN, bool BMN, class L, bool H, bool E5, int NACC, bool TAIL = true>
 __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& fr, unsigned s0,
                                             unsigned abar, unsigned sbar, unsigned tail_len,
-                                            unsigned fka, unsigned fkb, int j0, int jend,
-                                            int J) {
+                                            const unsigned char* exps_a, unsigned fka,
+                                            unsigned fkb, int j0, int jend, int J) {
     constexpr int BM = L::BM, NSA = kWmxAStages, NCB = kWmxCanonBuffers;
     constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     constexpr int T_DA = L::T_DA, CANON_B = L::CANON_B, T_CANON = L::T_CANON;
@@ -91,10 +92,16 @@ __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& 
             // try_wait)
             mbar_wait(abar + 8 * st, ph_a);
             mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-            if constexpr (AMN) {
-                // a last k-tile that ends early: its B lines from tail_len on (bytes
-                // 128 * tail_len on of each 64-column panel) become zeros, so that the steps
-                // there multiply zeros by the zero A fragments below, as the plain kernel does
+            if constexpr (AMN && TAIL) {
+                // a last k-tile that ends early: its lines from tail_len on become zeros -- of
+                // B's canonical buffer (bytes 128 * tail_len on of each 64-column panel) and of
+                // A's raw panel (the next expert's lines), so that the steps there multiply zero
+                // fragments by zeros, +0 products as in the plain kernel's zero-filled tail --
+                // and, when the whole second block lies past it, A's codes of that block become
+                // finite factors' (they are the next expert's: a NaN code, or in the fp16 window
+                // a code outside it, would make 0 * NaN or 0 * inf). (Done
+                // here, once per tile: zeroing the fragments in every step made the k-loop ~80 %
+                // longer.)
                 if (kt == jend - 1) {
                     const unsigned tail = lds_u32_volatile(tail_len);
                     if (tail < kBK) {
@@ -103,6 +110,25 @@ __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& 
                         for (unsigned o = tail * 128 + 16 * (threadIdx.x & 63); o < kBK * 128;
                              o += 64 * 16)
                             sts_v4(pb + o, 0u, 0u, 0u, 0u);
+                        const unsigned pa = s0 + st * T_DA;
+                        for (unsigned o = tail * 128 + 16 * threadIdx.x; o < kBK * 128;
+                             o += kWsConsumers * 16)
+                            sts_v4(pa + o, 0u, 0u, 0u, 0u);
+                        if (tail <= LPM_MXFP8_BLOCK && threadIdx.x < BM / 4) {
+                            // row r's code: its largest (fp16 window: a factor in the window)
+                            // or 2^0 (bf16)
+                            unsigned w4 = LPM_E8M0_BIAS * 0x01010101u;
+                            if constexpr (H) {
+                                w4 = 0u;
+#pragma unroll
+                                for (int i = 0; i < 4; ++i)
+                                    w4 |= static_cast<unsigned>(exps_a[4 * threadIdx.x + i])
+                                          << (8 * i);
+                            }
+                            sts_u32(s0 + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 2 * BM + BM +
+                                        4 * threadIdx.x,
+                                    w4);
+                        }
                         fence_proxy_async();
                         named_sync(WS_BAR_EPI, kWsConsumers);
                     }
@@ -148,8 +174,6 @@ __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& 
                     mx_decode4<E5, H>(__byte_perm(x, y, 0x6420u), s < 2 ? ma0 : ma1, f[0], f[2]);
                     mx_decode4<E5, H>(__byte_perm(x, y, 0x7531u), s < 2 ? mb0 : mb1, f[1], f[3]);
                     if (s == 1) ldsm_x4_t(ra + 32 * 128, wa0, wa1, wb0, wb1);
-                    if (s > 0 && kt == jend - 1 && 16 * s >= lds_u32_volatile(tail_len))
-                        f[0] = f[1] = f[2] = f[3] = 0u;
                 } else {
                     mx_decode4<E5, H>(__byte_perm(wa0, wa1, fr.sel), s < 2 ? ma0 : ma1, f[0],
                                       f[2]);

@@ -9,24 +9,31 @@
 // them as one sequence of J = tiles x KT k-tiles (gemm_ws_p's scheme): raw stages, canonical
 // buffers, scale slots and mbarrier phases follow the sequence index, so the producers request
 // and widen the next tile's first k-tiles while the consumers finish the current one.
-//   * The producers check each tile against the fp16 window (mx_window_check on their own named
-//     barrier) before they widen its first k-tile -- for tile ti + 1 while the consumers run
-//     tile ti's last k-tiles -- into window slot ti % 2 (rows' and columns' largest codes, their
-//     range, the staging mode), and signal it on WS_BAR_WIN. The consumers read the slot at the
-//     tile's start (A's factors) and end (rescale). A slot is rewritten two tiles later, once
-//     the consumers have handed back a k-tile of the tile between (KT >= 4: the EMPTY barrier
-//     the producers pass before that check). The check scans the tile's block scales, which
-//     grows with the contraction; past a few k-tiles' worth it is not hidden behind the
-//     consumers' last k-tiles and epilogue (the launcher's PERSIST_MX_MAX_KTILES).
+//   * One staging mode for the whole launch: the fp16 window when the launcher's range kernel
+//     (grouped_gemm_mx_ranges.cuh) found every row of both operands in it, else bf16. Each role
+//     then runs one loop over its tiles per mode (a loop per mode inside the loop over tiles
+//     left ptxas short of registers: it serialized the wgmma and spilled the accumulators).
+//     In the window, the producers write each tile's rows' and columns' largest codes and
+//     their range (mx_window_check_ranges on their own named barrier) into window slot
+//     ti % 2 before they widen its first k-tile -- for tile ti + 1 while the consumers run
+//     tile ti's last k-tiles -- and signal it on WS_BAR_WIN; the consumers read the slot at
+//     the tile's start (A's factors) and end (rescale). A slot is rewritten two tiles later,
+//     once the consumers have handed back a k-tile of the tile between (KT >= 4: the EMPTY
+//     barrier the producers pass before that).
 //   * At a tile's end the consumers retire their wgmma, rescale (fp16 window) and run the
 //     register epilogue (reg_epi, 64 columns at a time) through the last k-tile's canonical
 //     buffer, which they hand back only afterwards; the producers meanwhile widen the next
 //     tile's first two k-tiles into the other two.
 // Conditions (the launcher's): those of gemm_ws_mx's TMA build, one contraction length for
-// every expert, a whole, nonzero number of scale groups (kWmxScaleTiles k-tiles) per tile, and
-// 16-bit output without bias (reg_epi_ok). Each tile takes the staging mode gemm_ws_mx gives it
-// and every output element the same products in the same order and the same epilogue
-// arithmetic: the results are bitwise gemm_ws_mx's.
+// every expert of whole k-tiles (no tail: wmx_consume<..., TAIL = false>), a whole, nonzero
+// number of scale groups (kWmxScaleTiles k-tiles) per tile, 16-bit
+// output without bias (reg_epi_ok), block scales 16-byte aligned for the window scan's rule
+// (mx_scan_aligned, so that the launch's mode is every tile's mode in gemm_ws_mx when all rows
+// are in the window). Every output element gets the same products in the same order and the
+// same epilogue arithmetic as in gemm_ws_mx in the same staging mode: the results are
+// gemm_ws_mx's bit for bit whenever the two modes agree, i.e. except for blocks of magnitude
+// below ~1e-35 in tiles that gemm_ws_mx stages on fp16 while some other row of the launch
+// leaves the window (grouped_gemm_mxf16.cuh).
 
 #ifndef LPM_GROUPED_GEMM_WS_MX_PERSIST_CUH
 #define LPM_GROUPED_GEMM_WS_MX_PERSIST_CUH
@@ -38,84 +45,23 @@ namespace lpm_gg {
 
 constexpr int WS_BAR_WIN = WS_BAR_EMPTY + kWmxCanonBuffers;  // a tile's window slot is written
 
-// One tile of the consumer warpgroups of gemm_ws_mx_p: tile ti of the CTA, whose k-tiles start
-// at j of the CTA's sequence (seq_kt / seq_j: shared words with the k-tiles per tile and in the
-// sequence; smem, s0: the shared-memory base, as a pointer and a shared address). Waits for
-// the producers' window verdict, runs the k-loop in the tile's staging mode, retires it,
-// rescales (fp16 window) and runs the register epilogue through the last k-tile's canonical
-// buffer, which it then hands back. Not inlined: inside the kernel's loop over tiles, ptxas
-// placed the accumulators' second half at different registers in the unrolled k-tiles and
-// moved it between them through local memory (~7 KB of spill stores); as a function of its
-// own the tile compiles as in gemm_ws_mx (no spills), and the call costs once per tile.
-template <bool AMN, bool BMN>
-__device__ __noinline__ void wmx_p_consumer_tile(LPM_GG_PARAMS, const unsigned char* smem,
-                                                 unsigned s0, unsigned abar, unsigned sbar,
-                                                 unsigned tail_len, unsigned seq_kt,
-                                                 unsigned seq_j, int ti, int j) {
-    constexpr int BM = 128, BN = 256, NCB = kWmxCanonBuffers;
-    using L = WmxLayout<AMN, BMN>;
-    constexpr int NI = BN / 8;
-    constexpr int T_WIN = L::T_EXPS;
-    constexpr int W_RANGE = BM + BN, W_MODE = W_RANGE + 16;
-    constexpr int EPI_B = reg_epi_bytes<BN / 4>();
-    const bool ea5 = a_e5m2 != 0, eb5 = b_e5m2 != 0;
-    const WmxFrag<AMN, L> fr(threadIdx.x);
-    float acc[NI * 4];
-    float* const accf = acc;
-#pragma unroll
-    for (int i = 0; i < NI * 4; ++i) acc[i] = 0.0f;
-    named_sync(WS_BAR_WIN, kWsThreads);  // the producers checked the tile
-    const unsigned char* const w = smem + T_WIN + (ti & 1) * kWmxWinSlot;
-    const bool f16m = *reinterpret_cast<const unsigned*>(w + W_MODE) != 0u;
-    const int bias_a = mx_s_max(ea5) + LPM_FP16_EXP_BIAS;
-    const unsigned fka = mx_window_row(w[fr.ra0], bias_a);
-    const unsigned fkb = mx_window_row(w[fr.ra1], bias_a);
-    const int KT = static_cast<int>(lds_u32_volatile(seq_kt));
-    const int J = static_cast<int>(lds_u32_volatile(seq_j));
-    auto loop = [&](auto h, auto e5) {
-        wmx_consume<AMN, BMN, L, decltype(h)::value, decltype(e5)::value, NI * 4>(
-            accf, fr, s0, abar, sbar, tail_len, fka, fkb, j, j + KT, J);
-        wg_wait0();
-        wg_fence_acc<NI * 4>(accf);
-    };
-    with_flags(f16m, ea5, loop);
-    j += KT;
-    if (f16m) {
-        mx_rescale<1, NI, AMN>(accf, w, w + BM, mx_rescale_shift(ea5, eb5), fr.wm0, 0, fr.lane,
-                               reinterpret_cast<const unsigned*>(w + W_RANGE));
-    }
-    named_sync(WS_BAR_EPI, kWsConsumers);
-    const CtaTile tl = locate_tile_at<BM, BN>(ctaid_x_volatile() + ti * nctaid_x_volatile(), tiles,
-                                              n_col_tiles, desc, n_cols);
-    Epilogue ep = LPM_GG_EPILOGUE_OF(tl.d);
-    if (!reg_epi_ok(ep)) __trap();
-    ep.init_alpha();
-    const int cb = (j - 1) % NCB;
-    const unsigned buf = s0 + L::T_CANON + cb * L::CANON_B + (threadIdx.x >> 5) * EPI_B;
-    reg_epi<NI, AMN, NI / 4>(ep, buf, 0u, accf, fr.wm0, fr.lane, tl.r0, tl.c0,
-                             tl.rows_valid<BM>(), tl.cols_valid<BN>());
-    if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + cb, kWsThreads);
-}
-
 template <bool AMN, bool BMN>
 __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
                                              const TmaMap* tm_as, const TmaMap* tm_bs,
-                                             int num_tiles) {
+                                             LPM_GG_MX_RANGE_PARAMS, int num_tiles) {
     constexpr int BM = 128, BN = 256;
-    constexpr int AKIND = AMN ? KIND_FP8_MN : KIND_FP8_K;
-    constexpr int BKIND = BMN ? KIND_FP8_MN : KIND_FP8_K;
     constexpr int NSA = kWmxAStages, NSB = kWmxBStages, NCB = kWmxCanonBuffers;
     constexpr int AHEAD = kWmxAhead, NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     using L = WmxLayout<AMN, BMN>;
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
     constexpr int SMEM = ws_mx_p_smem_bytes();
-    // window slots (codes of A's rows, of B's columns, the range, the mode), the check's scratch
-    constexpr int T_WIN = L::T_EXPS, T_SCR = T_WIN + 2 * kWmxWinSlot;
-    constexpr int W_RANGE = BM + BN, W_MODE = W_RANGE + 16;
+    // window slots (codes of A's rows, of B's columns, the range, the mode)
+    constexpr int T_WIN = L::T_EXPS;
+    constexpr int W_RANGE = BM + BN;
     constexpr int EPI_B = reg_epi_bytes<BN / 4>();  // a consumer warp's staging buffer
-    static_assert(T_SCR + kWmxWinScratch + 1024 == SMEM && SMEM <= kMaxSmem &&
-                      W_MODE + 4 <= kWmxWinSlot && kWmxWinSlot % 16 == 0,
-                  "shared memory: gemm_ws_mx's buffers, the window slots and scratch");
+    static_assert(T_WIN + 2 * kWmxWinSlot + 1024 == SMEM && SMEM <= kMaxSmem &&
+                      W_RANGE + 16 <= kWmxWinSlot && kWmxWinSlot % 16 == 0,
+                  "shared memory: gemm_ws_mx's buffers, then the window slots");
     static_assert((kWsConsumers / 32) * EPI_B <= L::CANON_B,
                   "the consumer warps' staging buffers in one canonical buffer");
     static_assert(WS_BAR_WIN < 16 && NSA == AHEAD + NCB && NSB == AHEAD + 1 && SGT > NCB,
@@ -145,24 +91,21 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
     // mbarriers of A's and B's raw stages and of the scale slots (gemm_ws_mx's)
     __shared__ __align__(8) unsigned long long ws_bar[NSA + NSB + NSG];
     const unsigned abar = smem_u32(ws_bar), bbar = abar + 8 * NSA, sbar = bbar + 8 * NSB;
-    // (MN-major A) the contraction's length in its last k-tile, 1..64 (one for every tile)
-    // and the schedule's k-tile counts for the consumers: per tile, and in the CTA's sequence
-    __shared__ unsigned ws_tail, ws_seq[2];
-    const unsigned tail_len = smem_u32(&ws_tail);
-    const unsigned seq_kt = smem_u32(&ws_seq[0]), seq_j = smem_u32(&ws_seq[1]);
     if (threadIdx.x == kWsConsumers) {
 #pragma unroll
         for (int i = 0; i < NSA + NSB + NSG; ++i) mbar_init(abar + 8 * i, 1);
         mbar_init_fence();
-        int T0, TS, my_tiles, KT, J, NG;
-        schedule(T0, TS, my_tiles, KT, J, NG);
-        const long long len = tile_at(T0).len;
-        ws_tail = static_cast<unsigned>(len - static_cast<long long>(KT - 1) * kBK);
-        ws_seq[0] = static_cast<unsigned>(KT);
-        ws_seq[1] = static_cast<unsigned>(J);
     }
     __syncthreads();
     const bool ea5 = a_e5m2 != 0, eb5 = b_e5m2 != 0;
+    // The launch's staging mode: the fp16 window when the range kernel found every row of both
+    // operands in it (and the launch allows it: gemm_ws_mx's conditions, the scale alignment
+    // the launcher's), else bf16 -- one mode for every tile, so that each role runs one loop
+    // over its tiles (with a loop per mode inside the loop over tiles, ptxas serialized the
+    // wgmma for lack of registers and spilled the accumulators).
+    auto launch_f16 = [&](int KT) {
+        return mx_bf16 == 0 && KT >= kWmxMinKTiles && __ldg(mx_out_of_window) == 0u;
+    };
 
     if (threadIdx.x >= kWsConsumers) {
         // ---------------- producer warpgroups ----------------
@@ -173,6 +116,7 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
         const int t = static_cast<int>(threadIdx.x) - kWsConsumers;
         const bool leader = t == 0;
         const int bias_b = mx_s_max(eb5) + LPM_FP16_EXP_BIAS;
+        const bool f16m = launch_f16(KT);
         // The leader's tensor-map rows of tiles ti (at ti % 2) and ti + 1, ti the data stream's
         // tile (gemm_ws_p's scheme: the scale stream runs 3 k-tiles ahead of the data stream
         // and, with KT >= SGT, is in tile ti or ti + 1).
@@ -233,14 +177,15 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
             const long long* const d = tl.d;
             const int rows_valid = tl.rows_valid<BM>(), cols_valid = tl.cols_valid<BN>();
             unsigned char* const w = slot(ti);
-            const long long a_sld = d[D_A_SLD], b_sld = d[D_B_SLD];
-            const bool f16m = mx_window_check<AKIND, BKIND, BM, BN, kWsProducers, WS_BAR_PROD>(
-                a_scale + d[D_A_SOFF] + (AMN ? tl.r0 : tl.r0 * a_sld), a_sld, rows_valid,
-                b_scale + d[D_B_SOFF] + (BMN ? tl.c0 : tl.c0 * b_sld), b_sld, cols_valid,
-                tl.len, ea5, eb5, mx_bf16 == 0 && KT >= kWmxMinKTiles,
-                reinterpret_cast<unsigned*>(smem + T_SCR), w, w + BM, static_cast<unsigned>(t),
-                reinterpret_cast<unsigned*>(w + W_RANGE));
-            if (leader) *reinterpret_cast<unsigned*>(w + W_MODE) = f16m ? 1u : 0u;
+            if (f16m) {  // the tile's exponents and their range (in the window: the launcher's
+                         // range kernel found every row there)
+                const int g = static_cast<int>((d - desc) / kDescWords);
+                mx_window_check_ranges<BM, BN, kWsProducers, WS_BAR_PROD>(
+                    mx_ranges_a(mx_words, g, ranges_ra, ranges_rb, tl.r0), rows_valid,
+                    mx_ranges_b(mx_words, g, ranges_ra, ranges_rb, tl.c0), cols_valid, ea5, eb5,
+                    true, w, w + BM, static_cast<unsigned>(t),
+                    reinterpret_cast<unsigned*>(w + W_RANGE));
+            }
             named_arrive(WS_BAR_WIN, kWsThreads);
             wmx_produce_b<BMN, L>(t, KT, s0, cols_valid, bias_b, w + BM, f16m, eb5, refill,
                                   ti * KT);
@@ -250,12 +195,51 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
 
     // ---------------- consumer warpgroups ----------------
     regs_claim<WmxRegs<BMN>::CONSUMER>();
-    for (int ti = 0, j = 0;; ++ti) {
-        if (ctaid_x_volatile() + ti * nctaid_x_volatile() >= num_tiles) break;
-        wmx_p_consumer_tile<AMN, BMN>(LPM_GG_ARGS, smem, s0, abar, sbar, tail_len, seq_kt, seq_j,
-                                      ti, j);
-        j += static_cast<int>(lds_u32_volatile(seq_kt));
-    }
+    int T0, TS, my_tiles, KT, J, NG;
+    schedule(T0, TS, my_tiles, KT, J, NG);
+    const WmxFrag<AMN, L> fr(threadIdx.x);
+    float acc[NI * 4];
+    float* const accf = acc;
+    const int bias_a = mx_s_max(ea5) + LPM_FP16_EXP_BIAS;
+    // The epilogue, built once: MXFP8 output is unscaled, without bias (the launcher's
+    // conditions, reg_epi_ok), so the tile's expert enters only through its output offset. (Built
+    // per tile, from the expert's descriptor or from constants, it made ptxas serialize the wgmma
+    // for lack of registers: C7512.)
+    Epilogue ep = LPM_GG_EPILOGUE_OF(desc);
+    if (!reg_epi_ok(ep) || ep.scale_mode != 0 || ep.has_bias || ep.has_probs) __trap();
+    ep.init_alpha();
+    // one loop over the CTA's tiles per staging mode (the launch's) and A format
+    auto tiles_loop = [&](auto h, auto e5) {
+        constexpr bool H = decltype(h)::value;
+        int j = 0;
+        for (int ti = 0; ti < my_tiles; ++ti, j += KT) {
+#pragma unroll
+            for (int i = 0; i < NI * 4; ++i) acc[i] = 0.0f;
+            named_sync(WS_BAR_WIN, kWsThreads);  // the producers wrote the tile's window slot
+            const unsigned char* const w = slot(ti);
+            const unsigned fka = H ? mx_window_row(w[fr.ra0], bias_a) : 0u;
+            const unsigned fkb = H ? mx_window_row(w[fr.ra1], bias_a) : 0u;
+            wmx_consume<AMN, BMN, L, H, decltype(e5)::value, NI * 4, false>(
+                accf, fr, s0, abar, sbar, 0u, nullptr, fka, fkb, j, j + KT, J);
+            wg_wait0();
+            wg_fence_acc<NI * 4>(accf);
+            if constexpr (H) {
+                mx_rescale<1, NI, AMN>(accf, w, w + BM, mx_rescale_shift(ea5, eb5), fr.wm0, 0,
+                                       fr.lane, reinterpret_cast<const unsigned*>(w + W_RANGE));
+            }
+            // every consumer's wgmma retired: the last k-tile's canonical buffer takes the
+            // warps' staging buffers, and goes back to the producers after the epilogue
+            named_sync(WS_BAR_EPI, kWsConsumers);
+            const CtaTile tl = tile_at(T0 + ti * TS);
+            ep.out_off = tl.d[D_OUT_OFF];
+            const int cb = (j + KT - 1) % NCB;
+            const unsigned buf = s0 + L::T_CANON + cb * L::CANON_B + (threadIdx.x >> 5) * EPI_B;
+            reg_epi<NI, AMN, NI / 4>(ep, buf, 0u, accf, fr.wm0, fr.lane, tl.r0, tl.c0,
+                                     tl.rows_valid<BM>(), tl.cols_valid<BN>());
+            if (j + KT - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + cb, kWsThreads);
+        }
+    };
+    with_flags(launch_f16(KT), ea5, tiles_loop);
 }
 
 }  // namespace lpm_gg
@@ -266,8 +250,9 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
 // compile to traps; the launcher never selects it there.
 #define LPM_GG_DEFINE_WS_MX_P(NAME, AMN, BMN)                                                  \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
-        NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS, int num_tiles) {                             \
-        lpm_gg::gemm_ws_mx_p<AMN, BMN>(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS, num_tiles);            \
+        NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS, LPM_GG_MX_RANGE_PARAMS, int num_tiles) {     \
+        lpm_gg::gemm_ws_mx_p<AMN, BMN>(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS, LPM_GG_MX_RANGE_ARGS,  \
+                                       num_tiles);                                             \
     }
 
 #endif  // LPM_GROUPED_GEMM_WS_MX_PERSIST_CUH

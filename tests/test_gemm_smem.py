@@ -77,20 +77,18 @@ def test_ws_mx_smem_formula():
 def test_ws_mx_p_smem_formula():
     """The persistent MXFP8 kernel (mirrors ws_mx_p_smem_bytes): the per-tile kernel's raw
     stages, canonical buffers and scale slots, two window slots (128 + 256 codes, the range and
-    the mode, padded to 416 bytes) and the window check's scratch (8 bytes per row and column),
-    1 KiB alignment; the slot and scratch sizes agree with the kernel header; under the opt-in
-    limit with the 1 KiB of static shared memory."""
+    the mode, padded to 416 bytes), 1 KiB alignment; the slot size agrees with the kernel
+    header; under the opt-in limit with the 1 KiB of static shared memory."""
     from lowprec_moe.cuda import gemm as C
     from lowprec_moe.cuda import gemm_smem as S
 
     src = (Path(__file__).resolve().parents[1] / "raw_kernels"
            / "grouped_gemm_base.cuh").read_text()
     assert re.search(r"constexpr int kWmxWinSlot = 128 \+ 256 \+ 32;", src)
-    assert re.search(r"constexpr int kWmxWinScratch = \(128 \+ 256\) \* 8;", src)
-    assert S.WMX_WIN_SLOT == 416 and S.WMX_WIN_SCRATCH == 3072
+    assert S.WMX_WIN_SLOT == 416
     mx = C._ws_mx_p_smem_bytes()
     assert mx == (6 * 128 * 64 + 4 * 256 * 64 + 3 * 256 * 128 + 2 * (128 + 256) * 16
-                  + 2 * 416 + 3072 + 1024)
+                  + 2 * 416 + 1024)
     assert mx + 1024 <= C.MAX_SMEM
 
 

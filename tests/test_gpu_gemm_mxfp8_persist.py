@@ -1,6 +1,7 @@
 """The persistent form of the warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_o`` / ``_kn_o`` /
 ``_nn_o``, raw_kernels/grouped_gemm_ws_mx_persist.cuh) on the GPU: each CTA runs many tiles as
-one sequence of k-tiles, its producers check each next tile against the fp16 window while the
+one sequence of k-tiles in the launch's staging mode (fp16 window when every row is in it, from
+the range kernel's verdict), its producers write each next tile's window exponents while the
 consumers finish the current one, and the epilogue runs from registers through a canonical
 buffer.
 
@@ -11,7 +12,8 @@ the plain wgmma kernel) and within tolerance of float64, for fprop, dgrad and wg
 
 * 8 (bf16 staging), 16 and 32 k-tiles (fp16 window), E4M3 and hybrid (E5M2 gradients), bf16
   and fp16 output, ragged experts with partial row and column tiles;
-* tiles of both staging modes in one CTA (rows spanning more than the window in some tiles);
+* rows spanning more than the window in some tiles (the per-tile kernel stages the others on
+  fp16, the persistent one the whole launch on bf16: the same bits on such data);
 * the bf16 path forced (``LOWPREC_MOE_MXFP8_MMA=bf16``);
 * with the real multiprocessor count, "auto" choosing the persistent form for many tiles.
 """
@@ -110,8 +112,8 @@ def test_gpu_mxfp8_persistent_equals_per_tile(mode, fmt, length, monkeypatch, fe
 @pytest.mark.parametrize("mma", ["auto", "bf16"])
 @pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
 def test_gpu_mxfp8_persistent_mixed_modes(mode, mma, monkeypatch, few_ctas):
-    """Tiles of both staging modes in one CTA (some rows beyond the window), and every tile on
-    bf16 when forced."""
+    """Some rows beyond the window (the launch on bf16, the per-tile kernel's other tiles on
+    fp16), and every tile on bf16 when forced."""
     _require_wgmma()
     from lowprec_moe.cuda import gemm as C
 

@@ -94,8 +94,8 @@ def test_fast_rescale_edges():
 def test_source_has_the_emulated_rescale():
     assert_source_has(
         "grouped_gemm_mxf16.cuh",
-        "const int top = static_cast<int>(mx_tile_range[0] + mx_tile_range[2]) - shift;",
-        "const int bottom = static_cast<int>(mx_tile_range[1] + mx_tile_range[3]) - shift;",
+        "const int top = static_cast<int>(range[0] + range[2]) - shift;",
+        "const int bottom = static_cast<int>(range[1] + range[3]) - shift;",
         "if (top <= LPM_FP32_EXP_BIAS && bottom >= 1 - LPM_FP32_EXP_BIAS) {",
         "LPM_FP32_EXP_BIAS - shift)",
         "v = lpm_mul_rn(v, __uint_as_float(rt[mi][hf] + ct));",

@@ -46,8 +46,8 @@ def test_source_has_the_emulated_addresses():
         "const int g = t & 15, p = (t >> 4) & 1, w = t >> 5;",
         "p * P_RAW + 8 * w * 128 + ((g & 1) << 3)",
         "mn_canon_off(8 * w, 16 * p + g) -",
-        "x[j] = lds_v2(rb + j * 128 + ((gc ^ static_cast<unsigned>(j)) << 4));",
-        "sts_v4(cbb + j * 128 + ((gk ^ static_cast<unsigned>(j)) << 4)")
+        "x[l] = lds_v2(rb + l * 128 + ((gc ^ static_cast<unsigned>(l)) << 4));",
+        "sts_v4(cbb + l * 128 + ((gk ^ static_cast<unsigned>(l)) << 4)")
     assert_source_has("grouped_gemm_staging.cuh",
                       "return (c >> 3) * (kBK * 128) + l * 128 + (((c & 7) ^ (l & 7)) << 4);")
 
@@ -144,9 +144,12 @@ def test_source_window_factor():
                       "constexpr unsigned kMxPairUnit = 0x00010001u << LPM_FP16_MANT_BITS;",
                       "return static_cast<unsigned>(code_bias - static_cast<int>(e_max)) * kMxPairUnit;",
                       "return e * kMxPairUnit + fk;")
+    assert_source_has("grouped_gemm_ws_mx_consume.cuh",
+                      "const unsigned ma0 = mx_block_factor<H>(ea0, fka),")
     assert_source_has("grouped_gemm_ws_mx.cuh",
-                      "const unsigned ma0 = mx_block_factor<H>(ea0, fka),",
-                      "const unsigned fka = mx_window_row(exps_a[ra0], bias_a);")
+                      "const unsigned fka = mx_window_row(exps_a[fr.ra0], bias_a);")
+    assert_source_has("grouped_gemm_ws_mx_persist.cuh",
+                      "const unsigned fka = H ? mx_window_row(w[fr.ra0], bias_a) : 0u;")
     assert_source_has("grouped_gemm_ws_mx_produce.cuh",
                       "if (live0) unit(x0, y0, mx_block_factor<H>(e0, fk0), cbb);",
                       "const unsigned fk0 = mx_window_row(exps_b[ur], bias_b);")

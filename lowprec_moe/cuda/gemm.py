@@ -64,6 +64,7 @@ from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     _swap_smem_bytes, _ws_mx_p_smem_bytes, _ws_mx_smem_bytes, _ws_p_smem_bytes, _ws_smem_bytes,
     _ws_tma_smem_bytes)
 
+from .gemm_ranges import mx_range_words
 from .gemm_tma import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     _ptr, _scales_word_aligned, _tma_maps, _tma_rows_ok, _tma_scale_rows_ok, _use_tma,
     _use_ws_tma)
@@ -189,7 +190,8 @@ def _prepare(p, arrays):
                  int(a.sld[0]), int(b.sld[0]), int(pl.n_cols), int(pl.rows.max()))
                 if launch.tma else None)
     val = dict(launch=launch, tiles=tables[0], desc=tables[1], n_col_tiles=n_col_tiles,
-               tma_geom=tma_geom,
+               tma_geom=tma_geom, rows_max=int(pl.rows.max()) if len(pl.rows) else 0,
+               mn=(bool(a.mn), bool(b.mn)), num_experts=len(pl.rows),
                grid=grid, n_cols=pl.n_cols, modes=modes, a_vec=int(a.amax_vec),
                b_vec=int(b.amax_vec), zero_if_empty=int(pl.zero_if_empty))
     with _lock:
@@ -237,6 +239,12 @@ def grouped_gemm(p):
         if launch.tma:
             args += _tma_maps(launch.kernel, prep["tma_geom"], a_data, a_scale, b_data,
                               b_scale)
+        if launch.mx_ranges:  # the warp-specialised MXFP8 kernels: rows' block-code ranges
+            ra = prep["rows_max"]
+            words, out_of_window = mx_range_words(
+                prep["desc"], a_scale, b_scale, prep["mn"][0], prep["mn"][1], bool(am1),
+                bool(bm1), prep["n_cols"], ra, prep["num_experts"])
+            args += (words, np.int32(ra), np.int32(prep["n_cols"]), out_of_window)
         if launch.grid_cap:  # persistent: the CTAs share the tiles
             args += (np.int32(grid),)
             grid = min(grid, launch.grid_cap)

@@ -111,6 +111,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import formats as F
 from .gemm_plan import (BK, CONFIGS, KIND_FP4_K, KIND_FP8_K, Operand, Plan, SIMT_TILE,
                         THREADS, WS_N256_THREADS, WS_THREADS, _cdiv, plan)
 from .gemm_smem import (WMX_SCALE_TILES, WS_SCALE_TILES, _smem_bytes, _swap_smem_bytes,
@@ -176,11 +177,11 @@ PERSIST_MAX_KTILES = 8
 #: on fine wgrad at 8; benchmarks/RESULTS.md).
 PERSIST_N256_MAX_KTILES = None
 #: Longest contraction (k-tiles) that "auto" runs in the persistent MXFP8 form (``_kk_o``,
-#: ``_kn_o``, ``_nn_o``): its producers check each next tile against the fp16 window, a scan of
-#: the tile's block scales that grows with the contraction and that the consumers wait for
-#: (H200, 6 compute-bound shapes: 2-16 % slower than the per-tile kernel from 16 k-tiles, the
-#: most at 112); below kWmxMinKTiles (16) no tile is checked, and on fine wgrad (8 k-tiles) it
-#: measured 9 % faster (benchmarks/RESULTS.md).
+#: ``_kn_o``, ``_nn_o``): its k-loop runs a tile's k-tiles at an offset in the CTA's sequence,
+#: which costs ~15 % more instructions per k-tile than the per-tile kernel's (H200, 6
+#: compute-bound shapes: 2-10 % slower from 16 k-tiles, the most at 112), while on 8 k-tiles
+#: (fine wgrad) the saved tile starts and hidden epilogues make it 21 % faster
+#: (benchmarks/RESULTS.md).
 PERSIST_MX_MAX_KTILES = 8
 #: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk"), dgrad
 #: ("kn", B MN-major) and wgrad ("nn", both MN-major) all measured faster than the plain kernel
@@ -269,6 +270,9 @@ class Launch:
     tma: bool = False
     #: persistent kernel: at most this many CTAs share the tiles (0: one CTA per tile)
     grid_cap: int = 0
+    #: the warp-specialised MXFP8 kernels: the rows' block-code ranges follow the tensor maps
+    #: (:mod:`lowprec_moe.cuda.gemm_ranges`)
+    mx_ranges: bool = False
 
 
 _FAMILIES = ("auto", "wgmma", "mma", "simt")
@@ -390,7 +394,7 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
         return simt
     return Launch(f"grouped_gemm_{prefix}", name, False, bm, bn, ch, smem, use_wg,
                   WS_N256_THREADS if n256 else WS_THREADS if ws else THREADS, use_tma,
-                  grid_cap)
+                  grid_cap, ws_mx)
 
 
 def _long_wgrad(pl: Plan) -> bool:
@@ -419,14 +423,21 @@ def _persist_mx(p, pl: Plan, sms: int) -> bool:
     """Whether an MXFP8 problem that takes the warp-specialised kernel (``_kk_y``, ``_kn_y``,
     ``_nn_y``) runs in its persistent form (``_kk_o``, ``_kn_o``, ``_nn_o``; see PERSIST_ENV):
     one contraction length for every expert, a whole, nonzero number of scale groups
-    (``WMX_SCALE_TILES`` k-tiles) per tile, and an epilogue the kernel runs from registers --
+    (``WMX_SCALE_TILES`` k-tiles) per tile, no partial k-tile, K-major scale rows of whole
+    16-byte chunks, and an epilogue the kernel runs from registers --
     16-bit output without bias, whole 8-column groups, a 16-byte aligned output buffer (or one
     the launcher allocates) and no accumulation."""
     mode = _env_mode(PERSIST_ENV, _PERSIST_MODES)
     if mode == "off" or not len(pl.length) or np.any(pl.length != pl.length[0]):
         return False
     kt = -(-int(pl.length[0]) // BK)
-    if kt == 0 or kt % WMX_SCALE_TILES:
+    if kt == 0 or kt % WMX_SCALE_TILES or int(pl.length[0]) % BK:  # whole k-tiles
+        return False
+    # K-major scale rows of whole 16-byte chunks (the window scan's rule, mx_scan_aligned:
+    # the kernel's launch-wide staging mode must be every tile's; the TMA build already aligns
+    # the rows)
+    blocks = -(-int(pl.length[0]) // F.MXFP8_BLOCK)
+    if (not pl.a.mn or not pl.b.mn) and blocks % 16:
         return False
     out_ok = p.out is None or _ptr(p.out) % 16 == 0
     if (p.out_dtype not in ("bfloat16", "float16") or p.bias is not None or p.accumulate

@@ -136,22 +136,19 @@ def _ws_mx_smem_bytes() -> int:
 
 
 #: the persistent MXFP8 kernel's two window slots (a tile's rows' and columns' largest block
-#: codes, their range and the staging mode; kWmxWinSlot) and its window check's scratch
-#: (kWmxWinScratch)
+#: codes, their range and the staging mode; kWmxWinSlot)
 WMX_WIN_SLOT = 128 + 256 + 32
-WMX_WIN_SCRATCH = (128 + 256) * 8
 
 
 def _ws_mx_p_smem_bytes() -> int:
     """Dynamic shared memory of the persistent warp-specialised MXFP8 kernel (ws_mx_p_smem_bytes
     in raw_kernels/grouped_gemm_base.cuh): the raw stages, canonical buffers and scale slots of
-    the per-tile kernel, two window slots, the window check's scratch, alignment (its epilogue
-    stages through a canonical buffer)."""
+    the per-tile kernel, two window slots, alignment (its epilogue stages through a canonical
+    buffer)."""
     bm, bn = CONFIGS["x"]
     stages = (WMX_A_STAGES * bm + WMX_B_STAGES * bn) * BK
     slots = WMX_SCALE_SLOTS * (bm + bn) * WMX_SCALE_TILES * BK // F.MXFP8_BLOCK
-    return (stages + WMX_CANON_BUFFERS * _canon(bn) + slots + 2 * WMX_WIN_SLOT + WMX_WIN_SCRATCH
-            + 1024)
+    return stages + WMX_CANON_BUFFERS * _canon(bn) + slots + 2 * WMX_WIN_SLOT + 1024
 
 
 def _swap_smem_bytes(x_kind: int, w_kind: int, wide: bool = False) -> int:

@@ -210,3 +210,21 @@ def _bf16():
     import ml_dtypes
 
     return ml_dtypes.bfloat16
+
+
+def mx_code_range_words(codes: np.ndarray) -> np.ndarray:
+    """Block-code range words of MXFP8 operand rows (the GPU range kernel's twin,
+    ``lpm_gg_mx_ranges``): ``codes`` is ``uint8 [rows, blocks]`` (E8M0 codes of each row's blocks
+    along the contraction); returns ``uint16 [rows]`` with each row's largest code in the low
+    byte and its smallest in the high byte (0 and the NaN code for rows of no block). Integer
+    max / min: NaN codes (``formats.E8M0_NAN``) count as the largest."""
+    codes = np.asarray(codes, dtype=np.uint8)
+    if codes.ndim != 2:
+        raise ValueError(f"codes must be 2-D [rows, blocks], got shape {codes.shape}")
+    if codes.shape[1] == 0:
+        hi = np.zeros(codes.shape[0], np.uint16)
+        lo = np.full(codes.shape[0], F.E8M0_NAN, np.uint16)
+    else:
+        hi = codes.max(axis=1).astype(np.uint16)
+        lo = codes.min(axis=1).astype(np.uint16)
+    return hi | (lo << np.uint16(8))
