@@ -99,9 +99,10 @@ __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& 
                 // fragments by zeros, +0 products as in the plain kernel's zero-filled tail --
                 // and, when the whole second block lies past it, A's codes of that block become
                 // finite factors' (they are the next expert's: a NaN code, or in the fp16 window
-                // a code outside it, would make 0 * NaN or 0 * inf). (Done
-                // here, once per tile: zeroing the fragments in every step made the k-loop ~80 %
-                // longer.)
+                // a code outside it, would make 0 * NaN or 0 * inf). Once per tile, instead of
+                // zeroing the A fragments after decoding in every step past the end -- which
+                // measured 0.5-2 % faster on four wgrad shapes (H200), though its code sits in
+                // every step (benchmarks/RESULTS.md).
                 if (kt == jend - 1) {
                     const unsigned tail = lds_u32_volatile(tail_len);
                     if (tail < kBK) {

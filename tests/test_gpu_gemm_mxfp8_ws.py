@@ -16,7 +16,8 @@ against the float64 product of the dequantized operands:
 * grouped == per-expert calls;
 * wgrad (K-grouped: every expert contracts its own tokens) with 8 to 32 k-tiles, partial row and
   column tiles, and accumulation into an fp32 buffer; experts of different token counts, whose
-  last k-tile ends early (the next expert's lines are read and must not count).
+  last k-tile ends early (the next expert's lines are read and must not count), also when the
+  next expert's first block holds NaN.
 """
 
 from __future__ import annotations
@@ -241,3 +242,25 @@ def test_gpu_mxfp8_ws_wgrad_ragged(fmt, splits, monkeypatch):
     exp, mag = _expected("wgrad", a, b, splits)
     assert_gemm_close(ws, exp, mag, f"ws wgrad ragged {fmt} {splits}")
     assert_bytes_equal(ws, plain, f"ws vs plain wgrad ragged {fmt} {splits}")
+
+
+@pytest.mark.parametrize("first", [96, 1056], ids=["bf16", "fp16-window"])
+def test_gpu_mxfp8_ws_wgrad_tail_before_nan_block(first, monkeypatch):
+    """wgrad where an expert's last k-tile ends after one block (96 or 1056 tokens: 32 of the
+    last 64 lines) and the next expert's first block holds NaN: the lines and the block code
+    past the first expert's end are the next expert's, and must not reach its outputs (0 *
+    NaN); its gradient is the plain kernel's, bit for bit, and finite (1056 tokens: 17 k-tiles,
+    on fp16 in the warp-specialised kernel)."""
+    _require_wgmma()
+    splits = [first, 64]
+    x, _, dy = _data(54, sum(splits), W_OUT, W_IN)
+    dy[first:first + 4, 7:200] = np.nan
+    x[first + 1, 3:150] = np.nan
+    w = np.zeros((1, W_OUT, W_IN), np.float32)
+    xq, _, dq = _quantize("mxfp8-e4m3", x, w, dy, splits)
+    ws = _run(dq, xq, splits, monkeypatch, ws=True, mode="wgrad")
+    plain = _run(dq, xq, splits, monkeypatch, ws=False, mode="wgrad")
+    assert np.isfinite(ws[0]).all() and np.isnan(ws[1]).any()
+    assert_bytes_equal(ws[0], plain[0], f"ws vs plain, expert before a NaN block ({first})")
+    exp, mag = _expected("wgrad", dq, xq, splits)
+    assert_gemm_close(ws[:1], exp[:1], mag[:1], f"ws wgrad before a NaN block ({first})")

@@ -78,7 +78,9 @@ Kernel choice
   (fprop ``_kk_y``, dgrad ``_kn_y``, wgrad ``_nn_y``; ``raw_kernels/grouped_gemm_ws_mx.cuh``),
   for the layouts in ``MXFP8_WS_AUTO``, wherever its TMA loads apply (fprop / dgrad: the
   ``_kk_y`` conditions above, the contraction a multiple of 512; wgrad: see below): the whole
-  CTA first checks the tile against the fp16 window, then two producer warpgroups widen B (TMA
+  CTA first checks the tile against the fp16 window -- from the block-code range of every
+  operand row, which a small kernel computes once per call (``lpm_gg_mx_ranges``,
+  :mod:`lowprec_moe.cuda.gemm_ranges`) -- then two producer warpgroups widen B (TMA
   data tiles, 64-byte swizzle) while two consumer warpgroups widen A straight into wgmma
   registers, on fp16 or bf16 per tile as the plain kernel would -- bitwise the plain kernel's
   results. In the dgrad build (B MN-major: W's columnwise copy, two 128-row panels with the
