@@ -85,13 +85,16 @@ __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& 
             if (kt >= jend) break;
             const int cb = u;
             named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt widened into buffer cb
-            const int st = NCB * (c & 1) + u, g = kt / SGT;
-            const unsigned ph_a = static_cast<unsigned>(c >> 1) & 1u;
+            // (unsigned: the sequence indices are never negative; shifts, not signed divisions)
+            const unsigned ukt = static_cast<unsigned>(kt), uc = static_cast<unsigned>(c);
+            const int st = NCB * static_cast<int>(uc & 1u) + u;
+            const unsigned g = ukt / SGT;
+            const unsigned ph_a = (uc >> 1) & 1u;
             // A's copies were issued with B's, which the producers waited for before arriving at
             // FULL; the wait makes A's TMA writes visible to this thread (and is usually one
             // try_wait)
             mbar_wait(abar + 8 * st, ph_a);
-            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+            mbar_wait(sbar + 8 * (g % NSG), (g / NSG) & 1u);
             if constexpr (AMN && TAIL) {
                 // a last k-tile that ends early: its lines from tail_len on become zeros -- of
                 // B's canonical buffer (bytes 128 * tail_len on of each 64-column panel) and of
@@ -126,7 +129,7 @@ __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& 
                                     w4 |= static_cast<unsigned>(exps_a[4 * threadIdx.x + i])
                                           << (8 * i);
                             }
-                            sts_u32(s0 + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 2 * BM + BM +
+                            sts_u32(s0 + T_SC + (g % NSG) * T_SLOT + (ukt % SGT) * 2 * BM + BM +
                                         4 * threadIdx.x,
                                     w4);
                         }
@@ -139,7 +142,7 @@ __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& 
             const unsigned long long db =
                 wg_desc(s0 + T_CANON + cb * CANON_B, BMN ? kBK * 128 : 16, 1024);
             const unsigned ra = s0 + st * T_DA + (AMN ? fr.a_mn : fr.a_off);
-            const unsigned rsc = s0 + T_SC + (g % NSG) * T_SLOT + (kt % SGT) * 2 * (AMN ? BM : 1) +
+            const unsigned rsc = s0 + T_SC + (g % NSG) * T_SLOT + (ukt % SGT) * 2 * (AMN ? BM : 1) +
                                  fr.s_off;
             // the block codes of rows ra0 (ma*) and ra1 (mb*), blocks 0 and 1 (K-major: one
             // half-word per row; MN-major: one per block line, rows ra0 and ra1 side by side)

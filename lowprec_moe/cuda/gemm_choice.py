@@ -180,9 +180,9 @@ PERSIST_MAX_KTILES = 8
 PERSIST_N256_MAX_KTILES = None
 #: Longest contraction (k-tiles) that "auto" runs in the persistent MXFP8 form (``_kk_o``,
 #: ``_kn_o``, ``_nn_o``): its k-loop runs a tile's k-tiles at an offset in the CTA's sequence,
-#: which costs ~15 % more instructions per k-tile than the per-tile kernel's (H200, 6
-#: compute-bound shapes: 2-10 % slower from 16 k-tiles, the most at 112), while on 8 k-tiles
-#: (fine wgrad) the saved tile starts and hidden epilogues make it 21 % faster
+#: which costs ~13 % more instructions per k-tile than the per-tile kernel's (H200: from 16
+#: k-tiles between 7 % slower and 1 % faster, the slowest on long fprop), while on 8 k-tiles
+#: (fine wgrad) the saved tile starts and hidden epilogues make it 26 % faster
 #: (benchmarks/RESULTS.md).
 PERSIST_MX_MAX_KTILES = 8
 #: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk"), dgrad
