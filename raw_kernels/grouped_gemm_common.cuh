@@ -62,12 +62,12 @@
 // The machinery is split into parts, each self-contained (it includes what it uses); this
 // header includes them in dependency order:
 //   grouped_gemm_base.cuh     CTA size, k-tile depth, descriptor words (DescWord), operand kinds,
-//   grouped_gemm_ptx.cuh      the PTX wrappers (shared-memory accesses, cp.async, ldmatrix /
-//                             stmatrix, mma.sync, fp8 / fp16 / bf16 conversions)
 //                             output types, shared-memory formulas (pipeline_stages,
 //                             canon_buffers, gemm_smem_bytes, ws_smem_bytes,
 //                             swap_smem_bytes), the kernel
 //                             parameter / argument lists (LPM_GG_PARAMS, LPM_GG_ARGS)
+//   grouped_gemm_ptx.cuh      the PTX wrappers (shared-memory accesses, cp.async, ldmatrix /
+//                             stmatrix, mma.sync, fp8 / fp16 / bf16 conversions)
 //   grouped_gemm_staging.cuh  swizzled tile offsets, cp.async tile loads, TileGeo,
 //                             OperandCopy, ScaleRegs
 //   grouped_gemm_dequant.cuh  exact in-kernel dequantization: fp4 / fp8 decoders, convert_unit,
