@@ -55,7 +55,7 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
     using L = WmxLayout<AMN, BMN>;
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
     constexpr int SMEM = ws_mx_p_smem_bytes();
-    // window slots (codes of A's rows, of B's columns, the range, the mode)
+    // window slots (codes of A's rows, of B's columns, their range over the tile)
     constexpr int T_WIN = L::T_EXPS;
     constexpr int W_RANGE = BM + BN;
     constexpr int EPI_B = reg_epi_bytes<BN / 4>();  // a consumer warp's staging buffer
