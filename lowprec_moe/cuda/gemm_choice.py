@@ -95,10 +95,13 @@ Kernel choice
   ``all`` all three, ``off`` none.
   Its persistent form (``_kk_o``, ``_kn_o``, ``_nn_o``;
   ``raw_kernels/grouped_gemm_ws_mx_persist.cuh``: one CTA per SM over many tiles, the
-  producers checking the next tile's window and widening its first k-tiles while the consumers
-  finish the current one; bitwise the per-tile kernel) takes its place with more tiles than
-  SMs for 16-bit output without bias, one contraction length of a whole number of scale groups
-  and at most ``PERSIST_MX_MAX_KTILES`` k-tiles (``LOWPREC_MOE_GEMM_PERSIST`` as above).
+  producers widening the next tile's first k-tiles while the consumers finish the current one)
+  stages the whole launch in one mode -- fp16 when the range kernel finds every row in the
+  window, else bf16 -- so its bits are the per-tile kernel's except for blocks below ~1e-35 in
+  a launch with some row outside the window. It takes the per-tile kernel's place with more
+  tiles than SMs for 16-bit output without bias, one contraction length of whole k-tiles and a
+  whole number of scale groups, and at most ``PERSIST_MX_MAX_KTILES`` k-tiles
+  (``LOWPREC_MOE_GEMM_PERSIST`` as above).
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
   swapped-operand one for few tokens per expert), without the warp-specialised one and without
