@@ -3,8 +3,10 @@
 // or MN-major (AMN, wgrad: dy's columnwise copy), B K-major (fprop: W's rows) or MN-major (BMN,
 // dgrad: W's columnwise copy, wgrad: x's) -- and its entry-point macro LPM_GG_DEFINE_WS_MX.
 // 128 x 256 output tile, 512 threads, the roles of gemm_ws:
-//   * all threads first check the tile against the fp16 window (mx_window_check, while the
-//     first tiles' copies fly): in the window, both operands are widened on fp16 as
+//   * all threads first check the tile against the fp16 window from its rows' precomputed
+//     block-code ranges (mx_window_check_ranges, grouped_gemm_mx_ranges.cuh, while the first
+//     tiles' copies fly; the same verdict as the plain kernel's mx_window_check): in the
+//     window, both operands are widened on fp16 as
 //     q * 2^(e - e_max + S_MAX) and the accumulators rescaled before the epilogue (mx_rescale);
 //     otherwise (or with fewer than kWmxMinKTiles k-tiles, or mx_bf16) on bf16 as q * 2^(e-127)
 //     -- the two staging modes of the plain wgmma kernel, with the same values;
