@@ -262,7 +262,7 @@ __host__ __device__ constexpr int ws_mx_p_smem_bytes() {
 
 // Parameter list of every tensor-core kernel entry point and kernel body (gemm_mma, gemm_ws,
 // gemm_swap), and the matching argument list. mx_bf16 = 1: MXFP8 tiles stay on bf16 (no fp16
-// window, grouped_gemm_mxf16.cuh); only gemm_mma and gemm_ws_mx read it.
+// window, grouped_gemm_mxf16.cuh); only gemm_mma, gemm_ws_mx and gemm_ws_mx_p read it.
 #define LPM_GG_PARAMS                                                                          \
     const int *__restrict__ tiles, int n_col_tiles, const long long *__restrict__ desc,       \
         long long n_cols, const unsigned char *__restrict__ a_data,                           \

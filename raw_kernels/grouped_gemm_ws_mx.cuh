@@ -40,10 +40,11 @@
 
 namespace lpm_gg {
 
-// Tiles with fewer k-tiles stay on bf16: the window's fixed costs (a pass over the tile's block
-// scales with three CTA barriers, and the rescale of 128 accumulators per consumer thread)
-// overlap the first copies here, so the bar is lower than the plain kernel's kMxMinKTiles; at
-// 8 k-tiles they still cost 16 % (fine wgrad, bf16 1.685 ms against fp16 1.952).
+// Tiles with fewer k-tiles stay on bf16: the window's fixed costs (then a pass over the tile's
+// block scales with three CTA barriers -- since the range words, two barriers and 384 loads --
+// and the rescale of 128 accumulators per consumer thread) overlap the first copies here, so
+// the bar is lower than the plain kernel's kMxMinKTiles; at 8 k-tiles they cost 16 % (fine
+// wgrad, bf16 1.685 ms against fp16 1.952; measured with the scan, not since).
 constexpr int kWmxMinKTiles = 16;
 
 // Registers per thread after the role split (setmaxnreg; the launch share is kWsLaunchRegs),
@@ -203,9 +204,9 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
     // which the compiler cannot merge with the first): ptxas spilled the pre-split value there
     // and reloaded it from local memory in every k-tile.
     const int KTc = BMN ? static_cast<int>((ld_volatile_s64(d + D_LEN) + kBK - 1) / kBK) : KT;
-    // MN-major A (wgrad: each expert contracts its own tokens, a multiple of 16): in a last
-    // k-tile that ends early, the copies read the next expert's lines; the steps past the
-    // contraction multiply zero A fragments by zeroed B lines instead, +0 products as in the
+    // MN-major A (wgrad: each expert contracts its own tokens, padded to the 32-token block):
+    // in a last k-tile that ends early, the copies read the next expert's lines; wmx_consume
+    // zeroes them (and B's) so that the steps past the contraction give +0 products, as the
     // plain kernel's zero-filled tail. The tail's length sits in shared memory (tail_len, read
     // in the last k-tile only): a register for it through the k-loop spills.
     auto loop = [&](auto h, auto e5) {

@@ -149,9 +149,9 @@ __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& 
             const unsigned ca = lds_u16(rsc), cr = lds_u16(rsc + (AMN ? BM : 8 * T_SLD));
             const unsigned ea0 = ca & 0xFFu, ea1 = (AMN ? cr : ca >> 8) & 0xFFu;
             const unsigned eb0 = AMN ? ca >> 8 : cr & 0xFFu, eb1 = cr >> 8;
-            // fp16 window: one IMAD per factor (codes of rows past the valid ones and of blocks
-            // past the contraction give other bits: those rows are never stored, those steps'
-            // fragments are zeroed below); bf16: 2^(e - 127)
+            // fp16 window: one IMAD per factor (codes of rows past the valid ones give other
+            // bits: those rows are never stored; a block past the contraction has its data
+            // zeroed and its codes replaced above); bf16: 2^(e - 127)
             const unsigned ma0 = mx_block_factor<H>(ea0, fka), ma1 = mx_block_factor<H>(ea1, fka);
             const unsigned mb0 = mx_block_factor<H>(eb0, fkb), mb1 = mx_block_factor<H>(eb1, fkb);
             auto chunk = [&](int s) { return ra + ((static_cast<unsigned>(s) ^ fr.sw) << 4); };

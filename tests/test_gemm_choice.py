@@ -309,6 +309,17 @@ def test_choose_kernel_mxfp8_persistent(mode, monkeypatch):
         assert ln.smem == C._ws_mx_smem_bytes(), ln
     assert C.choose_kernel(replace(p, out_dtype="float16"), pl, caps=H200_CAPS).kernel == \
         f"lpm_gg_mxfp8_{lay}_o"
+    # an output buffer 16-byte aligned or not (2 bytes off)
+    buf = np.zeros(int(np.prod(p.out_shape)) + 16, np.uint16)
+    base = (-buf.ctypes.data % 16) // 2
+    for off, want in ((base, "o"), (base + 1, "y")):
+        out = buf[off:off + int(np.prod(p.out_shape))]
+        assert C.choose_kernel(replace(p, out=out), pl, caps=H200_CAPS).kernel == \
+            f"lpm_gg_mxfp8_{lay}_{want}", off
+    # output columns not in whole 8-column groups
+    pl8 = C.plan(p)
+    pl8.n_cols = pl8.n_cols - 4
+    assert not C._persist_mx(p, pl8, sms)
     monkeypatch.setenv(C.PERSIST_ENV, "off")
     assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == per_tile
     monkeypatch.delenv(C.PERSIST_ENV)
@@ -321,8 +332,10 @@ def test_choose_kernel_mxfp8_persistent(mode, monkeypatch):
     assert C._persist_mx(p, pl, sms)
     monkeypatch.delenv(C.PERSIST_ENV)
     pl.length[:] = 8 * C.BK
-    pl.length[0] = 16 * C.BK
+    assert C._persist_mx(p, pl, sms)
+    pl.length[1] = 16 * C.BK  # (the first expert's length sets KT: 8)
     assert not C._persist_mx(p, pl, sms)
+    pl.length[:] = 8 * C.BK
     # few tiles: "auto" keeps one CTA per tile, "on" takes the persistent form
     few = replace(_policy_problem(mode, "mxfp8-hybrid", [length] * 3 if mode == "wgrad"
                                   else [300, 37], n=512, k=512), out_dtype="bfloat16")

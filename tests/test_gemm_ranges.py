@@ -2,7 +2,7 @@
 check input): the NumPy twin ``mx_code_range_words`` on the CPU, and the GPU range kernel
 ``lpm_gg_mx_ranges`` bit for bit against it, for the operand layouts of fprop (both K-major),
 dgrad (B MN-major) and wgrad (both MN-major; every expert its own token count), ragged and
-empty experts, codes spanning the whole E8M0 range and NaN scales."""
+empty experts, block codes spread over ~200 exponents and NaN scales."""
 
 from __future__ import annotations
 

@@ -76,8 +76,8 @@ def test_ws_mx_smem_formula():
 
 def test_ws_mx_p_smem_formula():
     """The persistent MXFP8 kernel (mirrors ws_mx_p_smem_bytes): the per-tile kernel's raw
-    stages, canonical buffers and scale slots, two window slots (128 + 256 codes, the range and
-    the mode, padded to 416 bytes), 1 KiB alignment; the slot size agrees with the kernel
+    stages, canonical buffers and scale slots, two window slots (128 + 256 codes and their
+    range, padded to 416 bytes), 1 KiB alignment; the slot size agrees with the kernel
     header; under the opt-in limit with the 1 KiB of static shared memory."""
     from lowprec_moe.cuda import gemm as C
     from lowprec_moe.cuda import gemm_smem as S

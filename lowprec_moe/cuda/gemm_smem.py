@@ -136,7 +136,7 @@ def _ws_mx_smem_bytes() -> int:
 
 
 #: the persistent MXFP8 kernel's two window slots (a tile's rows' and columns' largest block
-#: codes, their range and the staging mode; kWmxWinSlot)
+#: codes and their range; kWmxWinSlot)
 WMX_WIN_SLOT = 128 + 256 + 32
 
 
