@@ -108,17 +108,7 @@ __device__ __forceinline__ bool mx_window_check_ranges(const unsigned short* ra,
         fold(ra, rows_valid, mx_window(a_e5m2), exps_a, r, ahi, alo);
     for (int r = static_cast<int>(t); r < BN; r += NT)
         fold(rb, cols_valid, mx_window(b_e5m2), exps_b, r, bhi, blo);
-    // the tile's range: folded across the warp, then one atomic per warp and word
-    ahi = __reduce_max_sync(~0u, ahi);
-    alo = __reduce_min_sync(~0u, alo);
-    bhi = __reduce_max_sync(~0u, bhi);
-    blo = __reduce_min_sync(~0u, blo);
-    if ((t & 31u) == 0u) {
-        atomicMax(&range[0], ahi);
-        atomicMin(&range[1], alo);
-        atomicMax(&range[2], bhi);
-        atomicMin(&range[3], blo);
-    }
+    mx_fold_tile_range(ahi, alo, bhi, blo, t, range);
     return mx_sync_and<BAR, NT>(ok);
 }
 

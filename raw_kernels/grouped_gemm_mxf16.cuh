@@ -195,6 +195,23 @@ __device__ __forceinline__ bool mx_finish(const unsigned* smax, const unsigned* 
     return ok;
 }
 
+// A window check's last fold: the rows' (ahi / alo) and columns' (bhi / blo) largest and
+// smallest e_max of this thread into the tile's range (shared, 4 words, initialised to 0 / NaN
+// code before a barrier): folded across the warp, then one atomic per warp and word.
+__device__ __forceinline__ void mx_fold_tile_range(unsigned ahi, unsigned alo, unsigned bhi,
+                                                   unsigned blo, unsigned t, unsigned* range) {
+    ahi = __reduce_max_sync(~0u, ahi);
+    alo = __reduce_min_sync(~0u, alo);
+    bhi = __reduce_max_sync(~0u, bhi);
+    blo = __reduce_min_sync(~0u, blo);
+    if ((t & 31u) == 0u) {
+        atomicMax(&range[0], ahi);
+        atomicMin(&range[1], alo);
+        atomicMax(&range[2], bhi);
+        atomicMin(&range[3], blo);
+    }
+}
+
 // A window check's barriers: __syncthreads (BAR = 0, the whole CTA) or named barrier BAR of NT
 // threads (the persistent MXFP8 kernel's producers); mx_sync_and also returns whether `ok`
 // holds in every participating thread.
@@ -256,17 +273,7 @@ __device__ __forceinline__ bool mx_window_check(const unsigned char* a_sbase, lo
     unsigned ahi = 0u, alo = LPM_E8M0_NAN, bhi = 0u, blo = LPM_E8M0_NAN;
     bool ok = mx_finish<BM, NT>(amax_, amin_, rows_valid, mx_window(a_e5m2), exps_a, t, ahi, alo);
     ok = mx_finish<BN, NT>(bmax_, bmin_, cols_valid, mx_window(b_e5m2), exps_b, t, bhi, blo) && ok;
-    // the tile's range: folded across the warp, then one atomic per warp and word
-    ahi = __reduce_max_sync(~0u, ahi);
-    alo = __reduce_min_sync(~0u, alo);
-    bhi = __reduce_max_sync(~0u, bhi);
-    blo = __reduce_min_sync(~0u, blo);
-    if ((t & 31u) == 0u) {
-        atomicMax(&range[0], ahi);
-        atomicMin(&range[1], alo);
-        atomicMax(&range[2], bhi);
-        atomicMin(&range[3], blo);
-    }
+    mx_fold_tile_range(ahi, alo, bhi, blo, t, range);
     return __syncthreads_and(ok) != 0;
 }
 

@@ -112,6 +112,23 @@ __device__ __forceinline__ CtaTile locate_tile_at(int tile, const int* tiles, in
     return t;
 }
 
+// A persistent kernel's schedule: this CTA's tiles T0 = blockIdx.x, + TS = gridDim.x, ...
+// (my_tiles of them, of num_tiles), KT k-tiles each (every expert contracts the same length, a
+// multiple of SGT k-tiles of BK): J k-tiles and NG scale groups in all.
+template <int BM, int BN, int SGT>
+__device__ __forceinline__ void persist_schedule(int num_tiles, const int* tiles, int n_col_tiles,
+                                                 const long long* desc, long long n_cols,
+                                                 int& T0, int& TS, int& my_tiles, int& KT,
+                                                 int& J, int& NG) {
+    T0 = static_cast<int>(blockIdx.x);
+    TS = static_cast<int>(gridDim.x);
+    my_tiles = (num_tiles - 1 - T0) / TS + 1;
+    KT = static_cast<int>(
+        (locate_tile_at<BM, BN>(T0, tiles, n_col_tiles, desc, n_cols).len + kBK - 1) / kBK);
+    J = my_tiles * KT;
+    NG = J / SGT;
+}
+
 // The CTA's own tile, blockIdx.x (one tile per CTA).
 template <int BM, int BN>
 __device__ __forceinline__ CtaTile locate_tile(const int* tiles, int n_col_tiles,

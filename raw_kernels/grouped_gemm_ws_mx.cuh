@@ -157,28 +157,8 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
         regs_release<WmxRegs<BMN>::PRODUCER>();
         const int t = static_cast<int>(threadIdx.x) - kWsConsumers;
         const int bias_b = mx_s_max(eb5) + LPM_FP16_EXP_BIAS;
-        // Tile kt-NCB retired: its canonical buffer, its raw A stage (which tile kt+AHEAD
-        // takes) and, after the last tile of a scale group, its slot are free (both layouts).
-        // B's raw stage for tile kt+AHEAD last held tile kt-1, which every producer has widened
-        // once all of them pass the barrier: EMPTY (consumers and producers), or before the
-        // first EMPTY the producers' own barrier.
         auto refill = [&](int kt) {
-            if (kt >= NCB) {
-                named_sync(WS_BAR_EMPTY + kt % NCB, kWsThreads);
-            } else if (kt + AHEAD >= NSB) {
-                named_sync(WS_BAR_PROD, kWsProducers);
-            }
-            if (leader) {
-                if (kt + AHEAD < KT) issue_data(kt + AHEAD);
-                // group g's slot last held group g - NSG, whose last tile SGT (g - NSG + 1) - 1
-                // is kt - NCB
-                const int q = kt - NCB + 1;
-                if (q > 0 && q % SGT == 0 && q / SGT + NSG - 1 < NG)
-                    issue_scales(q / SGT + NSG - 1);
-            }
-            const int g = kt / SGT;
-            mbar_wait(bbar + 8 * (kt % NSB), static_cast<unsigned>(kt / NSB) & 1u);
-            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+            wmx_refill(kt, KT, NG, leader, bbar, sbar, issue_data, issue_scales);
         };
         wmx_produce_b<BMN, L>(t, KT, s0, cols_valid, bias_b, exps_b, f16m, eb5, refill, 0);
         return;

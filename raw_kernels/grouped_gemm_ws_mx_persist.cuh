@@ -77,13 +77,8 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
     // k-tiles and NG scale groups in all. Each role computes them after the register split
     // (values live across setmaxnreg are spilled).
     auto schedule = [&](int& T0, int& TS, int& my_tiles, int& KT, int& J, int& NG) {
-        T0 = static_cast<int>(blockIdx.x);
-        TS = static_cast<int>(gridDim.x);
-        my_tiles = (num_tiles - 1 - T0) / TS + 1;
-        KT = static_cast<int>(
-            (locate_tile_at<BM, BN>(T0, tiles, n_col_tiles, desc, n_cols).len + kBK - 1) / kBK);
-        J = my_tiles * KT;
-        NG = J / SGT;
+        persist_schedule<BM, BN, SGT>(num_tiles, tiles, n_col_tiles, desc, n_cols, T0, TS,
+                                      my_tiles, KT, J, NG);
     };
     auto tile_at = [&](int T) { return locate_tile_at<BM, BN>(T, tiles, n_col_tiles, desc, n_cols); };
     auto slot = [&](int ti) { return smem + T_WIN + (ti & 1) * kWmxWinSlot; };
@@ -157,20 +152,7 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
         }
         // gemm_ws_mx's refill on the sequence index j
         auto refill = [&](int j) {
-            if (j >= NCB) {
-                named_sync(WS_BAR_EMPTY + j % NCB, kWsThreads);
-            } else if (j + AHEAD >= NSB) {
-                named_sync(WS_BAR_PROD, kWsProducers);
-            }
-            if (leader) {
-                if (j + AHEAD < J) issue_data(j + AHEAD);
-                const int q = j - NCB + 1;
-                if (q > 0 && q % SGT == 0 && q / SGT + NSG - 1 < NG)
-                    issue_scales(q / SGT + NSG - 1);
-            }
-            const int g = j / SGT;
-            mbar_wait(bbar + 8 * (j % NSB), static_cast<unsigned>(j / NSB) & 1u);
-            mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+            wmx_refill(j, J, NG, leader, bbar, sbar, issue_data, issue_scales);
         };
         for (int ti = 0; ti < my_tiles; ++ti) {
             const CtaTile tl = tile_at(T0 + ti * TS);

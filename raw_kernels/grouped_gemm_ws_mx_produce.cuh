@@ -100,6 +100,37 @@ __device__ __forceinline__ void wmx_issue_scales(unsigned s0, unsigned sbar, int
     }
 }
 
+// The producers' step before widening k-tile j of the CTA's sequence of J k-tiles (NG scale
+// groups; gemm_ws_mx: one tile's, gemm_ws_mx_p: all its tiles'): k-tile j - NCB retired, so
+// its canonical buffer, its raw A stage (which k-tile j + AHEAD takes) and, after the last
+// k-tile of a scale group, its slot are free; B's raw stage for k-tile j + AHEAD last held
+// k-tile j - 1, which every producer has widened once all of them pass the barrier: EMPTY
+// (consumers and producers), or before the first EMPTY the producers' own barrier. The leader
+// then requests k-tile j + AHEAD (issue_data) and the group whose slot just freed
+// (issue_scales); every producer waits for k-tile j's B data and block scales.
+template <class IssueData, class IssueScales>
+__device__ __forceinline__ void wmx_refill(int j, int J, int NG, bool leader, unsigned bbar,
+                                           unsigned sbar, const IssueData& issue_data,
+                                           const IssueScales& issue_scales) {
+    constexpr int NSB = kWmxBStages, NCB = kWmxCanonBuffers, AHEAD = kWmxAhead;
+    constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
+    if (j >= NCB) {
+        named_sync(WS_BAR_EMPTY + j % NCB, kWsThreads);
+    } else if (j + AHEAD >= NSB) {
+        named_sync(WS_BAR_PROD, kWsProducers);
+    }
+    if (leader) {
+        if (j + AHEAD < J) issue_data(j + AHEAD);
+        // group g's slot last held group g - NSG, whose last k-tile SGT (g - NSG + 1) - 1 is
+        // j - NCB
+        const int q = j - NCB + 1;
+        if (q > 0 && q % SGT == 0 && q / SGT + NSG - 1 < NG) issue_scales(q / SGT + NSG - 1);
+    }
+    const int g = j / SGT;
+    mbar_wait(bbar + 8 * (j % NSB), static_cast<unsigned>(j / NSB) & 1u);
+    mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+}
+
 // The k-loops of producer thread t (0..255) of gemm_ws_mx: per k-tile j (KT of them from j0, the
 // CTA's k-tile sequence: one tile's, j0 a multiple of kWmxScaleTiles), refill(j) (frees the
 // ring positions, requests copies, waits for k-tile j's), then widens its share of B into

@@ -61,13 +61,8 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     // all. Each role computes them after the register split: values live across setmaxnreg
     // are spilled (and reloaded in every k-tile).
     auto schedule = [&](int& T0, int& TS, int& my_tiles, int& KT, int& J, int& NG) {
-        T0 = static_cast<int>(blockIdx.x);
-        TS = static_cast<int>(gridDim.x);
-        my_tiles = (num_tiles - 1 - T0) / TS + 1;
-        KT = static_cast<int>(
-            (locate_tile_at<BM, BN>(T0, tiles, n_col_tiles, desc, n_cols).len + kBK - 1) / kBK);
-        J = my_tiles * KT;
-        NG = J / SGT;
+        persist_schedule<BM, BN, SGT>(num_tiles, tiles, n_col_tiles, desc, n_cols, T0, TS,
+                                      my_tiles, KT, J, NG);
     };
 
     // mbarriers of the raw stages (data) and of the scale slots, one arrival each (the issuing

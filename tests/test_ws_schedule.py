@@ -100,13 +100,13 @@ def test_ws_tma_copy_schedule(kernel):
         params = (C.WS_AHEAD, C.WS_CANON_BUFFERS, C.WS_SCALE_TILES, C.WS_SCALE_SLOTS, 2,
                   _nvfp4_group, None)
     else:
-        assert_source_has("grouped_gemm_ws_mx.cuh",
+        assert_source_has("grouped_gemm_ws_mx_produce.cuh",
                            "if (q > 0 && q % SGT == 0 && q / SGT + NSG - 1 < NG)")
         assert_source_has("grouped_gemm_ws_mx.cuh",
                            "for (int g = 0; g < NSG && g < NG; ++g) issue_scales(g);")
         # B's stage for tile kt + AHEAD is refilled after a barrier of every producer (EMPTY,
         # or before the first EMPTY their own): they have all widened tile kt - 1
-        assert_source_has("grouped_gemm_ws_mx.cuh", "} else if (kt + AHEAD >= NSB) {")
+        assert_source_has("grouped_gemm_ws_mx_produce.cuh", "} else if (j + AHEAD >= NSB) {")
         params = (C.WMX_AHEAD, C.WMX_CANON_BUFFERS, C.WMX_SCALE_TILES, C.WMX_SCALE_SLOTS,
                   C.WMX_SCALE_SLOTS, _mxfp8_group, C.WMX_B_STAGES)
     ahead, ncb, sgt, nsg, pro, rule, b_stages = params
