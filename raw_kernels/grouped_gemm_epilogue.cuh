@@ -102,13 +102,29 @@ struct Epilogue {
     }
 
     // The wgrad of an expert without tokens: dW_g = 0 over the tile (nothing to do when
-    // accumulating), written by threads 0..nthreads-1.
+    // accumulating), written by threads 0..nthreads-1 -- +0 in every output type (all-zero
+    // bits), in 16-byte stores when every row of the tile starts and ends on a 16-byte
+    // boundary (an empty expert's tiles are a wgrad's cheapest, and element by element they
+    // cost more than a short contraction's), else element by element.
     __device__ __forceinline__ void zero_tile(long long r0, long long c0, int rows_valid,
                                               int cols_valid, int nthreads) const {
-        if (!accumulate) {
-            for (int i = threadIdx.x; i < rows_valid * cols_valid; i += nthreads) {
-                write(r0 + i / cols_valid, c0 + i % cols_valid, 0.0f);
+        if (accumulate) return;
+        const int es = out_type == OUT_F32 ? 4 : 2;  // bytes per element
+        const int per = 16 / es;                      // elements per 16-byte chunk
+        unsigned char* const first =
+            static_cast<unsigned char*>(out) + (out_off + r0 * n_cols + c0) * es;
+        if ((reinterpret_cast<unsigned long long>(first) & 15u) == 0 && (n_cols * es) % 16 == 0 &&
+            cols_valid % per == 0) {
+            const int cpr = cols_valid / per;  // chunks per row
+            for (int i = threadIdx.x; i < rows_valid * cpr; i += nthreads) {
+                const int r = i / cpr;
+                *reinterpret_cast<uint4*>(first + r * n_cols * es + (i - r * cpr) * 16) =
+                    make_uint4(0u, 0u, 0u, 0u);
             }
+            return;
+        }
+        for (int i = threadIdx.x; i < rows_valid * cols_valid; i += nthreads) {
+            write(r0 + i / cols_valid, c0 + i % cols_valid, 0.0f);
         }
     }
 

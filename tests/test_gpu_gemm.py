@@ -139,6 +139,29 @@ def test_gpu_wgrad_empty_experts_zero_and_accumulate(fmt):
     assert_bytes_equal(out, expect, "wgrad accumulate")
 
 
+@pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("fmt,n,k", [("mxfp8-hybrid", N, K), ("nvfp4", N, K), ("bf16", 36, 50),
+                                     ("bf16", 40, 260)])
+def test_gpu_wgrad_empty_experts_overwrite(fmt, n, k, out_dtype):
+    """An empty expert's dW_g overwrites a NaN-filled output with +0 -- in 16-byte stores where
+    the tile rows allow (K = 160; K = 260 in float32) and element by element where they do not
+    (K = 50; K = 260 in 16 bits: rows 520 bytes apart) -- and the other experts' outputs are
+    a fresh output's."""
+    a, b = _host_operands("wgrad", fmt, seed=12, n=n, k=k)
+    a, b = gpu(a), gpu(b)
+    fresh_dev = grouped_gemm_wgrad(a, b, SPLITS, out_dtype=out_dtype)
+    fresh = to_host(fresh_dev)
+    out = fresh_dev.copy()
+    out.view(_cp().uint8).fill(0xFF)  # a NaN in every output type
+    res = grouped_gemm_wgrad(a, b, SPLITS, out=out)
+    assert res is out
+    got = to_host(out)
+    for g, s in enumerate(SPLITS):
+        if s == 0:
+            assert_bytes_equal(got[g], np.zeros((n, k), fresh.dtype), f"dW[{g}] {out_dtype}")
+    assert_bytes_equal(got, fresh, f"overwrite {out_dtype}")
+
+
 def _assert_grouped_equals_members(mode, fmt, seed, what):
     """One grouped call == one call per expert (operands quantized per expert), bitwise."""
     dtype = HP_DTYPES.get(fmt, np.float32)
