@@ -40,12 +40,12 @@
 
 namespace lpm_gg {
 
-// Tiles with fewer k-tiles stay on bf16: the window's fixed costs (then a pass over the tile's
-// block scales with three CTA barriers -- since the range words, two barriers and 384 loads --
-// and the rescale of 128 accumulators per consumer thread) overlap the first copies here, so
-// the bar is lower than the plain kernel's kMxMinKTiles; at 8 k-tiles they cost 16 % (fine
-// wgrad, bf16 1.685 ms against fp16 1.952; measured with the scan, not since).
-constexpr int kWmxMinKTiles = 16;
+// Tiles with fewer k-tiles stay on bf16: with the range words the window's fixed costs (two
+// barriers and 384 loads, overlapping the first copies, and the rescale of 128 accumulators
+// per consumer thread) are small, and on the H200 a widened k-tile costs ~1.10 us on fp16
+// against ~1.55 us on bf16 (wgrad, both operands MN-major), but tiles of one or two k-tiles
+// measured 11 % and 5 % slower on fp16, four 4 % faster, eight 12 % (benchmarks/RESULTS.md).
+constexpr int kWmxMinKTiles = 4;
 
 // Registers per thread after the role split (setmaxnreg; the launch share is kWsLaunchRegs),
 // per layout: the consumers get kWsTmaConsumerRegs + wmx_extra_regs(BMN). Their k-loop runs in

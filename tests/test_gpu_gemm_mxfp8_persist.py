@@ -10,10 +10,12 @@ tiles and the rings, window slots and barrier phases wrap across tile boundaries
 for bit against the one-CTA-per-tile kernel (``_kk_y`` / ``_kn_y`` / ``_nn_y``, itself bitwise
 the plain wgmma kernel) and within tolerance of float64, for fprop, dgrad and wgrad:
 
-* 8 (bf16 staging), 16 and 32 k-tiles (fp16 window), E4M3 and hybrid (E5M2 gradients), bf16
-  and fp16 output, ragged experts with partial row and column tiles;
-* rows spanning more than the window in some tiles (the per-tile kernel stages the others on
-  fp16, the persistent one the whole launch on bf16: the same bits on such data);
+* 8, 16 and 32 k-tiles on the fp16 window (the range kernel's flag asserted clear), E4M3 and
+  hybrid (E5M2 gradients), bf16 and fp16 output, ragged experts with partial row and column
+  tiles;
+* rows spanning more than the window in some tiles (the flag asserted set: the per-tile kernel
+  stages the others on fp16, the persistent one the whole launch on bf16: the same bits on
+  such data);
 * the bf16 path forced (``LOWPREC_MOE_MXFP8_MMA=bf16``);
 * with the real multiprocessor count, "auto" choosing the persistent form for many tiles.
 """
@@ -85,6 +87,18 @@ def _run(mode, a, b, splits, monkeypatch, *, persist, out_dtype="bfloat16"):
     return out
 
 
+def _out_of_window(mode, a, b, splits) -> int:
+    """The range kernel's flag for a launch: 1 when some row leaves the fp16 window (the
+    persistent form then stages the launch on bf16), else 0."""
+    from lowprec_moe.cuda import gemm as C
+
+    p = _validate(mode, gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="bfloat16",
+                  out=None, accumulate=False)
+    arrays = C._operand_arrays(p)
+    _, flag = C._range_words(C._prepare(p, arrays), arrays[1], arrays[4])
+    return int(to_host(flag)[0])
+
+
 def _check(mode, a, b, splits, monkeypatch, what, out_dtype="bfloat16"):
     got = _run(mode, a, b, splits, monkeypatch, persist=True, out_dtype=out_dtype)
     assert_bytes_equal(got, _run(mode, a, b, splits, monkeypatch, persist=True,
@@ -99,10 +113,11 @@ def _check(mode, a, b, splits, monkeypatch, what, out_dtype="bfloat16"):
 @pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-hybrid"])
 @pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
 def test_gpu_mxfp8_persistent_equals_per_tile(mode, fmt, length, monkeypatch, few_ctas):
-    """8, 16 and 32 k-tiles per tile (8: bf16 staging, below the window's k-tile bar), bf16
-    output; fp16 output at 16."""
+    """8, 16 and 32 k-tiles per tile, every row in the fp16 window (so the launch stages on
+    fp16), bf16 output; fp16 output at 16."""
     _require_wgmma()
     a, b, splits = _operands(mode, fmt, length, 80 + length)
+    assert _out_of_window(mode, a, b, splits) == 0
     _check(mode, a, b, splits, monkeypatch, f"persistent {mode} {fmt} {length}")
     if length == 1024:
         _check(mode, a, b, splits, monkeypatch, f"persistent {mode} {fmt} {length} fp16 out",
@@ -119,6 +134,7 @@ def test_gpu_mxfp8_persistent_mixed_modes(mode, mma, monkeypatch, few_ctas):
 
     monkeypatch.setenv(C.MXFP8_MMA_ENV, mma)
     a, b, splits = _operands(mode, "mxfp8-e4m3", 2048, 90, wide=True)
+    assert _out_of_window(mode, a, b, splits) == 1
     _check(mode, a, b, splits, monkeypatch, f"persistent {mode} wide rows {mma}")
 
 

@@ -7,7 +7,7 @@ ldmatrix.trans in row pairs), each tile on fp16 (fp16 window) or bf16.
 Checks, each against the plain wgmma kernel (``LOWPREC_MOE_GEMM_MXFP8_WS=off``) bit for bit and
 against the float64 product of the dequantized operands:
 
-* in-window data with 8, 16 and 32 k-tiles (fp16 in the warp-specialised kernel from 16
+* in-window data with 8, 16 and 32 k-tiles (fp16 in the warp-specialised kernel from 4
   k-tiles, in the plain one from 32: the two staging modes give the same bits on such data),
   E4M3 and E5M2 (fprop / dgrad need K a multiple of 512, so they never see fewer than 8
   k-tiles);

@@ -201,6 +201,16 @@ def _prepare(p, arrays):
     return val
 
 
+def _range_words(prep, a_scale, b_scale):
+    """The range kernel's words and out-of-window flag for a prepared warp-specialised MXFP8
+    launch (:func:`~lowprec_moe.cuda.gemm_ranges.mx_range_words`; tests read the flag to tell
+    which staging mode the persistent form takes)."""
+    (_, a_e5m2), (_, b_e5m2) = prep["modes"]
+    return mx_range_words(prep["desc"], a_scale, b_scale, prep["mn"][0], prep["mn"][1],
+                          bool(a_e5m2), bool(b_e5m2), prep["n_cols"], prep["rows_max"],
+                          prep["num_experts"])
+
+
 def grouped_gemm(p):
     """Run a validated CuPy :class:`~lowprec_moe.gemm.GemmProblem`; return ``out``."""
     cp = _cupy()
@@ -240,11 +250,9 @@ def grouped_gemm(p):
             args += _tma_maps(launch.kernel, prep["tma_geom"], a_data, a_scale, b_data,
                               b_scale)
         if launch.mx_ranges:  # the warp-specialised MXFP8 kernels: rows' block-code ranges
-            ra = prep["rows_max"]
-            words, out_of_window = mx_range_words(
-                prep["desc"], a_scale, b_scale, prep["mn"][0], prep["mn"][1], bool(am1),
-                bool(bm1), prep["n_cols"], ra, prep["num_experts"])
-            args += (words, np.int32(ra), np.int32(prep["n_cols"]), out_of_window)
+            words, out_of_window = _range_words(prep, a_scale, b_scale)
+            args += (words, np.int32(prep["rows_max"]), np.int32(prep["n_cols"]),
+                     out_of_window)
         if launch.grid_cap:  # persistent: the CTAs share the tiles
             args += (np.int32(grid),)
             grid = min(grid, launch.grid_cap)
