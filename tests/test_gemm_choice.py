@@ -325,7 +325,8 @@ def test_choose_kernel_mxfp8_persistent(mode, monkeypatch):
     monkeypatch.delenv(C.PERSIST_ENV)
     # a contraction of 4 k-tiles (not a whole scale group of WMX_SCALE_TILES) or 0; longer
     # than PERSIST_MX_MAX_KTILES ("on" takes those); experts of different lengths
-    for kt, want in ((8, True), (4, False), (0, False), (16, False)):
+    longest = C.PERSIST_MX_MAX_KTILES
+    for kt, want in ((8, True), (longest, True), (4, False), (0, False), (longest + 8, False)):
         pl.length[:] = kt * C.BK
         assert C._persist_mx(p, pl, sms) == want, kt
     monkeypatch.setenv(C.PERSIST_ENV, "on")

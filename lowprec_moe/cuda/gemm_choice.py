@@ -183,11 +183,12 @@ PERSIST_MAX_KTILES = 8
 PERSIST_N256_MAX_KTILES = None
 #: Longest contraction (k-tiles) that "auto" runs in the persistent MXFP8 form (``_kk_o``,
 #: ``_kn_o``, ``_nn_o``): its k-loop runs a tile's k-tiles at an offset in the CTA's sequence,
-#: which costs ~13 % more instructions per k-tile than the per-tile kernel's (H200: from 16
-#: k-tiles between 7 % slower and 1 % faster, the slowest on long fprop), while on 8 k-tiles
-#: (fine wgrad) the saved tile starts and hidden epilogues make it 26 % faster
-#: (benchmarks/RESULTS.md).
-PERSIST_MX_MAX_KTILES = 8
+#: which costs ~13 % more instructions per k-tile than the per-tile kernel's, while the saved
+#: tile starts and hidden epilogues weigh more on short contractions (H200, persistent / per-tile
+#: time: 8 k-tiles, fine wgrad, 0.80; 16 k-tiles, qwen-fc2 fprop 0.960 and 0.976 in two runs,
+#: wgrad 0.92 per tile; from 32 k-tiles 0.97 to 1.05, the slowest on long fprop;
+#: benchmarks/RESULTS.md).
+PERSIST_MX_MAX_KTILES = 16
 #: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk"), dgrad
 #: ("kn", B MN-major) and wgrad ("nn", both MN-major) all measured faster than the plain kernel
 #: on every compute-bound shape where they apply (fprop 4-15 %, dgrad 8-20 %, wgrad 2-31 %;
