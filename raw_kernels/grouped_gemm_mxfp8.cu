@@ -2,7 +2,10 @@
 // E8M0 block scales are expanded to bf16 in shared memory (fp8 * 2^(e-127), exact for every
 // block whose values are bf16 normals; see grouped_gemm_common.cuh), then mma.sync.m16n8k16 bf16
 // with fp32 accumulation. The wgmma tiles (_w, _v) stage tiles inside the fp16 window on fp16
-// instead (grouped_gemm_mxf16.cuh).
+// instead (grouped_gemm_mxf16.cuh). The warp-specialised kernels are in
+// grouped_gemm_mxfp8_ws.cu and grouped_gemm_mxfp8_wsp.cu, the range kernel they read in
+// grouped_gemm_mx_ranges.cu: one module per family, so that the modules compile in parallel
+// and a call compiles only the family it runs.
 //   kk: rowwise A and B (fprop)
 //   kn: rowwise A, columnwise B ([N, K] row-major, contraction along rows: dgrad's W)
 //   nn: columnwise A and B (wgrad's dy and x, [Mp, X] row-major)
@@ -19,16 +22,6 @@ LPM_GG_DEFINE_WG(lpm_gg_mxfp8_kk_v, 64, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_K, 
 LPM_GG_DEFINE_WG(lpm_gg_mxfp8_kn_w, 128, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_MN, false, 16)
 LPM_GG_DEFINE_WG(lpm_gg_mxfp8_kn_v, 64, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_MN, false, 16)
 LPM_GG_DEFINE_WG(lpm_gg_mxfp8_nn_w, 128, lpm_gg::KIND_FP8_MN, lpm_gg::KIND_FP8_MN, false, 16)
-// Warp-specialised with TMA loads (fprop, dgrad and wgrad, 128x256; uniform strides, the
-// launcher checks): producers widen B, consumers widen A into wgmma registers
-// (grouped_gemm_ws_mx.cuh).
-LPM_GG_DEFINE_MX_RANGES(lpm_gg_mx_ranges)
-LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kk_y, false, false)
-LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_kn_y, false, true)
-LPM_GG_DEFINE_WS_MX(lpm_gg_mxfp8_nn_y, true, true)
-LPM_GG_DEFINE_WS_MX_P(lpm_gg_mxfp8_kk_o, false, false)
-LPM_GG_DEFINE_WS_MX_P(lpm_gg_mxfp8_kn_o, false, true)
-LPM_GG_DEFINE_WS_MX_P(lpm_gg_mxfp8_nn_o, true, true)
 // Few tokens per expert (fprop, sm_90a only): 32 tokens x 128 output columns, weights on the
 // wgmma M side (grouped_gemm_swap.cuh).
 LPM_GG_DEFINE_SWAP(lpm_gg_mxfp8_kk_t, lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_K, false, 16, 2)

@@ -4,7 +4,9 @@
 // fp16 (e2m1 * e4m3) in shared memory or, for one wgmma operand of the _x and _t kernels,
 // straight into registers; tensor-core MMA on fp16 with fp32 accumulation (mma.sync.m16n8k16,
 // or wgmma on sm_90a); the per-tensor / row-scaled global factors are applied in the epilogue.
-// See grouped_gemm_common.cuh.
+// See grouped_gemm_common.cuh. The warp-specialised kernels (_x, _y, _q, _z, _o) are in
+// grouped_gemm_nvfp4_ws.cu: one module per family, so that the modules compile in parallel and
+// a call compiles only the family it runs.
 #include "grouped_gemm_common.cuh"
 
 LPM_GG_DEFINE(lpm_gg_nvfp4_kk_l, 128, 256, 2, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 16)
@@ -19,19 +21,6 @@ LPM_GG_DEFINE_WG(lpm_gg_nvfp4_kk_w, 128, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K,
 LPM_GG_DEFINE_WG(lpm_gg_nvfp4_kk_v, 64, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 16)
 LPM_GG_DEFINE_WG(lpm_gg_nvfp4_kk_w8, 128, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 8)
 LPM_GG_DEFINE_WG(lpm_gg_nvfp4_kk_v8, 64, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 8)
-LPM_GG_DEFINE_WS(lpm_gg_nvfp4_kk_x, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 16)
-LPM_GG_DEFINE_WS(lpm_gg_nvfp4_kk_x8, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 8)
-// The same with TMA loads of the data tiles and block scales (uniform strides; the launcher
-// checks).
-LPM_GG_DEFINE_WS_TMA(lpm_gg_nvfp4_kk_y, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true)
-// ... and its 384-thread form: one producer warpgroup, consumers on m64n256k16
-// (grouped_gemm_ws_n256.cuh).
-LPM_GG_DEFINE_WS_N256(lpm_gg_nvfp4_kk_q)
-// ... and its persistent form: one CTA per SM over many tiles, the next tile's copies and
-// expansion overlapping the current one's end and epilogue (grouped_gemm_ws_persist.cuh).
-LPM_GG_DEFINE_WS_P(lpm_gg_nvfp4_kk_z, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K)
-// ... and the persistent 384-thread form (the same file).
-LPM_GG_DEFINE_WS_NP(lpm_gg_nvfp4_kk_o)
 // Few tokens per expert (fprop / dgrad, sm_90a only): 32 tokens x 128 output columns, weights
 // on the wgmma M side (grouped_gemm_swap.cuh).
 LPM_GG_DEFINE_SWAP(lpm_gg_nvfp4_kk_t, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 16, 3)

@@ -418,3 +418,62 @@ def test_mxfp8_mma_env(monkeypatch):
     monkeypatch.setenv(C.MXFP8_MMA_ENV, "fp16")
     with pytest.raises(ValueError, match="LOWPREC_MOE_MXFP8_MMA='fp16'"):
         C._mx_bf16()
+
+
+def _defined_kernels() -> dict:
+    """Every grouped-GEMM kernel defined in raw_kernels/grouped_gemm_*.cu -> its file's stem."""
+    import re
+
+    from lowprec_moe import kernels
+
+    found = {}
+    for path in sorted(kernels.kernel_dir().glob("grouped_gemm_*.cu")):
+        text = path.read_text()
+        names = re.findall(r"^LPM_GG_DEFINE\w*\(\s*(lpm_gg_\w+)", text, re.M)
+        names += re.findall(r"__global__ void(?: __launch_bounds__\(\d+\))?\s+(lpm_gg_\w+)\(", text)
+        for name in names:
+            assert name not in found, f"{name} defined in {found.get(name)} and {path.stem}"
+            found[name] = path.stem
+    return found
+
+
+def test_every_kernel_in_its_module():
+    """The module the launcher loads each kernel from (kernel_module, RANGES_MODULE, the SIMT
+    kernel's) is the file that defines it, for every grouped-GEMM kernel; the warp-specialised
+    families have modules of their own."""
+    import re
+
+    from lowprec_moe.cuda import gemm_choice as G
+
+    found = _defined_kernels()
+    assert found.pop("lpm_gg_mx_ranges") == G.RANGES_MODULE
+    assert found.pop("lpm_gg_simt") == "grouped_gemm_simt"
+    for name, stem in found.items():
+        m = re.fullmatch(r"lpm_gg_(bf16|fp16|mxfp8|nvfp4)_(kk|kn|nn)_([a-z])8?", name)
+        assert m, name
+        assert G.kernel_module(m.group(1), m.group(3)) == stem, name
+    assert {found[n] for n in ("lpm_gg_mxfp8_kk_y", "lpm_gg_mxfp8_kk_o", "lpm_gg_mxfp8_kk_w",
+                               "lpm_gg_nvfp4_kk_o", "lpm_gg_nvfp4_kk_w")} == {
+        "grouped_gemm_mxfp8_ws", "grouped_gemm_mxfp8_wsp", "grouped_gemm_mxfp8",
+        "grouped_gemm_nvfp4_ws", "grouped_gemm_nvfp4"}
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp8-hybrid", "nvfp4"])
+@pytest.mark.parametrize("mode", MODES)
+def test_launch_module_defines_kernel(mode, fmt, monkeypatch):
+    """The launch choose_kernel returns names a module that defines its kernel (per-tile,
+    persistent, swapped and plain choices)."""
+    from dataclasses import replace
+
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
+    found = _defined_kernels()
+    caps = H200_CAPS[:2] + (8,)  # 8 SMs: the persistent forms from 9 tiles
+    for splits, n, k in (([0, 37, 300, 5], 128, 256), ([512] * 4, 512, 1024),
+                         ([4] * 64, 1024, 512)):
+        p = replace(_policy_problem(mode, fmt, splits, n=n, k=k), out_dtype="bfloat16")
+        for env in ("auto", "on"):
+            monkeypatch.setenv(C.PERSIST_ENV, env)
+            ln = C.choose_kernel(p, C.plan(p), caps=caps)
+            assert found.get(ln.kernel) == ln.module, (splits, env, ln)

@@ -312,6 +312,22 @@ def _swap_wide(pl: Plan, sms: int) -> bool:
     return ctas >= SWAP_WIDE_MIN_CTAS_PER_SM * sms
 
 
+#: The modules (``raw_kernels/<module>.cu``) of the warp-specialised kernel families, by format
+#: prefix and kernel suffix; every other grouped-GEMM kernel of a format is in
+#: ``grouped_gemm_<prefix>``. Each family compiles apart from the others -- the modules in
+#: parallel, and a call only the family it runs.
+_FAMILY_MODULES = {
+    ("mxfp8", "y"): "grouped_gemm_mxfp8_ws", ("mxfp8", "o"): "grouped_gemm_mxfp8_wsp",
+    **{("nvfp4", s): "grouped_gemm_nvfp4_ws" for s in ("x", "y", "q", "z", "o")}}
+#: The module of the MXFP8 range kernel (``lpm_gg_mx_ranges``).
+RANGES_MODULE = "grouped_gemm_mx_ranges"
+
+
+def kernel_module(prefix: str, suffix: str) -> str:
+    """The module of grouped-GEMM kernel ``lpm_gg_<prefix>_<layout>_<suffix>[8]``."""
+    return _FAMILY_MODULES.get((prefix, suffix), f"grouped_gemm_{prefix}")
+
+
 def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     """Pick the kernel (module, name, tile, copy chunk, shared memory) for a plan.
 
@@ -398,7 +414,7 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
         smem = _smem_bytes(pl.a.kind, pl.b.kind, bm, bn, use_wg)
     if smem > optin:  # e.g. consumer GPUs with ~100 KiB per block
         return simt
-    return Launch(f"grouped_gemm_{prefix}", name, False, bm, bn, ch, smem, use_wg,
+    return Launch(kernel_module(prefix, suffix), name, False, bm, bn, ch, smem, use_wg,
                   WS_N256_THREADS if n256 else WS_THREADS if ws else THREADS, use_tma,
                   grid_cap, ws_mx)
 

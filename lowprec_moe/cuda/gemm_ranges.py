@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels
+from .gemm_choice import RANGES_MODULE
 
 #: rows per CTA of the range kernel (kMxRangeThreads)
 RANGE_THREADS = 256
@@ -57,7 +58,7 @@ def mx_range_words(desc, a_scale, b_scale, a_mn: bool, b_mn: bool, a_e5m2: bool,
     flag = cp.zeros(1, dtype=cp.uint32)
     if words.size == 0:
         return words, flag
-    fn = kernels.get_function("grouped_gemm_mxfp8", "lpm_gg_mx_ranges")
+    fn = kernels.get_function(RANGES_MODULE, "lpm_gg_mx_ranges")
     grid = (-(-max(ra, rb) // RANGE_THREADS), num_experts, 2)
     fn(grid, (RANGE_THREADS,), (desc, a_scale, b_scale, np.int32(a_mn), np.int32(b_mn),
                                 np.int32(a_e5m2), np.int32(b_e5m2), np.int64(n_cols),
