@@ -101,11 +101,9 @@ struct Epilogue {
         return ep;
     }
 
-    // The wgrad of an expert without tokens: dW_g = 0 over the tile (nothing to do when
-    // accumulating), written by threads 0..nthreads-1 -- +0 in every output type (all-zero
-    // bits), in 16-byte stores when every row of the tile starts and ends on a 16-byte
-    // boundary (an empty expert's tiles are a wgrad's cheapest, and element by element they
-    // cost more than a short contraction's), else element by element.
+    // The wgrad of an expert without tokens: dW_g = +0 over the tile (all-zero bits; nothing to
+    // do when accumulating), written by threads 0..nthreads-1 in 16-byte stores where every row
+    // of the tile starts and ends on a 16-byte boundary, else element by element.
     __device__ __forceinline__ void zero_tile(long long r0, long long c0, int rows_valid,
                                               int cols_valid, int nthreads) const {
         if (accumulate) return;

@@ -443,7 +443,7 @@ def test_every_kernel_in_its_module():
     families have modules of their own."""
     import re
 
-    from lowprec_moe.cuda import gemm_choice as G
+    from lowprec_moe.cuda import gemm_plan as G
 
     found = _defined_kernels()
     assert found.pop("lpm_gg_mx_ranges") == G.RANGES_MODULE

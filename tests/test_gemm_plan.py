@@ -198,14 +198,22 @@ def test_kernel_constants_match_sources():
     simt = (kernels.kernel_dir() / "grouped_gemm_simt.cu").read_text()
     for name in ("EK_F32", "EK_BF16", "EK_F16", "EK_FP4", "EK_E4M3", "EK_E5M2"):
         assert int(re.search(rf"\b{name} = (\d+)", simt).group(1)) == getattr(C, name), name
-    # every kernel name the launcher can pick exists in its module
+    # every kernel name the launcher can pick exists in its module (kernel_module's; the
+    # format's modules: grouped_gemm_<prefix>.cu and its families' grouped_gemm_<prefix>_*.cu)
     for prefix in ("bf16", "fp16", "nvfp4", "mxfp8"):
-        text = (kernels.kernel_dir() / f"grouped_gemm_{prefix}.cu").read_text()
-        defined = set(re.findall(
-            r"LPM_GG_DEFINE(?:_WG|_WS|_WS_TMA|_WS_MX|_WS_P|_WS_NP|_WS_N256|_SWAP|_SWAP_TMA"
-            r"|_SWAP_TMA_WIDE)?"
-            r"\((\w+)[,)]",
-            text))
+        in_module = {}
+        for path in [kernels.kernel_dir() / f"grouped_gemm_{prefix}.cu",
+                     *sorted(kernels.kernel_dir().glob(f"grouped_gemm_{prefix}_*.cu"))]:
+            for name in re.findall(
+                    r"LPM_GG_DEFINE(?:_WG|_WS|_WS_TMA|_WS_MX|_WS_MX_P|_WS_P|_WS_NP|_WS_N256|_SWAP"
+                    r"|_SWAP_TMA|_SWAP_TMA_WIDE|_SWAP_TMA_WIDE16)?"
+                    r"\((\w+)[,)]",
+                    path.read_text()):
+                in_module[name] = path.stem
+        for name, stem in in_module.items():
+            suffix = name.split("_")[-1].rstrip("8")
+            assert C.kernel_module(prefix, suffix) == stem, name
+        defined = set(in_module)
         layouts = {"nvfp4": ["kk"]}.get(prefix, ["kk", "kn", "nn"])
         quantized = prefix == "nvfp4"  # the warp-specialised kernel
         for lay in layouts:
@@ -219,8 +227,9 @@ def test_kernel_constants_match_sources():
         if prefix == "nvfp4":  # the TMA builds (swapped-operand, warp-specialised)
             assert {"lpm_gg_nvfp4_kk_u", "lpm_gg_nvfp4_kk_r", "lpm_gg_nvfp4_kk_y",
                     "lpm_gg_nvfp4_kk_z", "lpm_gg_nvfp4_kk_q", "lpm_gg_nvfp4_kk_o"} <= defined
-        if prefix == "mxfp8":  # the warp-specialised MXFP8 kernel (TMA builds only)
-            assert {"lpm_gg_mxfp8_kk_y", "lpm_gg_mxfp8_kn_y", "lpm_gg_mxfp8_nn_y"} <= defined
+        if prefix == "mxfp8":  # the warp-specialised MXFP8 kernel (TMA builds only), persistent
+            assert {f"lpm_gg_mxfp8_{lay}_{form}" for lay in ("kk", "kn", "nn")
+                    for form in ("y", "o")} <= defined
     # the swapped-operand kernel's tile and stage counts
     for name, value in (("kSwapTokens", C.CONFIGS["t"][0]), ("kSwapCols", C.CONFIGS["t"][1])):
         assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == value, name

@@ -56,7 +56,7 @@ from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     EK_BF16, EK_F16, EK_FP4, EK_E4M3, EK_E5M2, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K,
     KIND_HP_MN, MMA_PARAMS, OUT_TYPES, Operand, Plan, SIMT_PARAMS, SIMT_TILE, THREADS,
     WS_AHEAD, WS_CANON_BUFFERS, WS_N256_THREADS, WS_THREADS, _cdiv,
-    _flat_amax, descriptors, plan, tile_table)
+    _flat_amax, descriptors, kernel_module, plan, tile_table)
 from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     EPI_COL_TABLE, EPI_WARP_LD, MAX_SMEM, WMX_A_STAGES, WMX_AHEAD, WMX_B_STAGES,
     WMX_CANON_BUFFERS, WMX_SCALE_SLOTS, WMX_SCALE_TILES,

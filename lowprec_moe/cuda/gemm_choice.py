@@ -118,7 +118,7 @@ import numpy as np
 
 from .. import formats as F
 from .gemm_plan import (BK, CONFIGS, KIND_FP4_K, KIND_FP8_K, Operand, Plan, SIMT_TILE,
-                        THREADS, WS_N256_THREADS, WS_THREADS, _cdiv, plan)
+                        THREADS, WS_N256_THREADS, WS_THREADS, _cdiv, kernel_module, plan)
 from .gemm_smem import (WMX_SCALE_TILES, WS_SCALE_TILES, _smem_bytes, _swap_smem_bytes,
                         _ws_mx_p_smem_bytes, _ws_mx_smem_bytes,
                         _ws_p_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
@@ -310,22 +310,6 @@ def _swap_wide(pl: Plan, sms: int) -> bool:
     rows = pl.rows[pl.rows > 0]
     ctas = int(np.sum(_cdiv(rows, bt))) * int(_cdiv(pl.n_cols, bw))
     return ctas >= SWAP_WIDE_MIN_CTAS_PER_SM * sms
-
-
-#: The modules (``raw_kernels/<module>.cu``) of the warp-specialised kernel families, by format
-#: prefix and kernel suffix; every other grouped-GEMM kernel of a format is in
-#: ``grouped_gemm_<prefix>``. Each family compiles apart from the others -- the modules in
-#: parallel, and a call only the family it runs.
-_FAMILY_MODULES = {
-    ("mxfp8", "y"): "grouped_gemm_mxfp8_ws", ("mxfp8", "o"): "grouped_gemm_mxfp8_wsp",
-    **{("nvfp4", s): "grouped_gemm_nvfp4_ws" for s in ("x", "y", "q", "z", "o")}}
-#: The module of the MXFP8 range kernel (``lpm_gg_mx_ranges``).
-RANGES_MODULE = "grouped_gemm_mx_ranges"
-
-
-def kernel_module(prefix: str, suffix: str) -> str:
-    """The module of grouped-GEMM kernel ``lpm_gg_<prefix>_<layout>_<suffix>[8]``."""
-    return _FAMILY_MODULES.get((prefix, suffix), f"grouped_gemm_{prefix}")
 
 
 def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:

@@ -243,3 +243,19 @@ def tile_table(rows: np.ndarray, include: np.ndarray, bm: int) -> np.ndarray:
     g = np.repeat(np.arange(len(rows), dtype=np.int64), nrt)
     t = np.arange(int(nrt.sum()), dtype=np.int64) - np.repeat(np.cumsum(nrt) - nrt, nrt)
     return np.stack([g, t], axis=1).astype(np.int32).reshape(-1, 2)
+
+
+#: The modules (``raw_kernels/<module>.cu``) of the warp-specialised kernel families, by format
+#: prefix and kernel suffix; every other grouped-GEMM kernel of a format is in
+#: ``grouped_gemm_<prefix>``. Each family compiles apart from the others -- the modules in
+#: parallel, and a call only the family it runs.
+_FAMILY_MODULES = {
+    ("mxfp8", "y"): "grouped_gemm_mxfp8_ws", ("mxfp8", "o"): "grouped_gemm_mxfp8_wsp",
+    **{("nvfp4", s): "grouped_gemm_nvfp4_ws" for s in ("x", "y", "q", "z", "o")}}
+#: The module of the MXFP8 range kernel (``lpm_gg_mx_ranges``).
+RANGES_MODULE = "grouped_gemm_mx_ranges"
+
+
+def kernel_module(prefix: str, suffix: str) -> str:
+    """The module of grouped-GEMM kernel ``lpm_gg_<prefix>_<layout>_<suffix>[8]``."""
+    return _FAMILY_MODULES.get((prefix, suffix), f"grouped_gemm_{prefix}")

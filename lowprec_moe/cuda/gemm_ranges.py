@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import kernels
-from .gemm_choice import RANGES_MODULE
+from .gemm_plan import RANGES_MODULE
 
 #: rows per CTA of the range kernel (kMxRangeThreads)
 RANGE_THREADS = 256
