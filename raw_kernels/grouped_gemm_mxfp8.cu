@@ -4,8 +4,8 @@
 // with fp32 accumulation. The wgmma tiles (_w, _v) stage tiles inside the fp16 window on fp16
 // instead (grouped_gemm_mxf16.cuh). The warp-specialised kernels are in
 // grouped_gemm_mxfp8_ws.cu and grouped_gemm_mxfp8_wsp.cu, the range kernel they read in
-// grouped_gemm_mx_ranges.cu: one module per family, so that the modules compile in parallel
-// and a call compiles only the family it runs.
+// grouped_gemm_mx_ranges.cu: one module per family, each compiled separately on first use, so
+// that a call compiles only the family it runs.
 //   kk: rowwise A and B (fprop)
 //   kn: rowwise A, columnwise B ([N, K] row-major, contraction along rows: dgrad's W)
 //   nn: columnwise A and B (wgrad's dy and x, [Mp, X] row-major)

@@ -5,8 +5,8 @@
 // straight into registers; tensor-core MMA on fp16 with fp32 accumulation (mma.sync.m16n8k16,
 // or wgmma on sm_90a); the per-tensor / row-scaled global factors are applied in the epilogue.
 // See grouped_gemm_common.cuh. The warp-specialised kernels (_x, _y, _q, _z, _o) are in
-// grouped_gemm_nvfp4_ws.cu: one module per family, so that the modules compile in parallel and
-// a call compiles only the family it runs.
+// grouped_gemm_nvfp4_ws.cu: one module per family, each compiled separately on first use, so
+// that a call compiles only the family it runs.
 #include "grouped_gemm_common.cuh"
 
 LPM_GG_DEFINE(lpm_gg_nvfp4_kk_l, 128, 256, 2, lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true, 16)

@@ -98,8 +98,6 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
     // the launcher's), else bf16 -- one mode for every tile, so that each role runs one loop
     // over its tiles (with a loop per mode inside the loop over tiles, ptxas serialized the
     // wgmma for lack of registers and spilled the accumulators).
-    static_assert(kWmxMinKTiles >= 4, "a window slot is rewritten once a k-tile of the tile "
-                                      "between is handed back (see above)");
     auto launch_f16 = [&](int KT) {
         return mx_bf16 == 0 && KT >= kWmxMinKTiles && __ldg(mx_out_of_window) == 0u;
     };

@@ -140,18 +140,21 @@ def test_gpu_wgrad_empty_experts_zero_and_accumulate(fmt):
 
 
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16", "float16"])
-@pytest.mark.parametrize("fmt,n,k", [("mxfp8-hybrid", N, K), ("nvfp4", N, K), ("bf16", 36, 50),
-                                     ("bf16", 40, 260)])
-def test_gpu_wgrad_empty_experts_overwrite(fmt, n, k, out_dtype):
-    """An empty expert's dW_g overwrites a NaN-filled output with +0 -- in 16-byte stores where
-    the tile rows allow (K = 160; K = 260 in float32) and element by element where they do not
-    (K = 50; K = 260 in 16 bits: rows 520 bytes apart) -- and the other experts' outputs are
-    a fresh output's."""
+@pytest.mark.parametrize("fmt,n,k,shift", [("mxfp8-hybrid", N, K, 0), ("nvfp4", N, K, 0),
+                                           ("mxfp8-hybrid", N, K, 1), ("nvfp4", N, K, 1),
+                                           ("bf16", 36, 50, 0)])
+def test_gpu_wgrad_empty_experts_overwrite(fmt, n, k, shift, out_dtype):
+    """An empty expert's dW_g overwrites a NaN-filled output with +0, and the other experts'
+    outputs are a fresh output's. The tensor-core kernels (MXFP8, NVFP4) zero a tile in 16-byte
+    stores when its rows start and end on 16-byte boundaries (shift 0) and element by element
+    otherwise (shift 1: the output one element past a 16-byte boundary); bf16 with K = 50 runs
+    the SIMT kernel (rows of 100 bytes), which zeroes its own tiles."""
     a, b = _host_operands("wgrad", fmt, seed=12, n=n, k=k)
     a, b = gpu(a), gpu(b)
     fresh_dev = grouped_gemm_wgrad(a, b, SPLITS, out_dtype=out_dtype)
     fresh = to_host(fresh_dev)
-    out = fresh_dev.copy()
+    buf = _cp().empty(fresh_dev.size + shift, dtype=fresh_dev.dtype)
+    out = buf[shift:].reshape(fresh_dev.shape)
     out.view(_cp().uint8).fill(0xFF)  # a NaN in every output type
     res = grouped_gemm_wgrad(a, b, SPLITS, out=out)
     assert res is out
@@ -159,7 +162,7 @@ def test_gpu_wgrad_empty_experts_overwrite(fmt, n, k, out_dtype):
     for g, s in enumerate(SPLITS):
         if s == 0:
             assert_bytes_equal(got[g], np.zeros((n, k), fresh.dtype), f"dW[{g}] {out_dtype}")
-    assert_bytes_equal(got, fresh, f"overwrite {out_dtype}")
+    assert_bytes_equal(got, fresh, f"overwrite {out_dtype} shift {shift}")
 
 
 def _assert_grouped_equals_members(mode, fmt, seed, what):

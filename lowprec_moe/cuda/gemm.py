@@ -205,6 +205,8 @@ def _range_words(prep, a_scale, b_scale):
     """The range kernel's words and out-of-window flag for a prepared warp-specialised MXFP8
     launch (:func:`~lowprec_moe.cuda.gemm_ranges.mx_range_words`; tests read the flag to tell
     which staging mode the persistent form takes)."""
+    if not prep["launch"].mx_ranges:
+        raise ValueError(f"{prep['launch'].kernel} reads no range words")
     (_, a_e5m2), (_, b_e5m2) = prep["modes"]
     return mx_range_words(prep["desc"], a_scale, b_scale, prep["mn"][0], prep["mn"][1],
                           bool(a_e5m2), bool(b_e5m2), prep["n_cols"], prep["rows_max"],

@@ -247,8 +247,8 @@ def tile_table(rows: np.ndarray, include: np.ndarray, bm: int) -> np.ndarray:
 
 #: The modules (``raw_kernels/<module>.cu``) of the warp-specialised kernel families, by format
 #: prefix and kernel suffix; every other grouped-GEMM kernel of a format is in
-#: ``grouped_gemm_<prefix>``. Each family compiles apart from the others -- the modules in
-#: parallel, and a call only the family it runs.
+#: ``grouped_gemm_<prefix>``. Each family compiles separately, on its first use: a call compiles
+#: only the family it runs (and a warm-up may compile the modules in parallel).
 _FAMILY_MODULES = {
     ("mxfp8", "y"): "grouped_gemm_mxfp8_ws", ("mxfp8", "o"): "grouped_gemm_mxfp8_wsp",
     **{("nvfp4", s): "grouped_gemm_nvfp4_ws" for s in ("x", "y", "q", "z", "o")}}
