@@ -127,21 +127,15 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
         // both streams requested in order, each keeping its tile and place as counters
         int d_ti = 0, d_kt = 0;
         auto issue_data = [&](int j) {
-            const int ti = d_ti, kt = d_kt;
-            if (++d_kt == KT) {
-                d_kt = 0;
-                ++d_ti;
-            }
+            int ti, kt;
+            stream_next(d_ti, d_kt, KT, ti, kt);
             if (kt == 0 && ti > 0 && ti + 1 < my_tiles) rows_of[(ti + 1) & 1] = rows_at(ti + 1);
             wmx_issue_data<AMN, BMN, L>(s0, abar, bbar, j, kt, rows_of[ti & 1], tm_a, tm_b);
         };
         int s_ti = 0, s_g = 0;
         auto issue_scales = [&](int q) {
-            const int ti = s_ti, g = s_g;
-            if (++s_g == NGT) {
-                s_g = 0;
-                ++s_ti;
-            }
+            int ti, g;
+            stream_next(s_ti, s_g, NGT, ti, g);
             wmx_issue_scales<AMN, BMN, L>(s0, sbar, q, g, rows_of[ti & 1], tm_as, tm_bs);
         };
         if (leader) {

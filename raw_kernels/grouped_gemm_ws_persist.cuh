@@ -96,11 +96,8 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         // 384-thread form 15 % slower per k-tile than the per-tile one.
         int d_ti = 0, d_kt = 0;  // the data stream's next tile and k-tile in it
         auto issue_data = [&](int j) {
-            const int ti = d_ti, kt = d_kt;
-            if (++d_kt == KT) {
-                d_kt = 0;
-                ++d_ti;
-            }
+            int ti, kt;
+            stream_next(d_ti, d_kt, KT, ti, kt);
             if (kt == 0 && ti > 0 && ti + 1 < my_tiles)  // the stream enters tile ti
                 rows_of[(ti + 1) & 1] =
                     ws_rows_of<BM, BN>(T0 + (ti + 1) * TS, tiles, n_col_tiles, desc, n_cols);
@@ -108,11 +105,8 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         };
         int s_ti = 0, s_q = 0;  // the scale stream's next tile and group in it
         auto issue_scales = [&](int q) {
-            const int ti = s_ti, qt = s_q;
-            if (++s_q == NGT) {
-                s_q = 0;
-                ++s_ti;
-            }
+            int ti, qt;
+            stream_next(s_ti, s_q, NGT, ti, qt);
             ws_fp4_issue_scales(s0, sbar, q % NSG, qt, rows_of[ti & 1], tm_as, tm_bs);
         };
         if (leader) ws_fp4_issue_first(J, NG, issue_data, issue_scales);
