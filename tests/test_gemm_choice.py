@@ -324,9 +324,11 @@ def test_choose_kernel_mxfp8_persistent(mode, monkeypatch):
     assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == per_tile
     monkeypatch.delenv(C.PERSIST_ENV)
     # a contraction of 4 k-tiles (not a whole scale group of WMX_SCALE_TILES) or 0; longer
-    # than PERSIST_MX_MAX_KTILES ("on" takes those); experts of different lengths
+    # than PERSIST_MX_MAX_KTILES (fprop: "on" takes those; dgrad, wgrad: any length); experts
+    # of different lengths
     longest = C.PERSIST_MX_MAX_KTILES
-    for kt, want in ((8, True), (longest, True), (4, False), (0, False), (longest + 8, False)):
+    for kt, want in ((8, True), (longest, True), (4, False), (0, False),
+                     (longest + 8, mode != "fprop"), (8 * longest, mode != "fprop")):
         pl.length[:] = kt * C.BK
         assert C._persist_mx(p, pl, sms) == want, kt
     monkeypatch.setenv(C.PERSIST_ENV, "on")

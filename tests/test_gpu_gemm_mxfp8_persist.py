@@ -138,29 +138,33 @@ def test_gpu_mxfp8_persistent_mixed_modes(mode, mma, monkeypatch, few_ctas):
     _check(mode, a, b, splits, monkeypatch, f"persistent {mode} wide rows {mma}")
 
 
-def test_gpu_mxfp8_persistent_many_tiles_default(monkeypatch):
-    """With the real multiprocessor count, more tiles than multiprocessors and a contraction of
-    PERSIST_MX_MAX_KTILES k-tiles, "auto" takes the persistent form for bf16 output and the
-    per-tile one for fp32 output; the two agree bit for bit on bf16 output."""
+@pytest.mark.parametrize("mode", ["fprop", "dgrad"])
+def test_gpu_mxfp8_persistent_many_tiles_default(monkeypatch, mode):
+    """With the real multiprocessor count and more tiles than multiprocessors, "auto" takes the
+    persistent form for bf16 output -- fprop up to PERSIST_MX_MAX_KTILES k-tiles (here that
+    many), dgrad at any length (here twice that) -- and the per-tile one for fp32 output; the
+    two agree bit for bit on bf16 output."""
     _require_wgmma()
     from lowprec_moe.cuda import gemm as C
 
     splits = [512, 0, 1000, 384, 130, 700] * 6  # ~165 row tiles x 2 column tiles
-    k = C.PERSIST_MX_MAX_KTILES * C.BK
-    x, _, dy = _data(91, sum(splits), 512, k)
-    w = np.random.default_rng(92).standard_normal((len(splits), 512, k)).astype(np.float32)
-    a, b, _ = _quantize("mxfp8-e4m3", x, w, dy, splits)
-    ga, gb = gpu(a), gpu(b)
+    length = C.PERSIST_MX_MAX_KTILES * C.BK * (1 if mode == "fprop" else 2)
+    n, k = (512, length) if mode == "fprop" else (length, 512)
+    x, _, dy = _data(91, sum(splits), n, k)
+    w = np.random.default_rng(92).standard_normal((len(splits), n, k)).astype(np.float32)
+    xq, wq, dq = _quantize("mxfp8-e4m3", x, w, dy, splits)
+    ga, gb = gpu(xq if mode == "fprop" else dq), gpu(wq)
+    lay = LAYOUT[mode]
 
     def kernel(out_dtype):
-        return C.kernel_info(_validate("fprop", ga, gb, splits, bias=None, probs=None,
+        return C.kernel_info(_validate(mode, ga, gb, splits, bias=None, probs=None,
                                        out_dtype=out_dtype, out=None, accumulate=False))["kernel"]
 
-    assert kernel("bfloat16") == "lpm_gg_mxfp8_kk_o"
-    assert kernel("float32") == "lpm_gg_mxfp8_kk_y"
-    got = to_host(grouped_gemm(ga, gb, splits, mode="fprop", out_dtype="bfloat16"))
+    assert kernel("bfloat16") == f"lpm_gg_mxfp8_{lay}_o"
+    assert kernel("float32") == f"lpm_gg_mxfp8_{lay}_y"
+    got = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="bfloat16"))
     monkeypatch.setenv(C.PERSIST_ENV, "off")
-    assert kernel("bfloat16") == "lpm_gg_mxfp8_kk_y"
-    assert_bytes_equal(got, to_host(grouped_gemm(ga, gb, splits, mode="fprop",
+    assert kernel("bfloat16") == f"lpm_gg_mxfp8_{lay}_y"
+    assert_bytes_equal(got, to_host(grouped_gemm(ga, gb, splits, mode=mode,
                                                  out_dtype="bfloat16")),
-                       "persistent (auto) vs per-tile")
+                       f"persistent (auto) vs per-tile, {mode}")

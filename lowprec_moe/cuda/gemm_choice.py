@@ -100,7 +100,7 @@ Kernel choice
   window, else bf16 -- so its bits are the per-tile kernel's except for blocks below ~1e-35 in
   a launch with some row outside the window. It takes the per-tile kernel's place with more
   tiles than SMs for 16-bit output without bias, one contraction length of whole k-tiles and a
-  whole number of scale groups, and at most ``PERSIST_MX_MAX_KTILES`` k-tiles
+  whole number of scale groups, and in fprop at most ``PERSIST_MX_MAX_KTILES`` k-tiles
   (``LOWPREC_MOE_GEMM_PERSIST`` as above).
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
@@ -163,7 +163,7 @@ _MXFP8_WS_MODES = ("auto", "all", "off")
 #: (``_kk_o`` of the 384-thread ``_kk_q``, ``_kk_z`` of ``_kk_y``; one CTA per SM over many
 #: tiles) and of the warp-specialised MXFP8 kernel (``_kk_o`` / ``_kn_o`` / ``_nn_o``): "auto"
 #: (default: more tiles than multiprocessors and, ``_kk_z``, at most PERSIST_MAX_KTILES k-tiles
-#: per tile, MXFP8 at most PERSIST_MX_MAX_KTILES), "on" (wherever it applies) or "off"
+#: per tile, MXFP8 fprop at most PERSIST_MX_MAX_KTILES), "on" (wherever it applies) or "off"
 #: (one CTA per tile).
 PERSIST_ENV = "LOWPREC_MOE_GEMM_PERSIST"
 _PERSIST_MODES = ("auto", "on", "off")
@@ -181,13 +181,14 @@ PERSIST_MAX_KTILES = 8
 #: its k-tiles as fast as ``_kk_q`` (A/B: 2-6 % faster at 32 to 112 k-tiles, 10 % at 16, 16 %
 #: on fine wgrad at 8; benchmarks/RESULTS.md).
 PERSIST_N256_MAX_KTILES = None
-#: Longest contraction (k-tiles) that "auto" runs in the persistent MXFP8 form (``_kk_o``,
-#: ``_kn_o``, ``_nn_o``): its k-loop runs a tile's k-tiles at an offset in the CTA's sequence,
-#: which costs ~13 % more instructions per k-tile than the per-tile kernel's, while the saved
-#: tile starts and hidden epilogues weigh more on short contractions (H200, persistent / per-tile
-#: time: 8 k-tiles, fine wgrad, 0.80; 16 k-tiles, qwen-fc2 fprop 0.960 and 0.976 in two runs,
-#: wgrad 0.92 per tile; from 32 k-tiles 0.97 to 1.05, the slowest on long fprop;
-#: benchmarks/RESULTS.md).
+#: Longest contraction (k-tiles) that "auto" runs in the persistent MXFP8 fprop form
+#: (``_kk_o``): its k-loop runs a tile's k-tiles at an offset in the CTA's sequence, which costs
+#: ~13 % more instructions per k-tile than the per-tile kernel's, while the saved tile starts and
+#: hidden epilogues weigh more on short contractions (H200, persistent / per-tile time: 8
+#: k-tiles, fine wgrad, 0.80; 16 k-tiles, qwen-fc2 fprop 0.960 and 0.976 in two runs; from 32
+#: k-tiles fprop 1.01-1.06). dgrad and wgrad (``_kn_o``, ``_nn_o``: B MN-major) take it at any
+#: length: from 32 k-tiles dgrad 0.971-1.000 and wgrad 0.975-1.002 in two sessions' A/B
+#: (benchmarks/RESULTS.md).
 PERSIST_MX_MAX_KTILES = 16
 #: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk"), dgrad
 #: ("kn", B MN-major) and wgrad ("nn", both MN-major) all measured faster than the plain kernel
@@ -449,7 +450,8 @@ def _persist_mx(p, pl: Plan, sms: int) -> bool:
     if (p.out_dtype not in ("bfloat16", "float16") or p.bias is not None or p.accumulate
             or pl.n_cols % 8 or not out_ok):
         return False
-    return mode == "on" or (kt <= PERSIST_MX_MAX_KTILES and num_tiles(pl, *CONFIGS["x"]) > sms)
+    length_ok = p.mode != "fprop" or kt <= PERSIST_MX_MAX_KTILES
+    return mode == "on" or (length_ok and num_tiles(pl, *CONFIGS["x"]) > sms)
 
 
 def num_tiles(pl: Plan, bm: int, bn: int) -> int:
