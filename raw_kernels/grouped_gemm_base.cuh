@@ -255,6 +255,12 @@ __host__ __device__ constexpr int ws_mx_p_smem_bytes() {
            kWmxBStages * raw_data_bytes(KIND_FP8_K, 256) + kWmxCanonBuffers * canon_bytes(256) +
            kWmxScaleSlots * ws_mx_scale_slot_bytes() + 2 * kWmxWinSlot + 1024;
 }
+// Its ragged form (grouped_gemm_ws_mx_ragged.cuh: experts of different contraction lengths):
+// a ring of kWmxGWinSlots window slots, each with a full and an empty mbarrier.
+constexpr int kWmxGWinSlots = 4;
+__host__ __device__ constexpr int ws_mx_g_smem_bytes() {
+    return ws_mx_p_smem_bytes() + (kWmxGWinSlots - 2) * kWmxWinSlot;
+}
 
 }  // namespace lpm_gg
 

@@ -135,6 +135,7 @@
 #include "grouped_gemm_ws_n256.cuh"
 #include "grouped_gemm_ws_persist.cuh"
 #include "grouped_gemm_ws_mx_persist.cuh"
+#include "grouped_gemm_ws_mx_ragged.cuh"
 #include "grouped_gemm_tma.cuh"
 #include "grouped_gemm_swap.cuh"
 

@@ -101,6 +101,10 @@ __device__ __forceinline__ void cp_async_full(unsigned dst, const void* src) {
                      "n"(CH));
     }
 }
+// Bring the line of global address p into L1 (no value returned: a later load hits L1).
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+    asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
+}
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

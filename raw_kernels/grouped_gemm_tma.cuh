@@ -45,6 +45,44 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(unsigned bar, unsigned byt
                  : "memory");
 #endif
 }
+// One plain arrival on `bar` (release: this thread's earlier shared-memory writes are visible to
+// the threads that wait for the phase).
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+#if LPM_GG_HAS_TMA
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar)
+                 : "memory");
+#endif
+}
+// ... when `pred` holds (a predicated arrival: no branch in the caller's wgmma pipeline).
+__device__ __forceinline__ void mbar_arrive_if(unsigned bar, bool pred) {
+#if LPM_GG_HAS_TMA
+    asm volatile(
+        "{\n.reg .pred p;\n.reg .b64 st;\nsetp.ne.u32 p, %1, 0;\n"
+        "@p mbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar),
+        "r"(static_cast<unsigned>(pred))
+        : "memory");
+#endif
+}
+// One arrival on `bar` for the calling warp, once all its threads are here (their earlier
+// shared-memory accesses ordered before it): an mbarrier counting warps takes one atomic per
+// warp instead of 32.
+__device__ __forceinline__ void warp_arrive(unsigned bar) {
+    __syncwarp();
+    if ((threadIdx.x & 31u) == 0u) mbar_arrive(bar);
+}
+// Whether the phase of `bar` with parity `parity` has completed (no waiting).
+__device__ __forceinline__ bool mbar_test(unsigned bar, unsigned parity) {
+    unsigned done = 0u;
+#if LPM_GG_HAS_TMA
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+#endif
+    return done != 0u;
+}
 // Wait until the phase of `bar` with parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 #if LPM_GG_HAS_TMA

@@ -108,17 +108,28 @@ __device__ __forceinline__ void wmx_issue_scales(unsigned s0, unsigned sbar, int
 // (consumers and producers), or before the first EMPTY the producers' own barrier. The leader
 // then requests k-tile j + AHEAD (issue_data) and the group whose slot just freed
 // (issue_scales); every producer waits for k-tile j's B data and block scales.
-template <class IssueData, class IssueScales>
-__device__ __forceinline__ void wmx_refill(int j, int J, int NG, bool leader, unsigned bbar,
-                                           unsigned sbar, const IssueData& issue_data,
-                                           const IssueScales& issue_scales) {
+// Its two ends, shared with the ragged form: the barrier that frees k-tile j's ring positions,
+// and the waits for k-tile j's B data and scale group g.
+__device__ __forceinline__ void wmx_refill_sync(int j) {
     constexpr int NSB = kWmxBStages, NCB = kWmxCanonBuffers, AHEAD = kWmxAhead;
-    constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     if (j >= NCB) {
         named_sync(WS_BAR_EMPTY + j % NCB, kWsThreads);
     } else if (j + AHEAD >= NSB) {
         named_sync(WS_BAR_PROD, kWsProducers);
     }
+}
+__device__ __forceinline__ void wmx_refill_wait(int j, int g, unsigned bbar, unsigned sbar) {
+    constexpr int NSB = kWmxBStages, NSG = kWmxScaleSlots;
+    mbar_wait(bbar + 8 * (j % NSB), static_cast<unsigned>(j / NSB) & 1u);
+    mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+}
+template <class IssueData, class IssueScales>
+__device__ __forceinline__ void wmx_refill(int j, int J, int NG, bool leader, unsigned bbar,
+                                           unsigned sbar, const IssueData& issue_data,
+                                           const IssueScales& issue_scales) {
+    constexpr int NCB = kWmxCanonBuffers, AHEAD = kWmxAhead;
+    constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
+    wmx_refill_sync(j);
     if (leader) {
         if (j + AHEAD < J) issue_data(j + AHEAD);
         // group g's slot last held group g - NSG, whose last k-tile SGT (g - NSG + 1) - 1 is
@@ -126,9 +137,38 @@ __device__ __forceinline__ void wmx_refill(int j, int J, int NG, bool leader, un
         const int q = j - NCB + 1;
         if (q > 0 && q % SGT == 0 && q / SGT + NSG - 1 < NG) issue_scales(q / SGT + NSG - 1);
     }
-    const int g = j / SGT;
-    mbar_wait(bbar + 8 * (j % NSB), static_cast<unsigned>(j / NSB) & 1u);
-    mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
+    wmx_refill_wait(j, j / SGT, bbar, sbar);
+}
+
+// A last k-tile j (scale group g of the sequence, place pos in it) that ends early, tail < 64
+// lines into it, in the ragged form (MN-major A and B; producer thread t, before its arrival at
+// FULL): the steps past the end must multiply zeros by zeros, +0 products as in the plain
+// kernel's zero-filled tail, while the copies brought the next expert's lines there. Once A's
+// copy has landed, its raw panel's lines from tail on become zeros and, when the k-tile's second
+// block lies wholly past the end, A's codes of that block become finite factors' -- the rows'
+// largest codes (fp16 window, exps_a) or 2^0 (bf16): the next expert's codes could be NaN, or
+// outside the window (0 * NaN, 0 * inf). B's lines past the end are zeroed by each thread in its
+// own canonical chunks (wmx_produce_b). Generic stores, ordered before the consumers' reads by
+// FULL and before later copies into the stage and slot by the caller's proxy fence.
+template <bool H, class L>
+__device__ __forceinline__ void wmx_tail_zero(int t, unsigned s0, unsigned abar, int j, int g,
+                                              int pos, unsigned tail,
+                                              const unsigned char* exps_a) {
+    constexpr int NSA = kWmxAStages, NSG = kWmxScaleSlots, BM = L::BM;
+    mbar_wait(abar + 8 * (j % NSA), static_cast<unsigned>(j / NSA) & 1u);
+    const unsigned pa = s0 + (j % NSA) * L::T_DA;
+    for (unsigned o = tail * 128 + 16 * static_cast<unsigned>(t); o < kBK * 128;
+         o += kWsProducers * 16)
+        sts_v4(pa + o, 0u, 0u, 0u, 0u);
+    if (tail <= LPM_MXFP8_BLOCK && t < BM / 4) {
+        unsigned w4 = LPM_E8M0_BIAS * 0x01010101u;
+        if constexpr (H) {
+            w4 = 0u;
+#pragma unroll
+            for (int i = 0; i < 4; ++i) w4 |= static_cast<unsigned>(exps_a[4 * t + i]) << (8 * i);
+        }
+        sts_u32(s0 + L::T_SC + (g % NSG) * L::T_SLOT + pos * 2 * BM + BM + 4 * t, w4);
+    }
 }
 
 // The k-loops of producer thread t (0..255) of gemm_ws_mx: per k-tile j (KT of them from j0, the
@@ -137,11 +177,17 @@ __device__ __forceinline__ void wmx_refill(int j, int J, int NG, bool leader, un
 // canonical buffer j % kWmxCanonBuffers and arrives at FULL. One loop per staging mode (f16m:
 // fp16 window, factors relative to the columns' largest codes in exps_b and bias_b; else bf16)
 // and B format (eb5: E5M2). Columns from cols_valid on are not widened.
-template <bool BMN, class L, class Refill>
+// RAG (the ragged persistent form, MN-major A and B): the tile's scale groups start at j0, as
+// group q0 of the CTA's group sequence, and refill also takes k-tile j's group; a last k-tile
+// that ends early (tail: the contraction's length in it, 1..64) is zeroed past its end by
+// wmx_tail_zero.
+template <bool BMN, class L, class Refill, bool RAG = false>
 __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int cols_valid,
                                               int bias_b, const unsigned char* exps_b,
                                               bool f16m, bool eb5, const Refill& refill,
-                                              int j0) {
+                                              int j0, int q0 = 0, unsigned abar = 0u,
+                                              unsigned tail = kBK) {
+    static_assert(!RAG || BMN, "the ragged form is wgrad's (both operands MN-major)");
     constexpr int BN = L::BN, NSB = kWmxBStages, NCB = kWmxCanonBuffers;
     constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     constexpr int T_B0 = L::T_B0, T_DB = L::T_DB, CANON_B = L::CANON_B, T_CANON = L::T_CANON;
@@ -180,12 +226,17 @@ __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int co
         auto loop = [&](auto h, auto e5) {
             constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
             for (int j = j0; j < j0 + KT; ++j) {
-                const int cb = j % NCB, gs = j / SGT;
-                refill(j);
+                const int cb = j % NCB, gs = RAG ? q0 + (j - j0) / SGT : j / SGT;
+                const int pos = (RAG ? j - j0 : j) % SGT;
+                if constexpr (RAG) {
+                    refill(j, gs);
+                } else {
+                    refill(j);
+                }
                 const unsigned rb = s0 + T_B0 + (j % NSB) * T_DB + o_raw;
                 const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
                 const uint2 sc =
-                    lds_v2(s0 + T_SC + (gs % NSG) * T_SLOT + (j % SGT) * 2 * BN + o_sc);
+                    lds_v2(s0 + T_SC + (gs % NSG) * T_SLOT + pos * 2 * BN + o_sc);
                 uint2 x[8];
 #pragma unroll
                 for (int l = 0; l < 8; ++l)
@@ -225,6 +276,19 @@ __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int co
                         }
                     }
                 }
+                if constexpr (RAG) {
+                    if (j == j0 + KT - 1 && tail < static_cast<unsigned>(kBK)) {
+                        wmx_tail_zero<H, L>(t, s0, abar, j, gs, pos, tail, exps_b - L::BM);
+                        // this thread's own canonical lines past the end (written above)
+                        if (live) {
+#pragma unroll
+                            for (int l = 0; l < 8; ++l)
+                                if (static_cast<unsigned>(8 * w + l) >= tail)
+                                    sts_v4(cbb + l * 128 + ((gk ^ static_cast<unsigned>(l)) << 4),
+                                           0u, 0u, 0u, 0u);
+                        }
+                    }
+                }
                 fence_proxy_async();
                 named_arrive(WS_BAR_FULL + cb, kWsThreads);
             }
@@ -248,11 +312,15 @@ __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int co
         auto loop = [&](auto h, auto e5) {
             constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
             for (int j = j0; j < j0 + KT; ++j) {
-                const int cb = j % NCB, g = j / SGT;
-                refill(j);
+                const int cb = j % NCB, g = RAG ? q0 + (j - j0) / SGT : j / SGT;
+                const int pos = (RAG ? j - j0 : j) % SGT;
+                if constexpr (RAG) {
+                    refill(j, g);
+                } else {
+                    refill(j);
+                }
                 const unsigned rb = s0 + T_B0 + (j % NSB) * T_DB + o_raw;
-                const unsigned rsb =
-                    s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (j % SGT) * 2 + o_sc;
+                const unsigned rsb = s0 + T_SC + (g % NSG) * T_SLOT + T_SB + pos * 2 + o_sc;
                 const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
                 const uint4 x0 = lds_v4(rb), y0 = lds_v4(rb ^ 16u);
                 const uint4 x1 = lds_v4(rb + D_RAW), y1 = lds_v4((rb + D_RAW) ^ 16u);

@@ -479,3 +479,44 @@ def test_launch_module_defines_kernel(mode, fmt, monkeypatch):
             monkeypatch.setenv(C.PERSIST_ENV, env)
             ln = C.choose_kernel(p, C.plan(p), caps=caps)
             assert found.get(ln.kernel) == ln.module, (splits, env, ln)
+
+
+def test_choose_kernel_mxfp8_ragged(monkeypatch):
+    """sm_90, MXFP8 wgrad on the warp-specialised kernel whose experts contract different
+    lengths (or one length that is no whole scale group): with ``LOWPREC_MOE_GEMM_PERSIST=on``
+    the ragged persistent form ``_nn_g`` (its own shared-memory formula and module, the grid
+    capped at one CTA per SM, a balanced tile list) for 16-bit output, also for few tiles; the
+    per-tile ``_nn_y`` in "auto" (the ragged form measured slower), with "off", for fp32
+    output and for accumulation; one length of whole scale groups stays on ``_nn_o``."""
+    from dataclasses import replace
+
+    from lowprec_moe.cuda import gemm as C
+
+    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
+    sms = H200_CAPS[2]
+    # 24 experts of 4 x 4 tiles, uneven (two empty), mean above MXFP8_WS_WGRAD_MIN_LEN
+    splits = [0, 96, 160, 1024, 0, 640, 2048, 544] * 3
+    p = replace(_policy_problem("wgrad", "mxfp8-hybrid", splits, n=512, k=1024),
+                out_dtype="bfloat16")
+    pl = C.plan(p)
+    assert C.num_tiles(pl, 128, 256) > sms
+    assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_mxfp8_nn_y"
+    monkeypatch.setenv(C.PERSIST_ENV, "on")
+    ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+    assert ln.kernel == "lpm_gg_mxfp8_nn_g" and ln.ragged and ln.tma and ln.mx_ranges, ln
+    assert ln.grid_cap == sms and ln.smem == C._ws_mx_g_smem_bytes(), ln
+    assert ln.module == "grouped_gemm_mxfp8_wsg", ln
+    for other in (dict(out_dtype="float32"), dict(accumulate=True)):
+        ln = C.choose_kernel(replace(p, **other), pl, caps=H200_CAPS)
+        assert ln.kernel == "lpm_gg_mxfp8_nn_y" and not ln.ragged and ln.grid_cap == 0, other
+    # one length: a whole number of scale groups -> _nn_o; 12 k-tiles (no whole group) -> _nn_g
+    for kt, want in ((8, "o"), (12, "g")):
+        q = replace(_policy_problem("wgrad", "mxfp8-hybrid", [kt * C.BK] * 24, n=512, k=1024),
+                    out_dtype="bfloat16")
+        assert C.choose_kernel(q, C.plan(q), caps=H200_CAPS).kernel == f"lpm_gg_mxfp8_nn_{want}"
+    # few tiles
+    few = replace(_policy_problem("wgrad", "mxfp8-hybrid", [0, 640, 1024], n=512, k=512),
+                  out_dtype="bfloat16")
+    assert C.choose_kernel(few, C.plan(few), caps=H200_CAPS).kernel == "lpm_gg_mxfp8_nn_g"
+    monkeypatch.setenv(C.PERSIST_ENV, "off")
+    assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_mxfp8_nn_y"

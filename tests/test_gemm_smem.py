@@ -128,3 +128,18 @@ def test_mxfp8_wgmma_smem_has_exponent_bytes():
             assert C._smem_bytes(fp8k, bk, bm, 256, True) == formula(fp8k, bk, bm, True, bm + 256)
             assert C._smem_bytes(fp8k, bk, bm, 256, False) == formula(fp8k, bk, bm, False, 0)
         assert C._smem_bytes(fp4, fp4, bm, 256, True) == formula(fp4, fp4, bm, True, 0)
+
+
+def test_ws_mx_g_smem_formula():
+    """The ragged persistent MXFP8 kernel (mirrors ws_mx_g_smem_bytes): the persistent kernel's
+    shared memory with four window slots; the slot count agrees with the kernel header; under
+    the opt-in limit with the 1 KiB of static shared memory."""
+    from lowprec_moe.cuda import gemm_smem as S
+
+    src = (Path(__file__).resolve().parents[1] / "raw_kernels"
+           / "grouped_gemm_base.cuh").read_text()
+    assert re.search(r"constexpr int kWmxGWinSlots = 4;", src)
+    assert S.WMX_G_WIN_SLOTS == 4
+    mx = S._ws_mx_g_smem_bytes()
+    assert mx == S._ws_mx_p_smem_bytes() + 2 * 416
+    assert mx + 1024 <= S.MAX_SMEM

@@ -59,11 +59,13 @@ from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     _flat_amax, descriptors, kernel_module, plan, tile_table)
 from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     EPI_COL_TABLE, EPI_WARP_LD, MAX_SMEM, WMX_A_STAGES, WMX_AHEAD, WMX_B_STAGES,
-    WMX_CANON_BUFFERS, WMX_SCALE_SLOTS, WMX_SCALE_TILES,
+    WMX_CANON_BUFFERS, WMX_G_WIN_SLOTS, WMX_SCALE_SLOTS, WMX_SCALE_TILES,
     WS_SCALE_SLOTS, WS_SCALE_TILES, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes, _smem_bytes,
-    _swap_smem_bytes, _ws_mx_p_smem_bytes, _ws_mx_smem_bytes, _ws_p_smem_bytes, _ws_smem_bytes,
+    _swap_smem_bytes, _ws_mx_g_smem_bytes, _ws_mx_p_smem_bytes, _ws_mx_smem_bytes,
+    _ws_p_smem_bytes, _ws_smem_bytes,
     _ws_tma_smem_bytes)
 
+from .gemm_balance import ragged_tile_list, ragged_tile_table
 from .gemm_ranges import mx_range_words
 from .gemm_tma import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     _ptr, _scales_word_aligned, _tma_maps, _tma_rows_ok, _tma_scale_rows_ok, _use_tma,
@@ -175,12 +177,20 @@ def _prepare(p, arrays):
     include = pl.rows > 0
     if pl.zero_if_empty and p.accumulate:
         include &= pl.length > 0
-    tiles = tile_table(pl.rows, include, launch.bm)
     n_col_tiles = _cdiv(pl.n_cols, launch.bn)
-    grid = tiles.shape[0] * n_col_tiles
+    desc = descriptors(pl)
+    if launch.ragged:  # a balanced list of single tiles (entries of CTA b: b, b + cap, ...)
+        tiles = ragged_tile_table(
+            ragged_tile_list(pl.rows, pl.length, include, launch.bm, n_col_tiles,
+                             launch.grid_cap),
+            launch.grid_cap, desc, launch.bm, launch.bn, pl.n_cols, n_col_tiles)
+        grid = tiles.shape[0]
+    else:
+        tiles = tile_table(pl.rows, include, launch.bm)
+        grid = tiles.shape[0] * n_col_tiles
     if grid >= 2**31:
         raise ValueError(f"problem too large: {grid} CTAs")
-    tables = _device_tables(tiles, descriptors(pl)) if grid else (None, None)
+    tables = _device_tables(tiles, desc) if grid else (None, None)
     a, b = pl.a, pl.b
     if launch.simt:
         modes = ((a.ek, int(a.mn)), (b.ek, int(b.mn)))

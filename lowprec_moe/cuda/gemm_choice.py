@@ -102,6 +102,14 @@ Kernel choice
   tiles than SMs for 16-bit output without bias, one contraction length of whole k-tiles and a
   whole number of scale groups, and in fprop at most ``PERSIST_MX_MAX_KTILES`` k-tiles
   (``LOWPREC_MOE_GEMM_PERSIST`` as above).
+  With ``LOWPREC_MOE_GEMM_PERSIST=on``, MXFP8 wgrad whose experts contract different token
+  counts (or one count that is no whole number of scale groups) runs the ragged persistent
+  form ``_nn_g`` (``raw_kernels/grouped_gemm_ws_mx_ragged.cuh``) under the same output
+  conditions: one CTA per SM over a list of tiles that the launcher balances by contraction
+  length (:mod:`lowprec_moe.cuda.gemm_balance`), each tile starting its own scale group, one
+  staging mode for the launch without the per-tile kernel's 4-k-tile threshold (so the bits
+  are the per-tile kernel's except for blocks below ~1e-35), empty experts' tiles zeroed.
+  "auto" does not take it (slower than the per-tile kernel so far; ``_persist_ragged``).
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
   swapped-operand one for few tokens per expert), without the warp-specialised one and without
@@ -111,18 +119,19 @@ Kernel choice
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from .. import formats as F
-from .gemm_plan import (BK, CONFIGS, KIND_FP4_K, KIND_FP8_K, Operand, Plan, SIMT_TILE,
-                        THREADS, WS_N256_THREADS, WS_THREADS, _cdiv, kernel_module, plan)
-from .gemm_smem import (WMX_SCALE_TILES, WS_SCALE_TILES, _smem_bytes, _swap_smem_bytes,
-                        _ws_mx_p_smem_bytes, _ws_mx_smem_bytes,
-                        _ws_p_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
-from .gemm_tma import _ptr, _scales_word_aligned, _use_tma, _use_ws_tma
+from .gemm_plan import (CONFIGS, KIND_FP4_K, KIND_FP8_K, Operand, Plan, SIMT_TILE, THREADS,
+                        WS_N256_THREADS, WS_THREADS, _cdiv, kernel_module, plan)
+from .gemm_smem import (_smem_bytes, _swap_smem_bytes, _ws_mx_g_smem_bytes,
+                        _ws_mx_p_smem_bytes, _ws_mx_smem_bytes, _ws_p_smem_bytes,
+                        _ws_smem_bytes, _ws_tma_smem_bytes)
+from .gemm_persist import (  # noqa: F401 - re-exported (gemm.py and the tests read them here)
+    PERSIST_ENV, PERSIST_MAX_KTILES, PERSIST_MX_MAX_KTILES, PERSIST_N256_MAX_KTILES, _env_mode,
+    _persist, _persist_mx, _persist_ragged, _reg_epilogue_ok, num_tiles)
+from .gemm_tma import _scales_word_aligned, _use_tma, _use_ws_tma
 
 #: Environment variable selecting the kernel family: "auto" (default) or "simt".
 KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
@@ -159,37 +168,6 @@ _MXFP8_MMA = ("auto", "bf16")
 #: comparisons and cross-checks).
 MXFP8_WS_ENV = "LOWPREC_MOE_GEMM_MXFP8_WS"
 _MXFP8_WS_MODES = ("auto", "all", "off")
-#: Environment variable for the persistent forms of the warp-specialised NVFP4 TMA build
-#: (``_kk_o`` of the 384-thread ``_kk_q``, ``_kk_z`` of ``_kk_y``; one CTA per SM over many
-#: tiles) and of the warp-specialised MXFP8 kernel (``_kk_o`` / ``_kn_o`` / ``_nn_o``): "auto"
-#: (default: more tiles than multiprocessors and, ``_kk_z``, at most PERSIST_MAX_KTILES k-tiles
-#: per tile, MXFP8 fprop at most PERSIST_MX_MAX_KTILES), "on" (wherever it applies) or "off"
-#: (one CTA per tile).
-PERSIST_ENV = "LOWPREC_MOE_GEMM_PERSIST"
-_PERSIST_MODES = ("auto", "on", "off")
-#: Longest contraction (k-tiles) that "auto" runs in the 512-thread persistent form ``_kk_z``
-#: (only with ``LOWPREC_MOE_GEMM_WS_N256=off``; the alternative is ``_kk_y``): it saves the
-#: per-tile start and hides the epilogue, which matters on short contractions (fine wgrad, 8
-#: k-tiles: +6-7 % over ``_kk_q``), while on longer ones the one-CTA-per-tile builds measured
-#: faster (qwen-fc2 fprop, 16: ``_kk_q`` 0.7-1.4 %; ``_kk_y`` won on 40 k-tiles and more;
-#: benchmarks/RESULTS.md). Measured before ``_kk_z``'s producers stopped dividing by the
-#: contraction per copy request, which made it faster (fine wgrad 4 %); not re-measured since.
-PERSIST_MAX_KTILES = 8
-#: ... and of the 384-thread one, ``_kk_o``: None, any length. It saves ~3 us of each tile's
-#: start and drain (fprop K sweep on the H200: 4 k-tiles per tile 36 % faster than ``_kk_q``,
-#: 8 15 %) and, since its producers stopped dividing by the contraction per copy request, runs
-#: its k-tiles as fast as ``_kk_q`` (A/B: 2-6 % faster at 32 to 112 k-tiles, 10 % at 16, 16 %
-#: on fine wgrad at 8; benchmarks/RESULTS.md).
-PERSIST_N256_MAX_KTILES = None
-#: Longest contraction (k-tiles) that "auto" runs in the persistent MXFP8 fprop form
-#: (``_kk_o``): its k-loop runs a tile's k-tiles at an offset in the CTA's sequence, which costs
-#: ~13 % more instructions per k-tile than the per-tile kernel's, while the saved tile starts and
-#: hidden epilogues weigh more on short contractions (H200, persistent / per-tile time: 8
-#: k-tiles, fine wgrad, 0.80; 16 k-tiles, qwen-fc2 fprop 0.960 and 0.976 in two runs; from 32
-#: k-tiles fprop 1.01-1.06). dgrad and wgrad (``_kn_o``, ``_nn_o``: B MN-major) take it at any
-#: length: from 32 k-tiles dgrad 0.971-1.000 and wgrad 0.975-1.002 in two sessions' A/B
-#: (benchmarks/RESULTS.md).
-PERSIST_MX_MAX_KTILES = 16
 #: Operand layouts that "auto" gives the warp-specialised MXFP8 kernel: fprop ("kk"), dgrad
 #: ("kn", B MN-major) and wgrad ("nn", both MN-major) all measured faster than the plain kernel
 #: on every compute-bound shape where they apply (fprop 4-15 %, dgrad 8-20 %, wgrad 2-31 %;
@@ -200,15 +178,6 @@ MXFP8_WS_AUTO = ("kk", "kn", "nn")
 #: measured 15 % slower than the plain kernel, at 512 (fine) the same, on the skewed split
 #: (mean 683) 11 % faster and from 2560 on (qwen, dsv3) 20-31 % faster (benchmarks/RESULTS.md).
 MXFP8_WS_WGRAD_MIN_LEN = 512
-
-
-def _env_mode(name: str, modes: tuple) -> str:
-    """The value of environment variable `name` (lower case; unset or empty: "auto"), or a
-    ValueError naming it when it is not one of `modes`."""
-    v = os.environ.get(name, "auto").strip().lower() or "auto"
-    if v not in modes:
-        raise ValueError(f"{name}={v!r} must be one of {modes}")
-    return v
 
 
 def _mx_bf16() -> int:
@@ -280,6 +249,9 @@ class Launch:
     #: the warp-specialised MXFP8 kernels: the rows' block-code ranges follow the tensor maps
     #: (:mod:`lowprec_moe.cuda.gemm_ranges`)
     mx_ranges: bool = False
+    #: the ragged persistent MXFP8 wgrad kernel: its tile table is a balanced list
+    #: (:mod:`lowprec_moe.cuda.gemm_balance`)
+    ragged: bool = False
 
 
 _FAMILIES = ("auto", "wgmma", "mma", "simt")
@@ -379,14 +351,21 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     # from registers
     grid_cap = sms if ws_tma and (_persist_mx(p, pl, sms) if ws_mx else
                                   _persist(pl, sms, n256)) else 0
+    # ... and, when asked for, MXFP8 wgrad whose experts contract different lengths in the
+    # ragged one (_nn_g)
+    ragged = ws_mx and layout == "nn" and not grid_cap and _persist_ragged(p, pl, sms)
+    if ragged:
+        grid_cap = sms
     ws = ws or ws_mx
-    suffix = (cfg if cfg in ("r", "p") else "u" if use_tma else
+    suffix = (cfg if cfg in ("r", "p") else "u" if use_tma else "g" if ragged else
               ("o" if n256 or ws_mx else "z") if grid_cap else "q" if n256 else "y" if ws_tma
               else cfg)
     use_tma = use_tma or ws_tma
     name = f"lpm_gg_{prefix}_{layout}_{suffix}" + ("8" if ch == 8 else "")
     if cfg in ("t", "r", "p"):
         smem = _swap_smem_bytes(pl.a.kind, pl.b.kind, wide=cfg != "t")
+    elif ragged:
+        smem = _ws_mx_g_smem_bytes()
     elif ws_mx:
         smem = _ws_mx_p_smem_bytes() if grid_cap else _ws_mx_smem_bytes()
     elif grid_cap:  # both persistent NVFP4 forms
@@ -401,7 +380,7 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
         return simt
     return Launch(kernel_module(prefix, suffix), name, False, bm, bn, ch, smem, use_wg,
                   WS_N256_THREADS if n256 else WS_THREADS if ws else THREADS, use_tma,
-                  grid_cap, ws_mx)
+                  grid_cap, ws_mx, ragged)
 
 
 def _long_wgrad(pl: Plan) -> bool:
@@ -409,56 +388,6 @@ def _long_wgrad(pl: Plan) -> bool:
     ``MXFP8_WS_WGRAD_MIN_LEN`` tokens on average."""
     length = pl.length[pl.length > 0]
     return bool(length.size) and float(length.mean()) >= MXFP8_WS_WGRAD_MIN_LEN
-
-
-def _persist(pl: Plan, sms: int, n256: bool) -> bool:
-    """Whether an NVFP4 problem that takes the ``_kk_y`` build (``n256``: its 384-thread form
-    ``_kk_q``) runs persistently, ``_kk_z`` (``_kk_o``; see PERSIST_ENV): it needs the
-    contraction (one length for every expert, which ``_kk_y`` already requires) to be a whole,
-    nonzero number of scale groups (``WS_SCALE_TILES`` k-tiles), so that a group of block
-    scales never straddles two tiles."""
-    mode = _env_mode(PERSIST_ENV, _PERSIST_MODES)
-    kt = -(-int(pl.length[0]) // BK) if len(pl.length) else 0
-    if mode == "off" or kt == 0 or kt % WS_SCALE_TILES:
-        return False
-    longest = PERSIST_N256_MAX_KTILES if n256 else PERSIST_MAX_KTILES
-    return mode == "on" or ((longest is None or kt <= longest)
-                            and num_tiles(pl, *CONFIGS["x"]) > sms)
-
-
-def _persist_mx(p, pl: Plan, sms: int) -> bool:
-    """Whether an MXFP8 problem that takes the warp-specialised kernel (``_kk_y``, ``_kn_y``,
-    ``_nn_y``) runs in its persistent form (``_kk_o``, ``_kn_o``, ``_nn_o``; see PERSIST_ENV):
-    one contraction length for every expert, a whole, nonzero number of scale groups
-    (``WMX_SCALE_TILES`` k-tiles) per tile, no partial k-tile, K-major scale rows of whole
-    16-byte chunks, and an epilogue the kernel runs from registers --
-    16-bit output without bias, whole 8-column groups, a 16-byte aligned output buffer (or one
-    the launcher allocates) and no accumulation."""
-    mode = _env_mode(PERSIST_ENV, _PERSIST_MODES)
-    if mode == "off" or not len(pl.length) or np.any(pl.length != pl.length[0]):
-        return False
-    kt = -(-int(pl.length[0]) // BK)
-    if kt == 0 or kt % WMX_SCALE_TILES or int(pl.length[0]) % BK:  # whole k-tiles
-        return False
-    # K-major scale rows of whole 16-byte chunks (the window scan's rule, mx_scan_aligned:
-    # the kernel's launch-wide staging mode must be every tile's; the TMA build already aligns
-    # the rows)
-    blocks = -(-int(pl.length[0]) // F.MXFP8_BLOCK)
-    if (not pl.a.mn or not pl.b.mn) and blocks % 16:
-        return False
-    out_ok = p.out is None or _ptr(p.out) % 16 == 0
-    if (p.out_dtype not in ("bfloat16", "float16") or p.bias is not None or p.accumulate
-            or pl.n_cols % 8 or not out_ok):
-        return False
-    length_ok = p.mode != "fprop" or kt <= PERSIST_MX_MAX_KTILES
-    return mode == "on" or (length_ok and num_tiles(pl, *CONFIGS["x"]) > sms)
-
-
-def num_tiles(pl: Plan, bm: int, bn: int) -> int:
-    """Output tiles of a launch with bm x bn tiles: row tiles of every expert with rows, times
-    the column tiles."""
-    rows = pl.rows[pl.rows > 0]
-    return int(np.sum(_cdiv(rows, bm))) * int(_cdiv(pl.n_cols, bn))
 
 
 def kernel_info(p) -> dict:
@@ -485,6 +414,6 @@ def kernel_info(p) -> dict:
         if ln.tma:
             instr += " tma"
         if ln.grid_cap:
-            instr += " persistent"
+            instr += " persistent" + (" ragged" if ln.ragged else "")
     return dict(module=ln.module, kernel=ln.kernel, instruction=instr, tile=(ln.bm, ln.bn),
                 smem=ln.smem)

@@ -151,6 +151,16 @@ def _ws_mx_p_smem_bytes() -> int:
     return stages + WMX_CANON_BUFFERS * _canon(bn) + slots + 2 * WMX_WIN_SLOT + 1024
 
 
+#: window slots of its ragged form (kWmxGWinSlots: a ring with full / empty mbarriers)
+WMX_G_WIN_SLOTS = 4
+
+
+def _ws_mx_g_smem_bytes() -> int:
+    """Dynamic shared memory of the ragged persistent MXFP8 wgrad kernel (ws_mx_g_smem_bytes):
+    the persistent kernel's, with ``WMX_G_WIN_SLOTS`` window slots instead of two."""
+    return _ws_mx_p_smem_bytes() + (WMX_G_WIN_SLOTS - 2) * WMX_WIN_SLOT
+
+
 def _swap_smem_bytes(x_kind: int, w_kind: int, wide: bool = False) -> int:
     """Dynamic shared memory of the swapped-operand kernel (swap_smem_bytes in
     raw_kernels/grouped_gemm_base.cuh): raw ring, two canonical buffers (NVFP4: the token tile

@@ -98,7 +98,8 @@ def _tma_maps(kernel: str, geom: tuple, a_data, a_scale, b_data, b_scale) -> tup
     then the two block-scale maps, 16 bytes per box row (NVFP4: ``WS_SCALE_TILES`` k-tiles,
     MXFP8: ``WMX_SCALE_TILES``); ``_kk_z`` (NVFP4, persistent), ``_kk_q`` (its 384-thread
     form) and ``_kk_o`` (that form persistent) take ``_kk_y``'s maps, the persistent MXFP8
-    builds ``_kk_o`` / ``_kn_o`` / ``_nn_o`` those of ``_kk_y`` / ``_kn_y`` / ``_nn_y``. The MXFP8 K-major data
+    builds ``_kk_o`` / ``_kn_o`` / ``_nn_o`` (and the ragged ``_nn_g``) those of ``_kk_y`` /
+    ``_kn_y`` / ``_nn_y``. The MXFP8 K-major data
     boxes (64-byte rows) are stored with the 64-byte swizzle, the raw layout of the cp.async
     kernels. ``_kn_y`` (MXFP8 dgrad, B
     MN-major: lines of ``n_cols`` bytes along the contraction) loads B as two panels of 128 columns x one
@@ -107,10 +108,10 @@ def _tma_maps(kernel: str, geom: tuple, a_data, a_scale, b_data, b_scale) -> tup
     panel of 128 columns x one k-tile of lines and A's scales as ``2 * WMX_SCALE_TILES`` block
     lines of 128 columns."""
     a_ld, b_ld, inner, a_sld, b_sld, n_cols, m_rows = geom
-    ws = kernel.endswith(("_y", "_z", "_q", "_o"))
+    ws = kernel.endswith(("_y", "_z", "_q", "_o", "_g"))
     mx = "_mxfp8_" in kernel
-    a_mn = kernel.endswith(("_nn_y", "_nn_o"))
-    b_mn = kernel.endswith(("_kn_y", "_nn_y", "_kn_o", "_nn_o"))
+    a_mn = kernel.endswith(("_nn_y", "_nn_o", "_nn_g"))
+    b_mn = kernel.endswith(("_kn_y", "_nn_y", "_kn_o", "_nn_o", "_nn_g"))
     box_a, box_b = CONFIGS["x" if ws else kernel[-1] if kernel.endswith(("_r", "_p")) else "t"]
     d_box, swz = (BK, 64) if mx else (BK // 2, 0)
     parts = [(a_data, a_ld, m_rows, box_a, BK, 128) if a_mn else
