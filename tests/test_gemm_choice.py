@@ -1,7 +1,8 @@
 """The GPU GEMM kernel choice (``lowprec_moe.cuda.gemm.choose_kernel``), checked on the CPU: the
 device capabilities are passed in, so no GPU is needed. Which kernel, tile, copy chunk and shared
 memory each problem takes, and the environment overrides (TMA conditions and tensor maps:
-test_gemm_tma.py; shared-memory formulas: test_gemm_smem.py).
+test_gemm_tma.py; shared-memory formulas: test_gemm_smem.py; the persistent forms:
+test_gemm_choice_persist.py).
 """
 
 from __future__ import annotations
@@ -147,65 +148,6 @@ def test_choose_kernel_ws_tma(mode, monkeypatch):
         assert not C._use_ws_tma(C.plan(p))
 
 
-@pytest.mark.parametrize("n256", [True, False], ids=["kk_o", "kk_z"])
-@pytest.mark.parametrize("mode", MODES)
-def test_choose_kernel_persistent(mode, n256, monkeypatch):
-    """The persistent forms of the NVFP4 ``_kk_y`` build (``_kk_o`` of its 384-thread form
-    ``_kk_q``; ``_kk_z`` with ``LOWPREC_MOE_GEMM_WS_N256=off``): with more tiles than
-    multiprocessors ("auto"; ``_kk_z`` only for contractions of up to ``PERSIST_MAX_KTILES``
-    k-tiles), or wherever the one-tile-per-CTA build runs ("on"), provided the contraction is a
-    whole, nonzero number of scale groups (4 k-tiles); that build with "off", a ragged group,
-    and few tiles (or, ``_kk_z``, a long contraction) in "auto". The grid is capped at one CTA
-    per multiprocessor."""
-    from lowprec_moe.cuda import gemm as C
-
-    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
-    if not n256:
-        monkeypatch.setenv(C.WS_N256_ENV, "off")
-    persistent, per_tile = ("lpm_gg_nvfp4_kk_o", "lpm_gg_nvfp4_kk_q") if n256 else \
-        ("lpm_gg_nvfp4_kk_z", "lpm_gg_nvfp4_kk_y")
-    threads = C.WS_N256_THREADS if n256 else C.WS_THREADS
-    longest = C.PERSIST_N256_MAX_KTILES if n256 else C.PERSIST_MAX_KTILES
-    sms = H200_CAPS[2]
-    splits = [256] * 3 if mode == "wgrad" else [0, 300, 37, 260, 5, 129]
-    for fmt in ("nvfp4", "nvfp4-row-scaled"):
-        # many tiles (fprop / dgrad: 160 row tiles of 16 x 6 experts; wgrad: 3 x 16 x 4)
-        big = splits * (16 if mode != "wgrad" else 1)
-        n, k = (256, 256) if mode != "wgrad" else (2048, 1024)
-        p = _policy_problem(mode, fmt, big, n=n, k=k)
-        pl = C.plan(p)
-        assert C.num_tiles(pl, 128, 256) > sms
-        ln = C.choose_kernel(p, pl, caps=H200_CAPS)
-        assert ln.kernel == persistent and ln.tma and ln.grid_cap == sms, ln
-        assert ln.smem == C._ws_p_smem_bytes() and ln.threads == threads, ln
-        monkeypatch.setenv(C.PERSIST_ENV, "off")
-        ln = C.choose_kernel(p, pl, caps=H200_CAPS)
-        assert ln.kernel == per_tile and ln.grid_cap == 0 and ln.threads == threads, ln
-        monkeypatch.setenv(C.PERSIST_ENV, "sometimes")
-        with pytest.raises(ValueError, match="LOWPREC_MOE_GEMM_PERSIST"):
-            C.choose_kernel(p, pl, caps=H200_CAPS)
-        monkeypatch.delenv(C.PERSIST_ENV)
-        # few tiles: "auto" keeps one CTA per tile, "on" takes the persistent form
-        p = _policy_problem(mode, fmt, splits, n=512, k=1024)
-        pl = C.plan(p)
-        assert C.num_tiles(pl, 128, 256) <= sms
-        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == per_tile
-        monkeypatch.setenv(C.PERSIST_ENV, "on")
-        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == persistent
-        # (compact 16-byte scale rows make _kk_y contractions whole scale groups, a padded
-        # scale stride need not; the persistent forms' own condition, checked on the plan:)
-        # 6 or 0 k-tiles are not
-        for kt, want in ((16, True), (6, False), (0, False)):
-            pl.length[:] = kt * C.BK
-            assert C._persist(pl, sms, n256) == want, kt
-        monkeypatch.delenv(C.PERSIST_ENV)
-        # "auto" with many tiles: up to `longest` k-tiles (_kk_o: any number)
-        pl = C.plan(_policy_problem(mode, fmt, big, n=n, k=k))
-        for kt in (4, 16, 112) if longest is None else (4, longest, longest + 4):
-            pl.length[:] = kt * C.BK
-            assert C._persist(pl, sms, n256) == (longest is None or kt <= longest), kt
-
-
 @pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-hybrid"])
 def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
     """sm_90, MXFP8 fprop / dgrad with the 128-row tile: the warp-specialised kernel ``_kk_y`` /
@@ -268,83 +210,6 @@ def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
         if "nn" in C.MXFP8_WS_AUTO or mode == "all":
             assert ln.kernel == "lpm_gg_mxfp8_nn_" + kernel, (mode, splits, ln)
     monkeypatch.delenv(C.MXFP8_WS_ENV)
-
-
-@pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
-def test_choose_kernel_mxfp8_persistent(mode, monkeypatch):
-    """sm_90, MXFP8 on the warp-specialised kernel with more tiles than multiprocessors: its
-    persistent form (``_kk_o`` / ``_kn_o`` / ``_nn_o``, its own shared-memory formula, the grid
-    capped at one CTA per SM) for 16-bit output without bias into an aligned buffer, a
-    contraction of whole scale groups and one length for every expert; the per-tile kernel
-    for fp32 output, bias, accumulation, other lengths, ``LOWPREC_MOE_GEMM_PERSIST=off``;
-    ``=on`` takes it for few tiles too."""
-    from dataclasses import replace
-
-    from lowprec_moe.cuda import gemm as C
-
-    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
-    monkeypatch.setenv(C.MXFP8_WS_ENV, "all")
-    sms = H200_CAPS[2]
-    lay = {"fprop": "kk", "dgrad": "kn", "wgrad": "nn"}[mode]
-    # (contraction: PERSIST_MX_MAX_KTILES k-tiles)
-    length = C.PERSIST_MX_MAX_KTILES * C.BK
-    if mode == "wgrad":  # 24 experts x `length` tokens, 512 x 1024 outputs: 24 x 4 x 4 tiles
-        splits, n, k = [length] * 24, 512, 1024
-    else:  # 160 row tiles x 2 column tiles
-        splits, n, k = ([0, 300, 37, 260, 5, 129] * 16, 512, length) if mode == "fprop" else \
-            ([0, 300, 37, 260, 5, 129] * 16, length, 512)
-    p = replace(_policy_problem(mode, "mxfp8-hybrid", splits, n=n, k=k), out_dtype="bfloat16")
-    pl = C.plan(p)
-    assert C.num_tiles(pl, 128, 256) > sms
-    ln = C.choose_kernel(p, pl, caps=H200_CAPS)
-    assert ln.kernel == f"lpm_gg_mxfp8_{lay}_o" and ln.tma and ln.grid_cap == sms, ln
-    assert ln.smem == C._ws_mx_p_smem_bytes() and ln.threads == C.WS_THREADS, ln
-    per_tile = f"lpm_gg_mxfp8_{lay}_y"
-    for other in (dict(out_dtype="float32"), dict(accumulate=True),
-                  dict(bias=np.zeros((len(splits), n), np.float32))):
-        if "bias" in other and mode != "fprop":
-            continue
-        ln = C.choose_kernel(replace(p, **other), pl, caps=H200_CAPS)
-        assert ln.kernel == per_tile and ln.grid_cap == 0, (other, ln)
-        assert ln.smem == C._ws_mx_smem_bytes(), ln
-    assert C.choose_kernel(replace(p, out_dtype="float16"), pl, caps=H200_CAPS).kernel == \
-        f"lpm_gg_mxfp8_{lay}_o"
-    # an output buffer 16-byte aligned or not (2 bytes off)
-    buf = np.zeros(int(np.prod(p.out_shape)) + 16, np.uint16)
-    base = (-buf.ctypes.data % 16) // 2
-    for off, want in ((base, "o"), (base + 1, "y")):
-        out = buf[off:off + int(np.prod(p.out_shape))]
-        assert C.choose_kernel(replace(p, out=out), pl, caps=H200_CAPS).kernel == \
-            f"lpm_gg_mxfp8_{lay}_{want}", off
-    # output columns not in whole 8-column groups
-    pl8 = C.plan(p)
-    pl8.n_cols = pl8.n_cols - 4
-    assert not C._persist_mx(p, pl8, sms)
-    monkeypatch.setenv(C.PERSIST_ENV, "off")
-    assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == per_tile
-    monkeypatch.delenv(C.PERSIST_ENV)
-    # a contraction of 4 k-tiles (not a whole scale group of WMX_SCALE_TILES) or 0; longer
-    # than PERSIST_MX_MAX_KTILES (fprop: "on" takes those; dgrad, wgrad: any length); experts
-    # of different lengths
-    longest = C.PERSIST_MX_MAX_KTILES
-    for kt, want in ((8, True), (longest, True), (4, False), (0, False),
-                     (longest + 8, mode != "fprop"), (8 * longest, mode != "fprop")):
-        pl.length[:] = kt * C.BK
-        assert C._persist_mx(p, pl, sms) == want, kt
-    monkeypatch.setenv(C.PERSIST_ENV, "on")
-    assert C._persist_mx(p, pl, sms)
-    monkeypatch.delenv(C.PERSIST_ENV)
-    pl.length[:] = 8 * C.BK
-    assert C._persist_mx(p, pl, sms)
-    pl.length[1] = 16 * C.BK  # (the first expert's length sets KT: 8)
-    assert not C._persist_mx(p, pl, sms)
-    pl.length[:] = 8 * C.BK
-    # few tiles: "auto" keeps one CTA per tile, "on" takes the persistent form
-    few = replace(_policy_problem(mode, "mxfp8-hybrid", [length] * 3 if mode == "wgrad"
-                                  else [300, 37], n=512, k=512), out_dtype="bfloat16")
-    assert C.choose_kernel(few, C.plan(few), caps=H200_CAPS).kernel == per_tile
-    monkeypatch.setenv(C.PERSIST_ENV, "on")
-    assert C.choose_kernel(few, C.plan(few), caps=H200_CAPS).kernel == f"lpm_gg_mxfp8_{lay}_o"
 
 
 @pytest.mark.parametrize("mode", ["fprop", "dgrad"])
@@ -479,44 +344,3 @@ def test_launch_module_defines_kernel(mode, fmt, monkeypatch):
             monkeypatch.setenv(C.PERSIST_ENV, env)
             ln = C.choose_kernel(p, C.plan(p), caps=caps)
             assert found.get(ln.kernel) == ln.module, (splits, env, ln)
-
-
-def test_choose_kernel_mxfp8_ragged(monkeypatch):
-    """sm_90, MXFP8 wgrad on the warp-specialised kernel whose experts contract different
-    lengths (or one length that is no whole scale group): with ``LOWPREC_MOE_GEMM_PERSIST=on``
-    the ragged persistent form ``_nn_g`` (its own shared-memory formula and module, the grid
-    capped at one CTA per SM, a balanced tile list) for 16-bit output, also for few tiles; the
-    per-tile ``_nn_y`` in "auto" (the ragged form measured slower), with "off", for fp32
-    output and for accumulation; one length of whole scale groups stays on ``_nn_o``."""
-    from dataclasses import replace
-
-    from lowprec_moe.cuda import gemm as C
-
-    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
-    sms = H200_CAPS[2]
-    # 24 experts of 4 x 4 tiles, uneven (two empty), mean above MXFP8_WS_WGRAD_MIN_LEN
-    splits = [0, 96, 160, 1024, 0, 640, 2048, 544] * 3
-    p = replace(_policy_problem("wgrad", "mxfp8-hybrid", splits, n=512, k=1024),
-                out_dtype="bfloat16")
-    pl = C.plan(p)
-    assert C.num_tiles(pl, 128, 256) > sms
-    assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_mxfp8_nn_y"
-    monkeypatch.setenv(C.PERSIST_ENV, "on")
-    ln = C.choose_kernel(p, pl, caps=H200_CAPS)
-    assert ln.kernel == "lpm_gg_mxfp8_nn_g" and ln.ragged and ln.tma and ln.mx_ranges, ln
-    assert ln.grid_cap == sms and ln.smem == C._ws_mx_g_smem_bytes(), ln
-    assert ln.module == "grouped_gemm_mxfp8_wsg", ln
-    for other in (dict(out_dtype="float32"), dict(accumulate=True)):
-        ln = C.choose_kernel(replace(p, **other), pl, caps=H200_CAPS)
-        assert ln.kernel == "lpm_gg_mxfp8_nn_y" and not ln.ragged and ln.grid_cap == 0, other
-    # one length: a whole number of scale groups -> _nn_o; 12 k-tiles (no whole group) -> _nn_g
-    for kt, want in ((8, "o"), (12, "g")):
-        q = replace(_policy_problem("wgrad", "mxfp8-hybrid", [kt * C.BK] * 24, n=512, k=1024),
-                    out_dtype="bfloat16")
-        assert C.choose_kernel(q, C.plan(q), caps=H200_CAPS).kernel == f"lpm_gg_mxfp8_nn_{want}"
-    # few tiles
-    few = replace(_policy_problem("wgrad", "mxfp8-hybrid", [0, 640, 1024], n=512, k=512),
-                  out_dtype="bfloat16")
-    assert C.choose_kernel(few, C.plan(few), caps=H200_CAPS).kernel == "lpm_gg_mxfp8_nn_g"
-    monkeypatch.setenv(C.PERSIST_ENV, "off")
-    assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_mxfp8_nn_y"
