@@ -312,15 +312,11 @@ __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int co
         auto loop = [&](auto h, auto e5) {
             constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
             for (int j = j0; j < j0 + KT; ++j) {
-                const int cb = j % NCB, g = RAG ? q0 + (j - j0) / SGT : j / SGT;
-                const int pos = (RAG ? j - j0 : j) % SGT;
-                if constexpr (RAG) {
-                    refill(j, g);
-                } else {
-                    refill(j);
-                }
+                const int cb = j % NCB, g = j / SGT;  // (no ragged form: RAG is MN-major)
+                refill(j);
                 const unsigned rb = s0 + T_B0 + (j % NSB) * T_DB + o_raw;
-                const unsigned rsb = s0 + T_SC + (g % NSG) * T_SLOT + T_SB + pos * 2 + o_sc;
+                const unsigned rsb =
+                    s0 + T_SC + (g % NSG) * T_SLOT + T_SB + (j % SGT) * 2 + o_sc;
                 const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
                 const uint4 x0 = lds_v4(rb), y0 = lds_v4(rb ^ 16u);
                 const uint4 x1 = lds_v4(rb + D_RAW), y1 = lds_v4((rb + D_RAW) ^ 16u);
