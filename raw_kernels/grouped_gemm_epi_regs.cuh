@@ -121,10 +121,8 @@ __device__ __forceinline__ void reg_epi_t(const Epilogue& ep, unsigned buf, unsi
                        __float_as_uint(cv[i + 3]));
             __syncwarp();
         }
-#pragma unroll
-        for (int j = 0; j < CNI / 2; ++j) {
-            unsigned w[4];
-            float t[8];
+        // fragments 2 j and 2 j + 1 of the chunk through step 1, as one group of 8
+        auto group = [&](int j, float (&t)[8]) {
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
                 const int ni = ch * CNI + 2 * j + u;
@@ -138,11 +136,33 @@ __device__ __forceinline__ void reg_epi_t(const Epilogue& ep, unsigned buf, unsi
                 }
                 reg_epi_pair<MODE>(f[0], f[1], ep.alpha, ra0, ca0, ca1, t[4 * u], t[4 * u + 1]);
                 reg_epi_pair<MODE>(f[2], f[3], ep.alpha, ra1, ca0, ca1, t[4 * u + 2],
-                                       t[4 * u + 3]);
+                                   t[4 * u + 3]);
             }
-            pack8<OT>(t, w);  // Epilogue::group8's bits
-            // matrices: (fragment 2 j, rows 0-7), (2 j, rows 8-15), (2 j + 1, 0-7), (2 j + 1, 8-15)
-            stsm_x4(st + 32 * j, w[0], w[1], w[2], w[3]);
+        };
+        // Epilogue::group8's bits (pack8) to the staging buffer; matrices: (fragment 2 j, rows
+        // 0-7), (2 j, rows 8-15), (2 j + 1, 0-7), (2 j + 1, 8-15). bf16 converts by pairs and,
+        // when some group of the warp's chunk holds a NaN, stages the whole chunk again element
+        // by element (pack8_each: the pairs' bits for every other value). With pack8's test
+        // per group, the rarely run element-wise code sat between the groups.
+        unsigned bad = 0u;
+        auto stage = [&](auto each) {
+#pragma unroll
+            for (int j = 0; j < CNI / 2; ++j) {
+                float t[8];
+                unsigned w[4];
+                group(j, t);
+                if constexpr (decltype(each)::value) {
+                    pack8_each<OT>(t, w);
+                } else {
+                    pack8_bf16(t, w, bad);
+                }
+                stsm_x4(st + 32 * j, w[0], w[1], w[2], w[3]);
+            }
+        };
+        stage(BoolC<OT != OUT_BF16>{});
+        if constexpr (OT == OUT_BF16) {
+            if (__any_sync(0xFFFFFFFFu, (bad & kPackNaN) != 0u))
+                stage(BoolC<true>{});
         }
         __syncwarp();
         // whole staging rows to global memory: lane L takes 8 columns of row L / LPR

@@ -38,16 +38,22 @@ __device__ __forceinline__ void pack8_each(const float (&v)[8], unsigned (&w)[4]
 // per pair, which rounds like lpm_f32_to_bf16_bits_rn for every non-NaN value; a NaN input is the
 // only one that packs to a NaN pattern (|h| > 0x7F80), and a group holding one converts element
 // by element (lpm_f32_to_bf16_bits_rn keeps the payload).
+// pack8_bf16: the cvt.rn.bf16x2.f32 half, OR-ing into `bad` each word's test; a group with
+// (bad & kPackNaN) != 0 holds a NaN and takes pack8_each.
+constexpr unsigned kPackNaN = 0x80008000u;
+__device__ __forceinline__ void pack8_bf16(const float (&v)[8], unsigned (&w)[4], unsigned& bad) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        w[j] = pack_bf16x2_rn(v[2 * j], v[2 * j + 1]);
+        bad |= (w[j] & 0x7FFF7FFFu) + 0x007F007Fu;
+    }
+}
 template <int OT>
 __device__ __forceinline__ void pack8(const float (&v)[8], unsigned (&w)[4]) {
     if constexpr (OT == OUT_BF16) {
         unsigned bad = 0u;
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            w[j] = pack_bf16x2_rn(v[2 * j], v[2 * j + 1]);
-            bad |= (w[j] & 0x7FFF7FFFu) + 0x007F007Fu;
-        }
-        if (bad & 0x80008000u) pack8_each<OT>(v, w);
+        pack8_bf16(v, w, bad);
+        if (bad & kPackNaN) pack8_each<OT>(v, w);
     } else {
         pack8_each<OT>(v, w);
     }
