@@ -73,6 +73,7 @@
 //   grouped_gemm_dequant.cuh  exact in-kernel dequantization: fp4 / fp8 decoders, convert_unit,
 //                             fp4_a_frags (NVFP4 straight into wgmma A registers)
 //   grouped_gemm_mma.cuh      warp-level mma.sync steps, sm_90a wgmma wrappers
+//   grouped_gemm_pack.cuh     16-bit output words with the reference's rounding (pack8)
 //   grouped_gemm_epilogue.cuh the epilogue (Epilogue)
 //   grouped_gemm_tile.cuh     a kernel body's output tile: set-up (LPM_GG_TILE_SETUP), the
 //                             accumulator fragment layout (frag_row) and staging (stage_acc)
@@ -122,6 +123,7 @@
 #include "grouped_gemm_staging.cuh"
 #include "grouped_gemm_dequant.cuh"
 #include "grouped_gemm_mma.cuh"
+#include "grouped_gemm_pack.cuh"
 #include "grouped_gemm_epilogue.cuh"
 #include "grouped_gemm_tile.cuh"
 #include "grouped_gemm_mxf16.cuh"
