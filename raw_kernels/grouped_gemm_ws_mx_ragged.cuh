@@ -80,14 +80,7 @@ __device__ __forceinline__ WmxGEntry wmx_g_entry(const int* tiles, int T) {
 }
 // (MN-major A and B) the copy-issuing thread's tensor-map rows of an entry's tile
 __device__ __forceinline__ WmxRows wmx_g_rows(const WmxGEntry& e) {
-    WmxRows r;
-    r.a = e.a;
-    r.b = e.b;
-    r.as = e.as;
-    r.bs = e.bs;
-    r.ac = e.r0;
-    r.bc = e.c0;
-    return r;
+    return WmxRows{e.a, e.b, e.as, e.bs, e.r0, e.c0};
 }
 
 template <bool AMN, bool BMN>
