@@ -110,6 +110,10 @@
 //   grouped_gemm_ws_mx_persist.cuh  the persistent form of gemm_ws_mx, gemm_ws_mx_p (the
 //                             producers check the next tile's window; epilogue from
 //                             registers), and LPM_GG_DEFINE_WS_MX_P
+//   grouped_gemm_ws_mx_ragged.cuh  its ragged form for wgrad of uneven experts, gemm_ws_mx_g
+//                             (a balanced tile list; LPM_GG_DEFINE_WS_MX_G)
+//   grouped_gemm_ws_ragged.cuh  the ragged persistent form of gemm_ws's cp.async build,
+//                             gemm_ws_g (NVFP4 wgrad of uneven experts; LPM_GG_DEFINE_WS_G)
 //   grouped_gemm_tma.cuh      TMA tile loads: the tensor-map parameter type, mbarrier and
 //                             cp.async.bulk.tensor wrappers
 //   grouped_gemm_swap.cuh     the swapped-operand wgmma kernel body gemm_swap for few tokens
@@ -138,6 +142,7 @@
 #include "grouped_gemm_ws_persist.cuh"
 #include "grouped_gemm_ws_mx_persist.cuh"
 #include "grouped_gemm_ws_mx_ragged.cuh"
+#include "grouped_gemm_ws_ragged.cuh"
 #include "grouped_gemm_tma.cuh"
 #include "grouped_gemm_swap.cuh"
 

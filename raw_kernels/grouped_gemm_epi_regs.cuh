@@ -114,11 +114,16 @@ __device__ __forceinline__ void reg_epi_t(const Epilogue& ep, unsigned buf, unsi
                 const int col = ch * CCOLS + PER * lane + i;
                 cv[i] = col < cols_valid ? ep.col_amax(c0 + col) : 0.0f;
             }
+            if constexpr (PER == 2) {  // 64-column chunks
+                sts_v2(tab + static_cast<unsigned>(8 * lane), __float_as_uint(cv[0]),
+                       __float_as_uint(cv[1]));
+            } else {
 #pragma unroll
-            for (int i = 0; i < PER; i += 4)
-                sts_v4(tab + static_cast<unsigned>(4 * (PER * lane + i)), __float_as_uint(cv[i]),
-                       __float_as_uint(cv[i + 1]), __float_as_uint(cv[i + 2]),
-                       __float_as_uint(cv[i + 3]));
+                for (int i = 0; i < PER; i += 4)
+                    sts_v4(tab + static_cast<unsigned>(4 * (PER * lane + i)),
+                           __float_as_uint(cv[i]), __float_as_uint(cv[i + 1]),
+                           __float_as_uint(cv[i + 2]), __float_as_uint(cv[i + 3]));
+            }
             __syncwarp();
         }
         // fragments 2 j and 2 j + 1 of the chunk through step 1, as one group of 8

@@ -61,6 +61,9 @@ __device__ __forceinline__ void sts_v4(unsigned addr, unsigned a, unsigned b, un
                  "r"(c), "r"(d)
                  : "memory");
 }
+__device__ __forceinline__ void sts_v2(unsigned addr, unsigned a, unsigned b) {
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};\n" ::"r"(addr), "r"(a), "r"(b) : "memory");
+}
 // One byte / half-word / word at a 32-bit shared address; a global 64-bit load the compiler
 // cannot merge with another load of the same address (volatile).
 __device__ __forceinline__ unsigned lds_u8(unsigned addr) {

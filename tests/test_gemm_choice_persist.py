@@ -187,3 +187,52 @@ def test_choose_kernel_mxfp8_ragged(monkeypatch):
     assert C.choose_kernel(few, C.plan(few), caps=H200_CAPS).kernel == "lpm_gg_mxfp8_nn_g"
     monkeypatch.setenv(C.PERSIST_ENV, "off")
     assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_mxfp8_nn_y"
+
+
+def test_choose_kernel_nvfp4_ragged(monkeypatch):
+    """sm_90, NVFP4 wgrad of uneven experts (the warp-specialised kernel's cp.async build: no
+    tensor map covers experts of different row strides) with 16-bit output: the ragged
+    persistent form ``_kk_g`` (``_kk_g8`` with 8-byte copies; the per-tile build's shared
+    memory, its own module, the grid capped at one CTA per SM, a balanced tile list) in "auto"
+    with more tiles than multiprocessors and short contractions; the per-tile ``_kk_x`` with few
+    tiles or long contractions (``_kk_g`` with "on"), with "off", for fp32 output and for
+    accumulation."""
+    from dataclasses import replace
+
+    from lowprec_moe.cuda import gemm as C
+
+    chunk = {"ch": 16}
+    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: chunk["ch"])
+    sms = H200_CAPS[2]
+    splits = [0, 96, 160, 1024, 0, 640, 2048, 544] * 3
+    for fmt in ("nvfp4", "nvfp4-row-scaled"):
+        p = replace(_policy_problem("wgrad", fmt, splits, n=512, k=1024), out_dtype="bfloat16")
+        pl = C.plan(p)
+        assert C.num_tiles(pl, 128, 256) > sms and not C._use_ws_tma(pl)
+        for ch, name in ((16, "lpm_gg_nvfp4_kk_g"), (8, "lpm_gg_nvfp4_kk_g8")):
+            chunk["ch"] = ch
+            ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+            assert ln.kernel == name and ln.ragged and not ln.tma and not ln.mx_ranges, ln
+            assert ln.grid_cap == sms, ln
+            assert ln.smem == C._ws_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K), ln
+            assert ln.module == "grouped_gemm_nvfp4_wsg" and ln.threads == C.WS_THREADS, ln
+        chunk["ch"] = 16
+        for other in (dict(out_dtype="float32"), dict(accumulate=True)):
+            ln = C.choose_kernel(replace(p, **other), pl, caps=H200_CAPS)
+            assert ln.kernel == "lpm_gg_nvfp4_kk_x" and not ln.ragged and ln.grid_cap == 0, other
+        monkeypatch.setenv(C.PERSIST_ENV, "off")
+        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_x"
+        monkeypatch.delenv(C.PERSIST_ENV)
+        few = replace(_policy_problem("wgrad", fmt, [0, 96, 160], n=512, k=512),
+                      out_dtype="bfloat16")
+        assert C.choose_kernel(few, C.plan(few), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_x"
+        monkeypatch.setenv(C.PERSIST_ENV, "on")
+        assert C.choose_kernel(few, C.plan(few), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_g"
+        monkeypatch.delenv(C.PERSIST_ENV)
+        # long contractions (mean above PERSIST_RAGGED_FP4_MAX_KTILES): "auto" keeps _kk_x
+        long = replace(_policy_problem("wgrad", fmt, [0, 1024, 1536] * 8, n=512, k=1024),
+                       out_dtype="bfloat16")
+        assert C.choose_kernel(long, C.plan(long), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_x"
+        monkeypatch.setenv(C.PERSIST_ENV, "on")
+        assert C.choose_kernel(long, C.plan(long), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_g"
+        monkeypatch.delenv(C.PERSIST_ENV)

@@ -110,6 +110,16 @@ Kernel choice
   staging mode for the launch without the per-tile kernel's 4-k-tile threshold (so the bits
   are the per-tile kernel's except for blocks below ~1e-35), empty experts' tiles zeroed.
   "auto" does not take it (slower than the per-tile kernel so far; ``_persist_ragged``).
+* On sm_90, NVFP4 on the warp-specialised kernel's cp.async build (``_kk_x`` / ``_kk_x8``: no
+  tensor map covers the experts -- wgrad of uneven splits, whose experts' token rows each have
+  their own stride) runs in its ragged persistent form ``_kk_g`` / ``_kk_g8``
+  (``raw_kernels/grouped_gemm_ws_ragged.cuh``): one CTA per SM over the balanced tile list of
+  ``_nn_g``, the cp.async pipeline on the CTA's k-tile sequence, so the next tile's copies and
+  expansion overlap this tile's end and epilogue; empty experts' tiles zeroed by the
+  consumers; bitwise the per-tile build's results. "auto" takes it for wgrad with more tiles
+  than SMs, a mean contraction of at most ``PERSIST_RAGGED_FP4_MAX_KTILES`` k-tiles (its
+  k-loop is a little slower than the per-tile build's) and 16-bit output without bias or
+  accumulation (``_persist_ragged_fp4``), "on" wherever that epilogue applies, "off" never.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
   swapped-operand one for few tokens per expert), without the warp-specialised one and without
@@ -130,7 +140,7 @@ from .gemm_smem import (_smem_bytes, _swap_smem_bytes, _ws_mx_g_smem_bytes,
                         _ws_smem_bytes, _ws_tma_smem_bytes)
 from .gemm_persist import (  # noqa: F401 - re-exported (gemm.py and the tests read them here)
     PERSIST_ENV, PERSIST_MAX_KTILES, PERSIST_MX_MAX_KTILES, PERSIST_N256_MAX_KTILES, _env_mode,
-    _persist, _persist_mx, _persist_ragged, _reg_epilogue_ok, num_tiles)
+    _persist, _persist_mx, _persist_ragged, _persist_ragged_fp4, _reg_epilogue_ok, num_tiles)
 from .gemm_tma import _scales_word_aligned, _use_tma, _use_ws_tma
 
 #: Environment variable selecting the kernel family: "auto" (default) or "simt".
@@ -354,6 +364,9 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     # ... and, when asked for, MXFP8 wgrad whose experts contract different lengths in the
     # ragged one (_nn_g)
     ragged = ws_mx and layout == "nn" and not grid_cap and _persist_ragged(p, pl, sms)
+    # ... and the NVFP4 cp.async build (no tensor map covers the experts) in its ragged one
+    # (_kk_g)
+    ragged = ragged or (ws and not ws_tma and _persist_ragged_fp4(p, pl, sms))
     if ragged:
         grid_cap = sms
     ws = ws or ws_mx
@@ -365,7 +378,8 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     if cfg in ("t", "r", "p"):
         smem = _swap_smem_bytes(pl.a.kind, pl.b.kind, wide=cfg != "t")
     elif ragged:
-        smem = _ws_mx_g_smem_bytes()
+        # (the NVFP4 ragged form stages its epilogue in a canonical buffer: _kk_x's bytes)
+        smem = _ws_mx_g_smem_bytes() if ws_mx else _ws_smem_bytes(pl.a.kind, pl.b.kind)
     elif ws_mx:
         smem = _ws_mx_p_smem_bytes() if grid_cap else _ws_mx_smem_bytes()
     elif grid_cap:  # both persistent NVFP4 forms

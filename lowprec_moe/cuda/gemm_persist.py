@@ -1,7 +1,8 @@
 """Persistent-form policy of the grouped-GEMM kernel choice (:mod:`lowprec_moe.cuda.gemm_choice`):
 when a warp-specialised launch runs one CTA per multiprocessor over many tiles instead of one
 CTA per tile -- NVFP4 ``_kk_o`` / ``_kk_z``, MXFP8 ``_kk_o`` / ``_kn_o`` / ``_nn_o`` and, for
-wgrad of uneven experts, ``_nn_g`` -- and the environment overrides' parser. Host-only;
+wgrad of uneven experts, ``_nn_g`` and NVFP4's ``_kk_g`` -- and the environment overrides'
+parser. Host-only;
 re-exported by :mod:`lowprec_moe.cuda.gemm_choice` and :mod:`lowprec_moe.cuda.gemm`.
 """
 
@@ -18,8 +19,9 @@ from .gemm_tma import _ptr
 
 #: Environment variable for the persistent forms of the warp-specialised NVFP4 TMA build
 #: (``_kk_o`` of the 384-thread ``_kk_q``, ``_kk_z`` of ``_kk_y``; one CTA per SM over many
-#: tiles) and of the warp-specialised MXFP8 kernel (``_kk_o`` / ``_kn_o`` / ``_nn_o``; with
-#: "on" also ``_nn_g`` for wgrad of uneven experts): "auto"
+#: tiles), of its cp.async build (``_kk_g``, wgrad of uneven experts) and of the
+#: warp-specialised MXFP8 kernel (``_kk_o`` / ``_kn_o`` / ``_nn_o``; with "on" also ``_nn_g``
+#: for wgrad of uneven experts): "auto"
 #: (default: more tiles than multiprocessors and, ``_kk_z``, at most PERSIST_MAX_KTILES k-tiles
 #: per tile, MXFP8 fprop at most PERSIST_MX_MAX_KTILES), "on" (wherever it applies) or "off"
 #: (one CTA per tile).
@@ -119,6 +121,35 @@ def _persist_ragged(p, pl: Plan, sms: int) -> bool:
     (benchmarks/RESULTS.md)."""
     mode = _env_mode(PERSIST_ENV, _PERSIST_MODES)
     return mode == "on" and _reg_epilogue_ok(p, pl)
+
+
+#: Longest mean contraction (k-tiles, over the experts that have tokens) for which "auto" runs
+#: NVFP4 wgrad on the cp.async build in its ragged persistent form ``_kk_g``: it saves each
+#: tile's start and hides its epilogue, but its producers' k-loop is ~7 % slower per k-tile
+#: than the per-tile build's. H200, 32 experts of L tokens (ragged / per-tile time): 8 k-tiles
+#: 0.93, 32 k-tiles 1.04, 96 k-tiles 1.07; the skewed split (mean 10.7 k-tiles) 0.97, 16 tokens
+#: per expert 0.70 (benchmarks/RESULTS.md).
+PERSIST_RAGGED_FP4_MAX_KTILES = 16
+
+
+def _persist_ragged_fp4(p, pl: Plan, sms: int) -> bool:
+    """Whether an NVFP4 problem that takes the warp-specialised kernel's cp.async build
+    (``_kk_x`` / ``_kk_x8``: no tensor map covers its experts, as in wgrad of uneven splits)
+    runs in its ragged persistent form ``_kk_g`` / ``_kk_g8`` (see PERSIST_ENV): "on" wherever
+    its epilogue runs from registers (:func:`_reg_epilogue_ok`) and its row strides and
+    contraction lengths fit in int32, "auto" for wgrad with more tiles than multiprocessors
+    and a mean contraction of at most PERSIST_RAGGED_FP4_MAX_KTILES k-tiles."""
+    mode = _env_mode(PERSIST_ENV, _PERSIST_MODES)
+    if mode == "off" or not _reg_epilogue_ok(p, pl):
+        return False
+    words = (pl.a.ld, pl.b.ld, pl.a.sld, pl.b.sld, pl.length)
+    if any(np.any(np.asarray(w, np.int64) >= 2**31) for w in words):
+        return False
+    if mode == "on":
+        return True
+    length = pl.length[pl.length > 0]
+    short = bool(length.size) and float(np.mean(-(-length // BK))) <= PERSIST_RAGGED_FP4_MAX_KTILES
+    return p.mode == "wgrad" and short and num_tiles(pl, *CONFIGS["x"]) > sms
 
 
 def num_tiles(pl: Plan, bm: int, bn: int) -> int:

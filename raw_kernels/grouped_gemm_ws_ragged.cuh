@@ -1,0 +1,298 @@
+// lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the ragged
+// persistent form of the warp-specialised NVFP4 kernel's cp.async build, gemm_ws_g, and its
+// entry-point macro LPM_GG_DEFINE_WS_G.
+//
+// NVFP4 wgrad contracts each expert's tokens, padded to the 16-token block, so on uneven splits
+// every expert has its own row stride (8-byte aligned only): no tensor map covers the experts,
+// and gemm_ws's cp.async build runs one CTA per 128 x 256 tile. A tile's start (barrier set-up,
+// the first copies' latency, the first expansion), its epilogue with idle producers and an
+// empty expert's zero tile then cost more than most experts' few k-tiles. gemm_ws_g runs one CTA
+// per SM over a list of tiles of any lengths, gemm_ws's cp.async pipeline on the CTA's k-tile
+// sequence:
+//   * Tile list: CTA b runs entries b, b + gridDim.x, ... of the ragged tile table
+//     (kWmxGEntryWords int32 words each, WmxGEntry: expert, k-tiles, first k-tile in the CTA's
+//     sequence, extents, first row and column; the launcher's lowprec_moe.cuda.gemm_balance
+//     balances the CTAs and pads the lists with entries of no tile, expert -1, whose first
+//     k-tile is the CTA's total).
+//   * The producers keep a cursor on the copy stream (the tile of the next k-tile to request,
+//     its copy state built from the expert's descriptor when the stream enters it) and one on
+//     the expansion (the tile's valid extents); both skip tiles without k-tiles. Raw stages,
+//     canonical buffers and barriers run on the flattened k-tile index j, so the next tile's
+//     first k-tiles are requested and expanded while the consumers finish the current one and
+//     run its epilogue.
+//   * The consumers run each tile's k-tiles as gemm_ws does, then (once every consumer's wgmma
+//     retired) their warps' register epilogue, 64 columns at a time, through staging buffers
+//     and column tables in the tile's last canonical buffer, which goes back to the producers
+//     after the epilogue (gemm_ws_mx_g's scheme): the shared memory stays gemm_ws's. Staging
+//     buffers past the pipeline's (as gemm_ws_p has) measured 25 % slower per k-tile on the
+//     H200: 38 KiB more shared memory leaves the L1 too small for the block-scale lines the
+//     producers read a few bytes of per k-tile. An expert without tokens gets +0
+//     (Epilogue::zero_tile).
+// Its producers' k-loop runs ~7 % slower per k-tile than gemm_ws's on long contractions (the
+// tile change and the copy objects rebuilt per k-tile; H200), which the saved tile starts and
+// hidden epilogues outweigh on short ones: the launcher takes it for short mean contractions.
+// Every output element gets gemm_ws's products in the same order and the same epilogue
+// arithmetic: the results are its bit for bit. Conditions (the launcher's): gemm_ws's cp.async
+// build (copy chunk CH), 16-bit output without bias, no accumulation (reg_epi_ok); its shared
+// memory (ws_smem_bytes).
+
+#ifndef LPM_GROUPED_GEMM_WS_RAGGED_CUH
+#define LPM_GROUPED_GEMM_WS_RAGGED_CUH
+
+#include "grouped_gemm_ws.cuh"
+#include "grouped_gemm_ws_mx_ragged.cuh"
+
+namespace lpm_gg {
+
+// The producers' copy state of one tile (entry e of expert descriptor d): the bases of its rows
+// in both operands' data and block scales, their strides, the contraction length and the valid
+// extents. The per-thread copy objects (gemm_ws's OperandCopy / ScaleCopy) are rebuilt from it
+// per k-tile: kept whole across the k-loop they cost the producers (80 registers) spills.
+struct WsgSource {
+    const unsigned char *a, *b, *sa, *sb;
+    int a_ld, b_ld, a_sld, b_sld, len, rv, cv;
+
+    __device__ __forceinline__ WsgSource(const unsigned char* a_data, const unsigned char* a_scale,
+                                         const unsigned char* b_data, const unsigned char* b_scale,
+                                         const long long* d, const WmxGEntry& e)
+        : a(a_data + d[D_A_OFF] + e.r0 * d[D_A_LD]),
+          b(b_data + d[D_B_OFF] + e.c0 * d[D_B_LD]),
+          sa(a_scale + d[D_A_SOFF] + e.r0 * d[D_A_SLD]),
+          sb(b_scale + d[D_B_SOFF] + e.c0 * d[D_B_SLD]),
+          a_ld(static_cast<int>(d[D_A_LD])),
+          b_ld(static_cast<int>(d[D_B_LD])),
+          a_sld(static_cast<int>(d[D_A_SLD])),
+          b_sld(static_cast<int>(d[D_B_SLD])),
+          len(static_cast<int>(d[D_LEN])),
+          rv(e.rv),
+          cv(e.cv) {}
+};
+
+template <int CH>
+__device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, int num_entries) {
+    constexpr int AKIND = KIND_FP4_K, BKIND = KIND_FP4_K;
+    constexpr int BM = 128, BN = 256;
+    constexpr int CANON_B = canon_bytes(BN);
+    constexpr int NST = kWsStages, NCB = kWsCanonBuffers, AHEAD = kWsAhead;
+    constexpr int RAW_A = raw_bytes(AKIND, BM), RAW_B = raw_bytes(BKIND, BN);
+    constexpr int STAGE = RAW_A + RAW_B;
+    constexpr int A_SC = round16(raw_data_bytes(AKIND, BM));          // in a stage
+    constexpr int B_SC = RAW_A + round16(raw_data_bytes(BKIND, BN));  // in a stage
+    constexpr int CANON_OFF = raw_ring_bytes(AKIND, BKIND, BM, BN, NST);
+    constexpr int NW = kWsConsumers / 32;
+    constexpr int CCOLS = BN / 4;                     // columns per epilogue chunk
+    constexpr int WBUF = reg_epi_bytes<CCOLS>();      // a warp's staging buffer
+    constexpr int SMEM = ws_smem_bytes(AKIND, BKIND);
+    constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
+    static_assert(CANON_OFF + NCB * CANON_B + 1024 <= SMEM, "shared memory");
+    static_assert(NW * (WBUF + 4 * CCOLS) <= CANON_B,
+                  "staging buffers and column tables within a canonical buffer");
+    static_assert(CANON_OFF % 1024 == 0 && CANON_B % 1024 == 0, "128-byte swizzle atoms");
+    static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && kBK == 64, "pipeline depth");
+
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    unsigned s0;
+    unsigned char* const smem = gemm_smem(smem_raw, SMEM, a_ch != CH || b_ch != CH, s0);
+
+    // This CTA's entries (the launcher pads every CTA's list to num_entries / gridDim.x) and its
+    // k-tiles J: from its last entry (a padding entry's first k-tile is the CTA's total).
+    const int per_cta = num_entries / static_cast<int>(gridDim.x);
+    if (per_cta <= 0) return;
+    auto entry = [&](int i) {
+        return wmx_g_entry(tiles, i * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x));
+    };
+    auto total = [&]() {
+        const WmxGEntry e = entry(per_cta - 1);
+        return e.g < 0 ? e.j0 : e.j0 + e.kt;
+    };
+    // the first entry from i on with k-tiles (the caller knows there is one)
+    auto next_real = [&](int i) {
+        while (__ldg(tiles + kWmxGEntryWords * (i * static_cast<int>(gridDim.x) +
+                                                static_cast<int>(blockIdx.x)) + 2) == 0)
+            ++i;
+        return i;
+    };
+
+    if (threadIdx.x >= kWsConsumers) {
+        // ---------------- producer warpgroups ----------------
+        regs_release<kWsProducerRegs>();
+        const int J = total();
+        if (J == 0) return;
+        const unsigned t = threadIdx.x - kWsConsumers;
+        auto source = [&](int i) {
+            const WmxGEntry e = entry(i);
+            return WsgSource(a_data, a_scale, b_data, b_scale,
+                             desc + static_cast<long long>(e.g) * kDescWords, e);
+        };
+        // the copy stream: entry ci, k-tile ck of its ckt, copy state src
+        int ci = next_real(0), ck = 0, ckt = entry(ci).kt;
+        WsgSource src = source(ci);
+        auto advance = [&]() {
+            if (++ck == ckt) {
+                ci = next_real(ci + 1);
+                ck = 0;
+                ckt = entry(ci).kt;
+                src = source(ci);
+            }
+        };
+        auto issue = [&](int stage) {
+            const long long k0 = static_cast<long long>(ck) * kBK;
+            const unsigned sb = s0 + stage * STAGE;
+            const OperandCopy<AKIND, BM, CH, kWsProducers> copy_a(src.a, src.a_ld, t);
+            const OperandCopy<BKIND, BN, CH, kWsProducers> copy_b(src.b, src.b_ld, t);
+            copy_a.issue(sb, k0, src.rv, src.len - k0, a_data);
+            copy_b.issue(sb + RAW_A, k0, src.cv, src.len - k0, b_data);
+        };
+        ScaleRegs<AKIND, BM, kWsProducers> sra;
+        ScaleRegs<BKIND, BN, kWsProducers> srb;
+        auto load_scales = [&]() {
+            const long long k0 = static_cast<long long>(ck) * kBK;
+            sra.load(ScaleCopy<AKIND, BM, kWsProducers>(src.sa, src.a_sld, t), k0, src.rv,
+                     src.len, t);
+            srb.load(ScaleCopy<BKIND, BN, kWsProducers>(src.sb, src.b_sld, t), k0, src.cv,
+                     src.len, t);
+        };
+        auto store_scales = [&](int stage) {
+            unsigned char* sb = smem + stage * STAGE;
+            sra.store(sb + A_SC, t);
+            srb.store(sb + B_SC, t);
+        };
+        // Prologue: k-tiles 0..AHEAD-1 requested and their scales stored; then the stream's
+        // next k-tile's scales in registers.
+#pragma unroll
+        for (int s = 0; s < AHEAD; ++s) {
+            if (s < J) {
+                load_scales();
+                issue(s);
+                store_scales(s);
+                if (s + 1 < J) advance();
+            }
+            cp_async_commit();
+        }
+        if (AHEAD < J) load_scales();
+        // the expansion: entry xi's valid extents, k-tile xk of its xkt
+        int xi = next_real(0), xk = 0, xkt, xrv, xcv;
+        auto expand_in = [&]() {
+            const WmxGEntry e = entry(xi);
+            xkt = e.kt;
+            xrv = e.rv;
+            xcv = e.cv;
+        };
+        expand_in();
+        for (int j = 0; j < J; ++j) {
+            // Invariants: k-tiles j..j+AHEAD-1 requested (one commit group each), their scales
+            // stored; the stream at k-tile j+AHEAD, its scales in registers.
+            const int cb = j % NCB;
+            cp_async_wait<AHEAD - 1>();             // this thread's copies of k-tile j landed
+            named_sync(WS_BAR_PROD, kWsProducers);  // everyone's; k-tile j-1 expanded
+            // k-tile j-NCB retired: its canonical buffer is free, and so is its raw stage (the
+            // consumers read its A half until then), which k-tile j+AHEAD takes.
+            if (j >= NCB) named_sync(WS_BAR_EMPTY + cb, kWsThreads);
+            const int nt = j + AHEAD;
+            if (nt < J) {
+                issue(nt % NST);
+                store_scales(nt % NST);
+                if (nt + 1 < J) {
+                    advance();
+                    load_scales();
+                }
+            }
+            cp_async_commit();
+            // Expand k-tile j's B half into canonical buffer cb.
+            convert_stage<AKIND, BKIND, BM, BN, kWsProducers, false, false, false>(
+                smem + (j % NST) * STAGE, smem + CANON_OFF + cb * CANON_B, t, xrv, xcv);
+            fence_proxy_async();
+            named_arrive(WS_BAR_FULL + cb, kWsThreads);
+            if (++xk == xkt && j + 1 < J) {
+                xi = next_real(xi + 1);
+                xk = 0;
+                expand_in();
+            }
+        }
+        cp_async_wait<0>();
+        return;
+    }
+
+    // ---------------- consumer warpgroups ----------------
+    // gemm_ws's consumers, tile after tile; at a tile's end every MMA retires, the last
+    // k-tile's canonical buffer goes back to the producers at once and each warp runs its rows'
+    // epilogue through its own staging buffer.
+    regs_claim<kWsConsumerRegs>();
+    const int J = total();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
+    const int ar = wm0 + (lane >> 2), aq = lane & 3;
+    // the warp's staging buffer and column table in a canonical buffer
+    const unsigned wbuf = s0 + CANON_OFF + warp * WBUF;
+    const unsigned wtab = s0 + CANON_OFF + NW * WBUF + warp * (4 * CCOLS);
+    float acc[NI * 4];
+    float* const accf = acc;
+    int j = 0;
+    for (int i = 0; i < per_cta; ++i) {
+        const WmxGEntry e = entry(i);
+        if (e.g < 0) break;  // past the CTA's tiles
+        const long long* const d = desc + static_cast<long long>(e.g) * kDescWords;
+        if (e.kt == 0) {  // an expert without tokens
+            if (zero_if_empty) {
+                const Epilogue ep = LPM_GG_EPILOGUE_OF(d);
+                ep.zero_tile(e.r0, e.c0, e.rv, e.cv, kWsConsumers);
+            }
+            continue;
+        }
+#pragma unroll
+        for (int x = 0; x < NI * 4; ++x) acc[x] = 0.0f;
+        for (int kt = 0; kt < e.kt; ++kt, ++j) {
+            const int cb = j % NCB;
+            named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of k-tile j expanded into buffer cb
+            const int st = j % NST;
+            const unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, 16, 1024);
+            const unsigned char* const rs = smem + st * STAGE;  // the raw stage
+            const unsigned char* const rsc = rs + A_SC;
+            unsigned af[2][1][4];  // fragments of the step in flight and of the next one
+#pragma unroll
+            for (int s = 0; s < kBK / 16; ++s) {
+                ws_step_wait<NI * 4>(s, kt >= 1 && j - 1 + NCB < J, (j + NCB - 1) % NCB, accf);
+                if (s == 0) fp4_a_frags<0, 1>(rs, rsc, ar, aq, af[0]);
+                if (s == 1) fp4_a_frags<1, 1>(rs, rsc, ar, aq, af[1]);
+                if (s == 2) fp4_a_frags<2, 1>(rs, rsc, ar, aq, af[0]);
+                if (s == 3) fp4_a_frags<3, 1>(rs, rsc, ar, aq, af[1]);
+                wg_fence();
+#pragma unroll
+                for (int n = 0; n < 2; ++n)
+                    wgmma_m64n128k16_rs(
+                        accf + 64 * n, af[s & 1][0],
+                        static_cast<unsigned>(db) + ((n * (128 * 128) + s * 32) >> 4),
+                        static_cast<unsigned>(db >> 32));
+                wg_commit();
+                wg_fence_acc<NI * 4>(accf);
+            }
+        }
+        wg_wait0();
+        wg_fence_acc<NI * 4>(accf);
+        Epilogue ep = LPM_GG_EPILOGUE_OF(d);
+        if (!reg_epi_ok(ep)) __trap();  // the launcher's condition
+        ep.init_alpha();
+        // every consumer's wgmma retired: the last k-tile's canonical buffer takes the warps'
+        // staging buffers, and goes back to the producers after the epilogue
+        named_sync(WS_BAR_EPI, kWsConsumers);
+        const int cb = (j - 1) % NCB;
+        const unsigned cbo = static_cast<unsigned>(cb * CANON_B);
+        reg_epi<NI, false, CCOLS / 8>(ep, wbuf + cbo, wtab + cbo, accf, wm0, lane, e.r0, e.c0,
+                                      e.rv, e.cv);
+        if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + cb, kWsThreads);
+    }
+}
+
+}  // namespace lpm_gg
+
+// extern "C" entry point NAME of the ragged persistent NVFP4 kernel (sm_90a; CH: the cp.async
+// chunk, 16 or 8 bytes): gemm_ws's parameters, then the number of entries of the tile list,
+// which the CTAs share (entry blockIdx.x, + gridDim.x, ...). On other architectures the wgmma
+// compile to traps; the launcher never selects it there.
+#define LPM_GG_DEFINE_WS_G(NAME, CH)                                                           \
+    extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
+        NAME(LPM_GG_PARAMS, int num_entries) {                                                 \
+        lpm_gg::gemm_ws_g<CH>(LPM_GG_ARGS, num_entries);                                       \
+    }
+
+#endif  // LPM_GROUPED_GEMM_WS_RAGGED_CUH
