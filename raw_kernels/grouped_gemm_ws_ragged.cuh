@@ -1,14 +1,14 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the ragged
-// persistent form of the warp-specialised NVFP4 kernel's cp.async build, gemm_ws_g, and its
-// entry-point macro LPM_GG_DEFINE_WS_G.
+// persistent form of the warp-specialised NVFP4 kernel's cp.async build, gemm_ws_g, its TMA
+// build and their entry-point macros LPM_GG_DEFINE_WS_G / LPM_GG_DEFINE_WS_H.
 //
 // NVFP4 wgrad contracts each expert's tokens, padded to the 16-token block, so on uneven splits
-// every expert has its own row stride (8-byte aligned only): no tensor map covers the experts,
-// and gemm_ws's cp.async build runs one CTA per 128 x 256 tile. A tile's start (barrier set-up,
-// the first copies' latency, the first expansion), its epilogue with idle producers and an
-// empty expert's zero tile then cost more than most experts' few k-tiles. gemm_ws_g runs one CTA
-// per SM over a list of tiles of any lengths, gemm_ws's cp.async pipeline on the CTA's k-tile
-// sequence:
+// every expert has its own row stride (8-byte aligned only): no one tensor map covers the
+// experts, and gemm_ws's cp.async build runs one CTA per 128 x 256 tile. A tile's start
+// (barrier set-up, the first copies' latency, the first expansion), its epilogue with idle
+// producers and an empty expert's zero tile then cost more than most experts' few k-tiles.
+// gemm_ws_g runs one CTA per SM over a list of tiles of any lengths, gemm_ws's cp.async
+// pipeline on the CTA's k-tile sequence:
 //   * Tile list: CTA b runs entries b, b + gridDim.x, ... of the ragged tile table
 //     (kWmxGEntryWords int32 words each, WmxGEntry: expert, k-tiles, first k-tile in the CTA's
 //     sequence, extents, first row and column; the launcher's lowprec_moe.cuda.gemm_balance
@@ -35,6 +35,14 @@
 // arithmetic: the results are its bit for bit. Conditions (the launcher's): gemm_ws's cp.async
 // build (copy chunk CH), 16-bit output without bias, no accumulation (reg_epi_ok); its shared
 // memory (ws_smem_bytes).
+// The TMA build (TMA = true) copies the data tiles through four tensor maps per expert
+// (WsgTmaLayout: each operand's even and odd rows, viewed as rows of pairs), one thread issuing
+// a k-tile's four boxes on the stage's mbarrier, which the producers wait on before expanding B
+// and the consumers before decoding A; the block scales are loaded as in the cp.async build.
+// The same products in the same order: bitwise the cp.async build's results. Conditions (the
+// launcher's, besides the above): every expert with tokens 16-byte aligned, with an even row
+// count and a stride that is a multiple of 8 bytes (gemm_tma._use_pair_tma); its shared memory
+// (ws_g_tma_smem_bytes).
 
 #ifndef LPM_GROUPED_GEMM_WS_RAGGED_CUH
 #define LPM_GROUPED_GEMM_WS_RAGGED_CUH
@@ -44,17 +52,99 @@
 
 namespace lpm_gg {
 
+// The TMA build's raw stage (gemm_ws_g<CH, true>). A tensor-map box must start 16-byte aligned,
+// and an expert's rows are 8-byte aligned only, so each operand has two maps per expert, both
+// viewing its rows as pairs (2 ld bytes from one pair to the next, a multiple of 16): the even
+// rows' map (inner extent ld: past it the box reads zeros) copies a k-tile's 32 bytes of half the
+// tile's rows at inner coordinate x, the odd rows' map (inner extent 2 ld) 48 bytes at x + ld - sh
+// (sh = ld % 16: 0 or 8), which hold the k-tile's 32 bytes from byte sh on. Stored: A's even
+// rows (row 2i at 32 i), its odd rows (row 2i+1 at 48 i), A's block scales in row order ([128][4],
+// ScaleRegs), then B's the same way. Shared memory: AHEAD + kWsCanonBuffers stages (each k-tile's
+// data requested AHEAD k-tiles ahead, the stage freed when the consumers retire it), then
+// gemm_ws's canonical buffers: ws_g_tma_smem_bytes, 180 KiB.
+struct WsgTmaLayout {
+    static constexpr int ROW = kBK / 2;   // an even row's box: one k-tile of NVFP4
+    static constexpr int OROW = ROW + 16;  // an odd row's box
+    static constexpr int A_EVEN = 0, A_ODD = A_EVEN + 64 * ROW, A_SC = A_ODD + 64 * OROW;
+    static constexpr int B_EVEN = A_SC + round16(raw_scale_bytes(KIND_FP4_K, 128));
+    static constexpr int B_ODD = B_EVEN + 128 * ROW, B_SC = B_ODD + 128 * OROW;
+    static constexpr int STAGE = B_SC + round16(raw_scale_bytes(KIND_FP4_K, 256));
+    static constexpr int TX = (128 + 256) / 2 * (ROW + OROW);  // a stage's copied bytes
+    static constexpr int AHEAD = 2, STAGES = AHEAD + kWsCanonBuffers;
+    static constexpr int CANON_OFF = (STAGES * STAGE + 1023) / 1024 * 1024;
+    static_assert(A_ODD % 128 == 0 && B_EVEN % 128 == 0 && B_ODD % 128 == 0 &&
+                      STAGE % 128 == 0 && A_SC == A_ODD + 64 * OROW,
+                  "TMA destinations 128-byte aligned");
+};
+__host__ __device__ constexpr int ws_g_tma_smem_bytes() {
+    return WsgTmaLayout::CANON_OFF + kWsCanonBuffers * canon_bytes(256) + 1024;
+}
+
+// Make a tensor map written in global memory by an earlier kernel (the builder below) visible
+// to this thread's tensor copies.
+__device__ __forceinline__ void tmap_acquire(const TmaMap* map) {
+#if LPM_GG_HAS_TMA
+    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(
+                     reinterpret_cast<unsigned long long>(map))
+                 : "memory");
+#endif
+}
+
+// The TMA build's tensor maps, built on the device: thread 4 g + m writes map m of expert g
+// (m: A's even rows, A's odd rows, B's even rows, B's odd rows) into maps[4 g + m] from
+// template m (the launcher's encoding of the same box, fill and swizzle), replacing its
+// address (the expert's rows), extents (inner: ld for the even rows, 2 ld for the odd ones;
+// rows / 2 pairs) and pair stride (2 ld); experts without rows or contraction are skipped.
+__device__ __forceinline__ void ws_g_build_maps(const TmaMap* tmpl, const long long* desc,
+                                                const unsigned char* a_data,
+                                                const unsigned char* b_data, long long n_cols,
+                                                int num_experts, TmaMap* maps) {
+#if LPM_GG_HAS_TMA
+    const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+    const int g = i >> 2, m = i & 3;
+    if (g >= num_experts) return;
+    const long long* d = desc + static_cast<long long>(g) * kDescWords;
+    const bool a = m < 2;
+    const long long rows = a ? d[D_ROWS] : n_cols, ld = d[a ? D_A_LD : D_B_LD];
+    if (rows <= 0 || d[D_LEN] <= 0) return;
+    TmaMap* const o = maps + i;
+    *o = tmpl[m];
+    const unsigned long long base = reinterpret_cast<unsigned long long>(
+        (a ? a_data : b_data) + d[a ? D_A_OFF : D_B_OFF]);
+    const unsigned inner = static_cast<unsigned>((m & 1) ? 2 * ld : ld);
+    const unsigned pairs = static_cast<unsigned>(rows / 2);
+    const unsigned long long stride = static_cast<unsigned long long>(2 * ld);
+    asm volatile(
+        "tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;\n"
+        "tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 0, %2;\n"
+        "tensormap.replace.tile.global_dim.global.b1024.b32 [%0], 1, %3;\n"
+        "tensormap.replace.tile.global_stride.global.b1024.b64 [%0], 0, %4;\n"
+        "fence.proxy.tensormap::generic.release.gpu;\n" ::"l"(
+            reinterpret_cast<unsigned long long>(o)),
+        "l"(base), "r"(inner), "r"(pairs), "l"(stride)
+        : "memory");
+#else
+    __trap();
+#endif
+}
+
 // The producers' copy state of one tile (entry e of expert descriptor d): the bases of its rows
 // in both operands' data and block scales, their strides, the contraction length and the valid
 // extents. The per-thread copy objects (gemm_ws's OperandCopy / ScaleCopy) are rebuilt from it
 // per k-tile: kept whole across the k-loop they cost the producers (80 registers) spills.
+// TMA build: the expert's row-pair maps (ma: A's even rows, then its odd rows; mb: B's) and
+// the tile's first row pairs in them.
+template <bool TMA>
 struct WsgSource {
     const unsigned char *a, *b, *sa, *sb;
     int a_ld, b_ld, a_sld, b_sld, len, rv, cv;
+    const TmaMap *ma, *mb;
+    int pa, pb;
 
     __device__ __forceinline__ WsgSource(const unsigned char* a_data, const unsigned char* a_scale,
                                          const unsigned char* b_data, const unsigned char* b_scale,
-                                         const long long* d, const WmxGEntry& e)
+                                         const long long* d, const WmxGEntry& e,
+                                         const TmaMap* maps)
         : a(a_data + d[D_A_OFF] + e.r0 * d[D_A_LD]),
           b(b_data + d[D_B_OFF] + e.c0 * d[D_B_LD]),
           sa(a_scale + d[D_A_SOFF] + e.r0 * d[D_A_SLD]),
@@ -65,30 +155,41 @@ struct WsgSource {
           b_sld(static_cast<int>(d[D_B_SLD])),
           len(static_cast<int>(d[D_LEN])),
           rv(e.rv),
-          cv(e.cv) {}
+          cv(e.cv) {
+        if constexpr (TMA) {
+            ma = maps + 4 * e.g;
+            mb = ma + 2;
+            pa = e.r0 / 2;
+            pb = e.c0 / 2;
+        }
+    }
 };
 
-template <int CH>
-__device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, int num_entries) {
+template <int CH, bool TMA>
+__device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int num_entries) {
     constexpr int AKIND = KIND_FP4_K, BKIND = KIND_FP4_K;
     constexpr int BM = 128, BN = 256;
     constexpr int CANON_B = canon_bytes(BN);
-    constexpr int NST = kWsStages, NCB = kWsCanonBuffers, AHEAD = kWsAhead;
+    using TL = WsgTmaLayout;  // the TMA build's stages
+    constexpr int NCB = kWsCanonBuffers;
+    constexpr int NST = TMA ? TL::STAGES : kWsStages, AHEAD = TMA ? TL::AHEAD : kWsAhead;
     constexpr int RAW_A = raw_bytes(AKIND, BM), RAW_B = raw_bytes(BKIND, BN);
-    constexpr int STAGE = RAW_A + RAW_B;
-    constexpr int A_SC = round16(raw_data_bytes(AKIND, BM));          // in a stage
-    constexpr int B_SC = RAW_A + round16(raw_data_bytes(BKIND, BN));  // in a stage
-    constexpr int CANON_OFF = raw_ring_bytes(AKIND, BKIND, BM, BN, NST);
+    constexpr int STAGE = TMA ? TL::STAGE : RAW_A + RAW_B;
+    // block scales in a stage
+    constexpr int A_SC = TMA ? TL::A_SC : round16(raw_data_bytes(AKIND, BM));
+    constexpr int B_SC = TMA ? TL::B_SC : RAW_A + round16(raw_data_bytes(BKIND, BN));
+    constexpr int CANON_OFF = TMA ? TL::CANON_OFF : raw_ring_bytes(AKIND, BKIND, BM, BN, NST);
     constexpr int NW = kWsConsumers / 32;
     constexpr int CCOLS = BN / 4;                     // columns per epilogue chunk
     constexpr int WBUF = reg_epi_bytes<CCOLS>();      // a warp's staging buffer
-    constexpr int SMEM = ws_smem_bytes(AKIND, BKIND);
+    constexpr int SMEM = TMA ? ws_g_tma_smem_bytes() : ws_smem_bytes(AKIND, BKIND);
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
     static_assert(CANON_OFF + NCB * CANON_B + 1024 <= SMEM, "shared memory");
     static_assert(NW * (WBUF + 4 * CCOLS) <= CANON_B,
                   "staging buffers and column tables within a canonical buffer");
     static_assert(CANON_OFF % 1024 == 0 && CANON_B % 1024 == 0, "128-byte swizzle atoms");
-    static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && kBK == 64, "pipeline depth");
+    static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && kBK == 64 && NST >= AHEAD + NCB,
+                  "pipeline depth");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned s0;
@@ -98,6 +199,18 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, int num_entries) {
     // k-tiles J: from its last entry (a padding entry's first k-tile is the CTA's total).
     const int per_cta = num_entries / static_cast<int>(gridDim.x);
     if (per_cta <= 0) return;
+    // TMA build: the raw stages' mbarriers, one arrival (the issuing thread's expect_tx) plus
+    // the copies' bytes
+    __shared__ __align__(8) unsigned long long g_bar[TMA ? NST : 1];
+    const unsigned dbar = smem_u32(g_bar);
+    if constexpr (TMA) {
+        if (threadIdx.x == kWsConsumers) {
+#pragma unroll
+            for (int i = 0; i < NST; ++i) mbar_init(dbar + 8 * i, 1);
+            mbar_init_fence();
+        }
+        __syncthreads();
+    }
     auto entry = [&](int i) {
         return wmx_g_entry(tiles, i * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x));
     };
@@ -121,23 +234,48 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, int num_entries) {
         const unsigned t = threadIdx.x - kWsConsumers;
         auto source = [&](int i) {
             const WmxGEntry e = entry(i);
-            return WsgSource(a_data, a_scale, b_data, b_scale,
-                             desc + static_cast<long long>(e.g) * kDescWords, e);
+            return WsgSource<TMA>(a_data, a_scale, b_data, b_scale,
+                                  desc + static_cast<long long>(e.g) * kDescWords, e, maps);
         };
         // the copy stream: entry ci, k-tile ck of its ckt, copy state src
         int ci = next_real(0), ck = 0, ckt = entry(ci).kt;
-        WsgSource src = source(ci);
+        WsgSource<TMA> src = source(ci);
+        // TMA build: the copying thread acquires the tile's maps (built by an earlier kernel)
+        auto acquire = [&]() {
+            if (TMA && t == 0) {
+                tmap_acquire(src.ma);
+                tmap_acquire(src.ma + 1);
+                tmap_acquire(src.mb);
+                tmap_acquire(src.mb + 1);
+            }
+        };
+        acquire();
         auto advance = [&]() {
             if (++ck == ckt) {
                 ci = next_real(ci + 1);
                 ck = 0;
                 ckt = entry(ci).kt;
                 src = source(ci);
+                acquire();
             }
         };
         auto issue = [&](int stage) {
-            const long long k0 = static_cast<long long>(ck) * kBK;
             const unsigned sb = s0 + stage * STAGE;
+            if constexpr (TMA) {  // one thread: each operand's even rows' box, then its odd rows'
+                if (t == 0) {
+                    const unsigned bar = dbar + 8 * stage;
+                    const int x = ck * TL::ROW;
+                    mbar_arrive_expect_tx(bar, TL::TX);
+                    tma_load_2d(sb + TL::A_EVEN, src.ma, bar, x, src.pa);
+                    tma_load_2d(sb + TL::A_ODD, src.ma + 1, bar, x + src.a_ld - (src.a_ld & 8),
+                                src.pa);
+                    tma_load_2d(sb + TL::B_EVEN, src.mb, bar, x, src.pb);
+                    tma_load_2d(sb + TL::B_ODD, src.mb + 1, bar, x + src.b_ld - (src.b_ld & 8),
+                                src.pb);
+                }
+                return;
+            }
+            const long long k0 = static_cast<long long>(ck) * kBK;
             const OperandCopy<AKIND, BM, CH, kWsProducers> copy_a(src.a, src.a_ld, t);
             const OperandCopy<BKIND, BN, CH, kWsProducers> copy_b(src.b, src.b_ld, t);
             copy_a.issue(sb, k0, src.rv, src.len - k0, a_data);
@@ -167,24 +305,39 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, int num_entries) {
                 store_scales(s);
                 if (s + 1 < J) advance();
             }
-            cp_async_commit();
+            if constexpr (!TMA) cp_async_commit();
         }
         if (AHEAD < J) load_scales();
         // the expansion: entry xi's valid extents, k-tile xk of its xkt
-        int xi = next_real(0), xk = 0, xkt, xrv, xcv;
+        int xi = next_real(0), xk = 0, xkt, xrv, xcv, xsh = 0;
         auto expand_in = [&]() {
             const WmxGEntry e = entry(xi);
             xkt = e.kt;
             xrv = e.rv;
             xcv = e.cv;
+            // TMA build: B's odd rows start sh bytes into their boxes
+            if constexpr (TMA)
+                xsh = static_cast<int>(__ldg(desc + static_cast<long long>(e.g) * kDescWords +
+                                             D_B_LD) & 8);
         };
+        // TMA build: this thread's two B units (rows bu and bu + 128, contraction half t % 2,
+        // as convert_stage's units t and t + 256) in a stage; an odd row's place moves by xsh
+        const int bu = static_cast<int>(t) >> 1, bodd = bu & 1;
+        const unsigned b_off = static_cast<unsigned>(
+            (bodd ? TL::B_ODD + (bu >> 1) * TL::OROW : TL::B_EVEN + (bu >> 1) * TL::ROW) +
+            (static_cast<int>(t) & 1) * 16);
+        const unsigned b_d = static_cast<unsigned>(64 * (bodd ? TL::OROW : TL::ROW));
+        const unsigned b_so = static_cast<unsigned>(TL::B_SC + 4 * bu + 2 * (t & 1));
         expand_in();
         for (int j = 0; j < J; ++j) {
             // Invariants: k-tiles j..j+AHEAD-1 requested (one commit group each), their scales
             // stored; the stream at k-tile j+AHEAD, its scales in registers.
             const int cb = j % NCB;
-            cp_async_wait<AHEAD - 1>();             // this thread's copies of k-tile j landed
-            named_sync(WS_BAR_PROD, kWsProducers);  // everyone's; k-tile j-1 expanded
+            if constexpr (TMA)  // k-tile j's data landed
+                mbar_wait(dbar + 8 * (j % NST), static_cast<unsigned>(j / NST) & 1u);
+            else
+                cp_async_wait<AHEAD - 1>();  // this thread's copies of k-tile j landed
+            named_sync(WS_BAR_PROD, kWsProducers);  // everyone's (and scales); k-tile j-1 expanded
             // k-tile j-NCB retired: its canonical buffer is free, and so is its raw stage (the
             // consumers read its A half until then), which k-tile j+AHEAD takes.
             if (j >= NCB) named_sync(WS_BAR_EMPTY + cb, kWsThreads);
@@ -197,10 +350,30 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, int num_entries) {
                     load_scales();
                 }
             }
-            cp_async_commit();
             // Expand k-tile j's B half into canonical buffer cb.
-            convert_stage<AKIND, BKIND, BM, BN, kWsProducers, false, false, false>(
-                smem + (j % NST) * STAGE, smem + CANON_OFF + cb * CANON_B, t, xrv, xcv);
+            if constexpr (TMA) {
+                // convert_stage's loads (8 bytes at a time: odd rows may start 8 bytes into a
+                // 16-byte word) and stores
+                const unsigned st0 = s0 + (j % NST) * STAGE;
+                const unsigned rb = st0 + b_off + (bodd ? xsh : 0);
+                UnitRaw<KIND_FP4_K> x0, x1;
+                const uint2 p0 = lds_v2(rb), q0 = lds_v2(rb + 8);
+                const uint2 p1 = lds_v2(rb + b_d), q1 = lds_v2(rb + b_d + 8);
+                x0.w = make_uint4(p0.x, p0.y, q0.x, q0.y);
+                x1.w = make_uint4(p1.x, p1.y, q1.x, q1.y);
+                x0.s2 = lds_u16(st0 + b_so);
+                x1.s2 = lds_u16(st0 + b_so + 128 * 4);
+                unsigned char* const cs = smem + CANON_OFF + cb * CANON_B;
+                const int u0 = static_cast<int>(t);
+                if (unit_live<BKIND>(u0, xcv))
+                    unit_store<BKIND, BN, false, false, false>(x0, cs, u0);
+                if (unit_live<BKIND>(u0 + kWsProducers, xcv))
+                    unit_store<BKIND, BN, false, false, false>(x1, cs, u0 + kWsProducers);
+            } else {
+                cp_async_commit();
+                convert_stage<AKIND, BKIND, BM, BN, kWsProducers, false, false, false>(
+                    smem + (j % NST) * STAGE, smem + CANON_OFF + cb * CANON_B, t, xrv, xcv);
+            }
             fence_proxy_async();
             named_arrive(WS_BAR_FULL + cb, kWsThreads);
             if (++xk == xkt && j + 1 < J) {
@@ -209,7 +382,7 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, int num_entries) {
                 expand_in();
             }
         }
-        cp_async_wait<0>();
+        if constexpr (!TMA) cp_async_wait<0>();
         return;
     }
 
@@ -227,6 +400,14 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, int num_entries) {
     const unsigned wtab = s0 + CANON_OFF + NW * WBUF + warp * (4 * CCOLS);
     float acc[NI * 4];
     float* const accf = acc;
+    // TMA build: this thread's A rows ar, ar + 8 in a stage (an odd row's place moves by the
+    // tile's sh) and their block scales
+    const int aodd = ar & 1;
+    const unsigned a_off = static_cast<unsigned>(
+        aodd ? TL::A_ODD + (ar >> 1) * TL::OROW : TL::A_EVEN + (ar >> 1) * TL::ROW);
+    const unsigned a_d8 = static_cast<unsigned>(4 * (aodd ? TL::OROW : TL::ROW));
+    const unsigned a_so = static_cast<unsigned>(TL::A_SC + 4 * ar);
+    const unsigned sel = static_cast<unsigned>(aq) | (static_cast<unsigned>(aq + 4) << 4);
     int j = 0;
     for (int i = 0; i < per_cta; ++i) {
         const WmxGEntry e = entry(i);
@@ -241,21 +422,37 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, int num_entries) {
         }
 #pragma unroll
         for (int x = 0; x < NI * 4; ++x) acc[x] = 0.0f;
+        const unsigned ash = TMA && aodd ? static_cast<unsigned>(d[D_A_LD] & 8) : 0u;
         for (int kt = 0; kt < e.kt; ++kt, ++j) {
             const int cb = j % NCB;
             named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of k-tile j expanded into buffer cb
             const int st = j % NST;
+            // TMA build: the producers waited for the copies; waiting here too makes the TMA
+            // writes visible to this thread (one try_wait)
+            if constexpr (TMA) mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
             const unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, 16, 1024);
             const unsigned char* const rs = smem + st * STAGE;  // the raw stage
             const unsigned char* const rsc = rs + A_SC;
             unsigned af[2][1][4];  // fragments of the step in flight and of the next one
+            // TMA build: fp4_a_frags's loads and decode on this stage's places
+            const unsigned ra = s0 + st * STAGE + a_off + ash;
+            unsigned sa = 0u, sb = 0u;
+            if constexpr (TMA) {
+                sa = lds_u32(s0 + st * STAGE + a_so);
+                sb = lds_u32(s0 + st * STAGE + a_so + 8 * 4);
+            }
 #pragma unroll
             for (int s = 0; s < kBK / 16; ++s) {
                 ws_step_wait<NI * 4>(s, kt >= 1 && j - 1 + NCB < J, (j + NCB - 1) % NCB, accf);
-                if (s == 0) fp4_a_frags<0, 1>(rs, rsc, ar, aq, af[0]);
-                if (s == 1) fp4_a_frags<1, 1>(rs, rsc, ar, aq, af[1]);
-                if (s == 2) fp4_a_frags<2, 1>(rs, rsc, ar, aq, af[0]);
-                if (s == 3) fp4_a_frags<3, 1>(rs, rsc, ar, aq, af[1]);
+                if constexpr (TMA) {
+                    const uint2 wa = lds_v2(ra + s * 8), wb = lds_v2(ra + a_d8 + s * 8);
+                    fp4_a_step(s, wa.x, wa.y, wb.x, wb.y, sa, sb, sel, af[s & 1][0]);
+                } else {
+                    if (s == 0) fp4_a_frags<0, 1>(rs, rsc, ar, aq, af[0]);
+                    if (s == 1) fp4_a_frags<1, 1>(rs, rsc, ar, aq, af[1]);
+                    if (s == 2) fp4_a_frags<2, 1>(rs, rsc, ar, aq, af[0]);
+                    if (s == 3) fp4_a_frags<3, 1>(rs, rsc, ar, aq, af[1]);
+                }
                 wg_fence();
 #pragma unroll
                 for (int n = 0; n < 2; ++n)
@@ -292,7 +489,23 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, int num_entries) {
 #define LPM_GG_DEFINE_WS_G(NAME, CH)                                                           \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
         NAME(LPM_GG_PARAMS, int num_entries) {                                                 \
-        lpm_gg::gemm_ws_g<CH>(LPM_GG_ARGS, num_entries);                                       \
+        lpm_gg::gemm_ws_g<CH, false>(LPM_GG_ARGS, nullptr, num_entries);                       \
+    }
+// The TMA build (data tiles through the experts' row-pair tensor maps, four per expert in
+// `maps`, a device array: A's even and odd rows, then B's; see WsgTmaLayout). CH: the
+// launcher's copy chunk, checked only (the block scales are loaded as in the cp.async build).
+#define LPM_GG_DEFINE_WS_H(NAME, CH)                                                           \
+    extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
+        NAME(LPM_GG_PARAMS, const lpm_gg::TmaMap* maps, int num_entries) {                     \
+        lpm_gg::gemm_ws_g<CH, true>(LPM_GG_ARGS, maps, num_entries);                           \
+    }
+// The builder of its maps (ws_g_build_maps): the four templates (a device array), the
+// descriptor table, the operands' data, B's rows, the number of experts and the output array.
+#define LPM_GG_DEFINE_WS_H_MAPS(NAME)                                                          \
+    extern "C" __global__ void NAME(const lpm_gg::TmaMap* tmpl, const long long* desc,         \
+                                    const unsigned char* a_data, const unsigned char* b_data,  \
+                                    long long n_cols, int num_experts, lpm_gg::TmaMap* maps) { \
+        lpm_gg::ws_g_build_maps(tmpl, desc, a_data, b_data, n_cols, num_experts, maps);        \
     }
 
 #endif  // LPM_GROUPED_GEMM_WS_RAGGED_CUH

@@ -306,15 +306,18 @@ def _defined_kernels() -> dict:
 
 def test_every_kernel_in_its_module():
     """The module the launcher loads each kernel from (kernel_module, RANGES_MODULE, the SIMT
-    kernel's) is the file that defines it, for every grouped-GEMM kernel; the warp-specialised
+    kernel's, the ragged TMA build's map builder) is the file that defines it, for every grouped-GEMM kernel; the warp-specialised
     families have modules of their own."""
     import re
 
     from lowprec_moe.cuda import gemm_plan as G
 
+    from lowprec_moe.cuda import gemm_tma as T
+
     found = _defined_kernels()
     assert found.pop("lpm_gg_mx_ranges") == G.RANGES_MODULE
     assert found.pop("lpm_gg_simt") == "grouped_gemm_simt"
+    assert found.pop(T.PAIR_MAPS_KERNEL) == T.PAIR_MAPS_MODULE == G.kernel_module("nvfp4", "h")
     for name, stem in found.items():
         m = re.fullmatch(r"lpm_gg_(bf16|fp16|mxfp8|nvfp4)_(kk|kn|nn)_([a-z])8?", name)
         assert m, name

@@ -192,10 +192,12 @@ def test_choose_kernel_mxfp8_ragged(monkeypatch):
 def test_choose_kernel_nvfp4_ragged(monkeypatch):
     """sm_90, NVFP4 wgrad of uneven experts (the warp-specialised kernel's cp.async build: no
     tensor map covers experts of different row strides) with 16-bit output: the ragged
-    persistent form ``_kk_g`` (``_kk_g8`` with 8-byte copies; the per-tile build's shared
-    memory, its own module, the grid capped at one CTA per SM, a balanced tile list) in "auto"
-    with more tiles than multiprocessors and short contractions; the per-tile ``_kk_x`` with few
-    tiles or long contractions (``_kk_g`` with "on"), with "off", for fp32 output and for
+    persistent form, in its TMA build ``_kk_h`` (``_kk_h8`` with 8-byte rows; per-expert
+    row-pair maps) or, with TMA off or experts no row-pair map covers, its cp.async build
+    ``_kk_g`` / ``_kk_g8`` (the per-tile build's shared memory, its own module, the grid capped
+    at one CTA per SM, a balanced tile list) in "auto" with more tiles than multiprocessors and
+    (the cp.async build) short contractions; the per-tile ``_kk_x`` with few tiles or, TMA off,
+    long contractions (the ragged form with "on"), with "off", for fp32 output and for
     accumulation."""
     from dataclasses import replace
 
@@ -209,14 +211,25 @@ def test_choose_kernel_nvfp4_ragged(monkeypatch):
         p = replace(_policy_problem("wgrad", fmt, splits, n=512, k=1024), out_dtype="bfloat16")
         pl = C.plan(p)
         assert C.num_tiles(pl, 128, 256) > sms and not C._use_ws_tma(pl)
-        for ch, name in ((16, "lpm_gg_nvfp4_kk_g"), (8, "lpm_gg_nvfp4_kk_g8")):
-            chunk["ch"] = ch
-            ln = C.choose_kernel(p, pl, caps=H200_CAPS)
-            assert ln.kernel == name and ln.ragged and not ln.tma and not ln.mx_ranges, ln
-            assert ln.grid_cap == sms, ln
-            assert ln.smem == C._ws_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K), ln
-            assert ln.module == "grouped_gemm_nvfp4_wsg" and ln.threads == C.WS_THREADS, ln
+        assert C._use_pair_tma(pl)
+        for tma in (True, False):
+            if not tma:
+                monkeypatch.setenv(C.TMA_ENV, "off")
+            for ch in (16, 8):
+                chunk["ch"] = ch
+                name = "lpm_gg_nvfp4_kk_" + ("h" if tma else "g") + ("8" if ch == 8 else "")
+                ln = C.choose_kernel(p, pl, caps=H200_CAPS)
+                assert ln.kernel == name and ln.ragged and ln.tma == tma, ln
+                assert not ln.mx_ranges and ln.grid_cap == sms, ln
+                assert ln.smem == (C._ws_g_tma_smem_bytes() if tma else
+                                   C._ws_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K)), ln
+                assert ln.module == "grouped_gemm_nvfp4_wsg" and ln.threads == C.WS_THREADS, ln
+            monkeypatch.delenv(C.TMA_ENV, raising=False)
         chunk["ch"] = 16
+        monkeypatch.setattr(C.gemm_choice, "_use_pair_tma", lambda pl: False)
+        assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_g"
+        monkeypatch.undo()
+        monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: chunk["ch"])
         for other in (dict(out_dtype="float32"), dict(accumulate=True)):
             ln = C.choose_kernel(replace(p, **other), pl, caps=H200_CAPS)
             assert ln.kernel == "lpm_gg_nvfp4_kk_x" and not ln.ragged and ln.grid_cap == 0, other
@@ -227,12 +240,40 @@ def test_choose_kernel_nvfp4_ragged(monkeypatch):
                       out_dtype="bfloat16")
         assert C.choose_kernel(few, C.plan(few), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_x"
         monkeypatch.setenv(C.PERSIST_ENV, "on")
-        assert C.choose_kernel(few, C.plan(few), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_g"
+        assert C.choose_kernel(few, C.plan(few), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_h"
         monkeypatch.delenv(C.PERSIST_ENV)
-        # long contractions (mean above PERSIST_RAGGED_FP4_MAX_KTILES): "auto" keeps _kk_x
+        # long contractions (mean above PERSIST_RAGGED_FP4_MAX_KTILES): "auto" takes the TMA
+        # build, or keeps _kk_x with TMA off
         long = replace(_policy_problem("wgrad", fmt, [0, 1024, 1536] * 8, n=512, k=1024),
                        out_dtype="bfloat16")
+        assert C.choose_kernel(long, C.plan(long), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_h"
+        monkeypatch.setenv(C.TMA_ENV, "off")
         assert C.choose_kernel(long, C.plan(long), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_x"
+        monkeypatch.delenv(C.TMA_ENV)
         monkeypatch.setenv(C.PERSIST_ENV, "on")
-        assert C.choose_kernel(long, C.plan(long), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_g"
+        assert C.choose_kernel(long, C.plan(long), caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_h"
         monkeypatch.delenv(C.PERSIST_ENV)
+
+
+def test_pair_rows_ok():
+    """The ragged TMA build's row-pair maps: every expert with rows and a contraction needs a
+    16-byte aligned start, an even row count and a stride that is a multiple of 8 bytes; the
+    others are not looked at."""
+    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.cuda.gemm_tma import _pair_rows_ok
+
+    def op(off, ld):
+        return C.Operand(data=None, scale=None, mn=False, kind=C.KIND_FP4_K, ek=0, es_num=1,
+                         es_den=2, ld=np.asarray(ld, np.int64), off=np.asarray(off, np.int64),
+                         soff=np.zeros(len(ld), np.int64), sld=np.ones(len(ld), np.int64),
+                         e5m2=False, amax_vec=False)
+
+    live = np.array([0, 2])
+    rows = np.array([64, 7, 128])
+    assert _pair_rows_ok(0, op([0, 3, 4096], [56, 1, 24]), rows, live)
+    assert _pair_rows_ok(16, op([0, 3, 4096], [56, 1, 24]), rows, live)
+    assert not _pair_rows_ok(8, op([0, 3, 4096], [56, 1, 24]), rows, live)  # start
+    assert not _pair_rows_ok(0, op([0, 3, 4104], [56, 1, 24]), rows, live)  # start
+    assert not _pair_rows_ok(0, op([0, 3, 4096], [56, 1, 28]), rows, live)  # stride
+    assert not _pair_rows_ok(0, op([0, 3, 4096], [56, 1, 24]), np.array([64, 7, 127]), live)
+    assert not _pair_rows_ok(0, op([0, 3, 4096], [0, 1, 24]), rows, live)  # no stride

@@ -143,3 +143,21 @@ def test_ws_mx_g_smem_formula():
     mx = S._ws_mx_g_smem_bytes()
     assert mx == S._ws_mx_p_smem_bytes() + 2 * 416
     assert mx + 1024 <= S.MAX_SMEM
+
+
+def test_ws_g_tma_smem_formula():
+    """The ragged NVFP4 kernel's TMA build (mirrors ws_g_tma_smem_bytes): 5 stages (2 k-tiles
+    requested ahead + 3 canonical buffers) of each operand's even rows (32 bytes each), odd rows
+    (48: a box starting 8 bytes early) and E4M3 scale bytes (4 a row), rounded up to 1 KiB, the 3
+    canonical B buffers, 1 KiB alignment; under the opt-in limit with the 1 KiB of static
+    mbarrier space; the look-ahead agrees with the kernel header."""
+    from lowprec_moe.cuda import gemm_smem as S
+
+    src = (Path(__file__).resolve().parents[1] / "raw_kernels"
+           / "grouped_gemm_ws_ragged.cuh").read_text()
+    assert int(re.search(r"constexpr int AHEAD = (\d+),", src).group(1)) == S.WS_G_TMA_AHEAD
+    stage = (64 * 32 + 64 * 48 + 128 * 4) + (128 * 32 + 128 * 48 + 256 * 4)
+    assert stage == 16896
+    nv = S._ws_g_tma_smem_bytes()
+    assert nv == -(-5 * stage // 1024) * 1024 + 3 * 256 * 128 + 1024 == 180 * 1024
+    assert nv + 1024 <= 227 * 1024

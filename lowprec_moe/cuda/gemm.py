@@ -61,15 +61,16 @@ from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     EPI_COL_TABLE, EPI_WARP_LD, MAX_SMEM, WMX_A_STAGES, WMX_AHEAD, WMX_B_STAGES,
     WMX_CANON_BUFFERS, WMX_G_WIN_SLOTS, WMX_SCALE_SLOTS, WMX_SCALE_TILES,
     WS_SCALE_SLOTS, WS_SCALE_TILES, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes, _smem_bytes,
-    _swap_smem_bytes, _ws_mx_g_smem_bytes, _ws_mx_p_smem_bytes, _ws_mx_smem_bytes,
+    _swap_smem_bytes, _ws_g_tma_smem_bytes, _ws_mx_g_smem_bytes, _ws_mx_p_smem_bytes,
+    _ws_mx_smem_bytes,
     _ws_p_smem_bytes, _ws_smem_bytes,
     _ws_tma_smem_bytes)
 
 from .gemm_balance import ragged_tile_list, ragged_tile_table
 from .gemm_ranges import mx_range_words
 from .gemm_tma import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
-    _ptr, _scales_word_aligned, _tma_maps, _tma_rows_ok, _tma_scale_rows_ok, _use_tma,
-    _use_ws_tma)
+    _pair_geom, _pair_maps, _ptr, _scales_word_aligned, _tma_maps, _tma_rows_ok,
+    _tma_scale_rows_ok, _use_pair_tma, _use_tma, _use_ws_tma)
 
 __all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV",
            "MXFP8_WS_ENV", "PERSIST_ENV", "TMA_ENV", "SWAP_WIDE_ENV", "SWAP_N16_ENV",
@@ -199,8 +200,10 @@ def _prepare(p, arrays):
     tma_geom = ((int(a.ld[0]), int(b.ld[0]), int(pl.length[0]) * a.es_num // a.es_den,
                  int(a.sld[0]), int(b.sld[0]), int(pl.n_cols), int(pl.rows.max()))
                 if launch.tma else None)
+    pair = launch.kernel.endswith(("_h", "_h8"))  # the ragged NVFP4 TMA build's maps
     val = dict(launch=launch, tiles=tables[0], desc=tables[1], n_col_tiles=n_col_tiles,
-               tma_geom=tma_geom, rows_max=int(pl.rows.max()) if len(pl.rows) else 0,
+               tma_geom=tma_geom, pair_geom=_pair_geom(pl) if pair else None,
+               rows_max=int(pl.rows.max()) if len(pl.rows) else 0,
                mn=(bool(a.mn), bool(b.mn)), num_experts=len(pl.rows),
                grid=grid, n_cols=pl.n_cols, modes=modes, a_vec=int(a.amax_vec),
                b_vec=int(b.amax_vec), zero_if_empty=int(pl.zero_if_empty))
@@ -258,7 +261,9 @@ def grouped_gemm(p):
         arg.update(a_ch=np.int32(am0), a_e5m2=np.int32(am1), b_ch=np.int32(bm0),
                    b_e5m2=np.int32(bm1))
         args = tuple(arg[name] for name in MMA_PARAMS)
-        if launch.tma:
+        if prep["pair_geom"] is not None:
+            args += (_pair_maps(prep["pair_geom"], prep["desc"], a_data, b_data),)
+        elif launch.tma:
             args += _tma_maps(launch.kernel, prep["tma_geom"], a_data, a_scale, b_data,
                               b_scale)
         if launch.mx_ranges:  # the warp-specialised MXFP8 kernels: rows' block-code ranges

@@ -120,6 +120,14 @@ Kernel choice
   than SMs, a mean contraction of at most ``PERSIST_RAGGED_FP4_MAX_KTILES`` k-tiles (its
   k-loop is a little slower than the per-tile build's) and 16-bit output without bias or
   accumulation (``_persist_ragged_fp4``), "on" wherever that epilogue applies, "off" never.
+  Its TMA build ``_kk_h`` / ``_kk_h8`` takes its place in the default family wherever every
+  expert's rows can be mapped in pairs (``_use_pair_tma``: each expert 16-byte aligned, an
+  even row count, a stride that is a multiple of 8 bytes -- true for every layout the library
+  produces): four tensor maps per expert (:func:`~lowprec_moe.cuda.gemm_tma._pair_maps`, a
+  device array built on the host and cached by the data pointers), one thread copying each
+  k-tile's data as four boxes, the block scales loaded as in the cp.async build; bitwise the
+  same results; "auto" takes it whatever the contraction length (faster than the per-tile
+  build at every length measured). ``LOWPREC_MOE_GEMM_TMA=off`` keeps the cp.async build.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
   swapped-operand one for few tokens per expert), without the warp-specialised one and without
@@ -135,13 +143,13 @@ import numpy as np
 
 from .gemm_plan import (CONFIGS, KIND_FP4_K, KIND_FP8_K, Operand, Plan, SIMT_TILE, THREADS,
                         WS_N256_THREADS, WS_THREADS, _cdiv, kernel_module, plan)
-from .gemm_smem import (_smem_bytes, _swap_smem_bytes, _ws_mx_g_smem_bytes,
+from .gemm_smem import (_smem_bytes, _swap_smem_bytes, _ws_g_tma_smem_bytes, _ws_mx_g_smem_bytes,
                         _ws_mx_p_smem_bytes, _ws_mx_smem_bytes, _ws_p_smem_bytes,
                         _ws_smem_bytes, _ws_tma_smem_bytes)
 from .gemm_persist import (  # noqa: F401 - re-exported (gemm.py and the tests read them here)
     PERSIST_ENV, PERSIST_MAX_KTILES, PERSIST_MX_MAX_KTILES, PERSIST_N256_MAX_KTILES, _env_mode,
     _persist, _persist_mx, _persist_ragged, _persist_ragged_fp4, _reg_epilogue_ok, num_tiles)
-from .gemm_tma import _scales_word_aligned, _use_tma, _use_ws_tma
+from .gemm_tma import _scales_word_aligned, _use_pair_tma, _use_tma, _use_ws_tma
 
 #: Environment variable selecting the kernel family: "auto" (default) or "simt".
 KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
@@ -365,21 +373,26 @@ def choose_kernel(p, pl: Plan, caps: tuple | None = None) -> Launch:
     # ragged one (_nn_g)
     ragged = ws_mx and layout == "nn" and not grid_cap and _persist_ragged(p, pl, sms)
     # ... and the NVFP4 cp.async build (no tensor map covers the experts) in its ragged one
-    # (_kk_g)
-    ragged = ragged or (ws and not ws_tma and _persist_ragged_fp4(p, pl, sms))
+    # (_kk_g), which loads its data tiles through per-expert row-pair maps where it can (_kk_h)
+    pair_ok = ws and not ws_tma and tma_ok and _use_pair_tma(pl)
+    ragged_fp4 = ws and not ws_tma and _persist_ragged_fp4(p, pl, sms, tma=pair_ok)
+    pair_tma = ragged_fp4 and pair_ok
+    ragged = ragged or ragged_fp4
     if ragged:
         grid_cap = sms
     ws = ws or ws_mx
-    suffix = (cfg if cfg in ("r", "p") else "u" if use_tma else "g" if ragged else
+    suffix = (cfg if cfg in ("r", "p") else "u" if use_tma else "h" if pair_tma else
+              "g" if ragged else
               ("o" if n256 or ws_mx else "z") if grid_cap else "q" if n256 else "y" if ws_tma
               else cfg)
-    use_tma = use_tma or ws_tma
+    use_tma = use_tma or ws_tma or pair_tma
     name = f"lpm_gg_{prefix}_{layout}_{suffix}" + ("8" if ch == 8 else "")
     if cfg in ("t", "r", "p"):
         smem = _swap_smem_bytes(pl.a.kind, pl.b.kind, wide=cfg != "t")
     elif ragged:
         # (the NVFP4 ragged form stages its epilogue in a canonical buffer: _kk_x's bytes)
-        smem = _ws_mx_g_smem_bytes() if ws_mx else _ws_smem_bytes(pl.a.kind, pl.b.kind)
+        smem = (_ws_mx_g_smem_bytes() if ws_mx else _ws_g_tma_smem_bytes() if pair_tma
+                else _ws_smem_bytes(pl.a.kind, pl.b.kind))
     elif ws_mx:
         smem = _ws_mx_p_smem_bytes() if grid_cap else _ws_mx_smem_bytes()
     elif grid_cap:  # both persistent NVFP4 forms

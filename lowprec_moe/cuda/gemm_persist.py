@@ -128,17 +128,19 @@ def _persist_ragged(p, pl: Plan, sms: int) -> bool:
 #: tile's start and hides its epilogue, but its producers' k-loop is ~7 % slower per k-tile
 #: than the per-tile build's. H200, 32 experts of L tokens (ragged / per-tile time): 8 k-tiles
 #: 0.93, 32 k-tiles 1.04, 96 k-tiles 1.07; the skewed split (mean 10.7 k-tiles) 0.97, 16 tokens
-#: per expert 0.70 (benchmarks/RESULTS.md).
+#: per expert 0.70 (benchmarks/RESULTS.md). Its TMA build ``_kk_h`` has no such limit: faster
+#: than the per-tile build at every length measured (8 to 96 k-tiles: 0.72-0.84).
 PERSIST_RAGGED_FP4_MAX_KTILES = 16
 
 
-def _persist_ragged_fp4(p, pl: Plan, sms: int) -> bool:
+def _persist_ragged_fp4(p, pl: Plan, sms: int, tma: bool = False) -> bool:
     """Whether an NVFP4 problem that takes the warp-specialised kernel's cp.async build
     (``_kk_x`` / ``_kk_x8``: no tensor map covers its experts, as in wgrad of uneven splits)
     runs in its ragged persistent form ``_kk_g`` / ``_kk_g8`` (see PERSIST_ENV): "on" wherever
     its epilogue runs from registers (:func:`_reg_epilogue_ok`) and its row strides and
     contraction lengths fit in int32, "auto" for wgrad with more tiles than multiprocessors
-    and a mean contraction of at most PERSIST_RAGGED_FP4_MAX_KTILES k-tiles."""
+    and a mean contraction of at most PERSIST_RAGGED_FP4_MAX_KTILES k-tiles -- of any length
+    when it would run its TMA build (``tma``: ``_kk_h``)."""
     mode = _env_mode(PERSIST_ENV, _PERSIST_MODES)
     if mode == "off" or not _reg_epilogue_ok(p, pl):
         return False
@@ -148,7 +150,8 @@ def _persist_ragged_fp4(p, pl: Plan, sms: int) -> bool:
     if mode == "on":
         return True
     length = pl.length[pl.length > 0]
-    short = bool(length.size) and float(np.mean(-(-length // BK))) <= PERSIST_RAGGED_FP4_MAX_KTILES
+    short = bool(length.size) and (
+        tma or float(np.mean(-(-length // BK))) <= PERSIST_RAGGED_FP4_MAX_KTILES)
     return p.mode == "wgrad" and short and num_tiles(pl, *CONFIGS["x"]) > sms
 
 

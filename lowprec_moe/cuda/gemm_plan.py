@@ -252,6 +252,7 @@ def tile_table(rows: np.ndarray, include: np.ndarray, bm: int) -> np.ndarray:
 _FAMILY_MODULES = {
     ("mxfp8", "y"): "grouped_gemm_mxfp8_ws", ("mxfp8", "o"): "grouped_gemm_mxfp8_wsp",
     ("mxfp8", "g"): "grouped_gemm_mxfp8_wsg", ("nvfp4", "g"): "grouped_gemm_nvfp4_wsg",
+    ("nvfp4", "h"): "grouped_gemm_nvfp4_wsg",
     **{("nvfp4", s): "grouped_gemm_nvfp4_ws" for s in ("x", "y", "q", "z", "o")}}
 #: The module of the MXFP8 range kernel (``lpm_gg_mx_ranges``).
 RANGES_MODULE = "grouped_gemm_mx_ranges"

@@ -71,6 +71,24 @@ def _ws_smem_bytes(a_kind: int, b_kind: int) -> int:
     return max(ring + WS_CANON_BUFFERS * _canon(bn), _epi_bytes(bm, bn)) + 1024
 
 
+#: k-tiles requested ahead by the ragged NVFP4 kernel's TMA build (WsgTmaLayout::AHEAD in
+#: raw_kernels/grouped_gemm_ws_ragged.cuh)
+WS_G_TMA_AHEAD = 2
+
+
+def _ws_g_tma_smem_bytes() -> int:
+    """Dynamic shared memory of the ragged NVFP4 kernel's TMA build (``_kk_h``;
+    ws_g_tma_smem_bytes in raw_kernels/grouped_gemm_ws_ragged.cuh): WS_G_TMA_AHEAD +
+    WS_CANON_BUFFERS stages -- per operand its even rows' k-tile boxes (32 bytes a row), its odd
+    rows' (48) and its block scales -- rounded up to 1 KiB, the canonical B buffers (the
+    epilogue is staged in one), alignment."""
+    bm, bn = CONFIGS["x"]
+    row = BK // 2
+    stage = sum(r // 2 * (2 * row + 16) + r * BK // F.NVFP4_BLOCK for r in (bm, bn))
+    ring = _cdiv((WS_G_TMA_AHEAD + WS_CANON_BUFFERS) * stage, 1024) * 1024
+    return ring + WS_CANON_BUFFERS * _canon(bn) + 1024
+
+
 #: k-tiles of block scales per TMA scale slot, and slots, of the warp-specialised kernel's TMA
 #: build (kWsScaleTiles / kWsScaleSlots in raw_kernels/grouped_gemm_base.cuh)
 WS_SCALE_TILES = 4

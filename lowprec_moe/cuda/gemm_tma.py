@@ -8,11 +8,15 @@ whether a plan's operands can be mapped and build the maps of a launch. Re-expor
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+
 import numpy as np
 
 from .. import formats as F
+from .. import kernels
 from . import tma
-from .gemm_plan import BK, CONFIGS, Operand, Plan
+from .gemm_plan import BK, CONFIGS, KIND_FP4_K, Operand, Plan
 from .gemm_smem import WMX_SCALE_TILES, WS_SCALE_TILES
 
 
@@ -132,3 +136,107 @@ def _tma_maps(kernel: str, geom: tuple, a_data, a_scale, b_data, b_scale) -> tup
         rows = int(arr.nbytes) // ld  # int32 coordinates: checked by _use_tma / _use_ws_tma
         maps.append(tma.map_2d_u8(int(arr.data.ptr), extent, rows, ld, box_inner, box_rows, sw))
     return tuple(maps)
+
+
+# ---- the ragged NVFP4 TMA build (_kk_h): one row-pair map per operand and expert ------------
+
+#: Row-pair maps of the ragged TMA build on the device, by expert bases and geometry (LRU).
+_pair_cache: OrderedDict = OrderedDict()
+_PAIR_CACHED = 32
+_pair_lock = threading.Lock()
+
+
+def _pair_experts(pl: Plan) -> np.ndarray:
+    """The experts a ragged launch copies data of: rows and a contraction."""
+    return np.flatnonzero((pl.rows > 0) & (pl.length > 0))
+
+
+def _pair_rows_ok(base: int, op: Operand, rows: np.ndarray, live: np.ndarray) -> bool:
+    """Whether every live expert's rows of a K-major NVFP4 operand (``rows[g]`` rows of stride
+    ``op.ld[g]`` at ``base + op.off[g]``) form a row-pair map: a 16-byte aligned start, an even
+    number of rows, pairs of rows a multiple of 16 bytes long (the stride a multiple of 8) and
+    int32 coordinates (the odd rows' start ``ld`` past the even rows')."""
+    if op.kind != KIND_FP4_K or op.mn:
+        return False
+    ld, off, r = op.ld[live], op.off[live], rows[live]
+    return bool(np.all((base + off) % tma.STRIDE_ALIGN == 0) and np.all(ld > 0)
+                and np.all((2 * ld) % tma.STRIDE_ALIGN == 0) and np.all(r % 2 == 0)
+                and np.all(2 * ld + BK < 2**31) and np.all(r < 2**31))
+
+
+def _use_pair_tma(pl: Plan) -> bool:
+    """Whether the ragged NVFP4 persistent kernel can load its data tiles through row-pair
+    tensor maps (the ``_kk_h`` build): both operands K-major NVFP4 and :func:`_pair_rows_ok`
+    for every expert with rows and a contraction (the block scales stay on loads)."""
+    live = _pair_experts(pl)
+    if not live.size:
+        return False
+    b_rows = np.full(len(pl.rows), pl.n_cols, np.int64)
+    return (_pair_rows_ok(_ptr(pl.a.data), pl.a, pl.rows, live)
+            and _pair_rows_ok(_ptr(pl.b.data), pl.b, b_rows, live))
+
+
+def _pair_geom(pl: Plan) -> tuple:
+    """What the row-pair maps depend on besides the data pointers (kept by the launcher)."""
+    live = _pair_experts(pl)
+    return (len(pl.rows), tuple(int(g) for g in live),
+            tuple(int(v) for v in pl.a.off[live]), tuple(int(v) for v in pl.a.ld[live]),
+            tuple(int(v) for v in pl.rows[live]),
+            tuple(int(v) for v in pl.b.off[live]), tuple(int(v) for v in pl.b.ld[live]),
+            int(pl.n_cols))
+
+
+#: The ragged TMA build's map builder (raw_kernels/grouped_gemm_ws_ragged.cuh).
+PAIR_MAPS_MODULE, PAIR_MAPS_KERNEL = "grouped_gemm_nvfp4_wsg", "lpm_gg_nvfp4_kk_h_maps"
+_templates: dict = {}
+
+
+def _pair_templates():
+    """The four template maps of the ragged TMA build on the current device (cached): boxes
+    of ``BK / 2`` bytes (even rows) and ``BK / 2 + 16`` (odd rows) x half of A's 128 rows, then
+    the same for B's 256; their address, extents and stride are the builder's to replace."""
+    import cupy as cp
+
+    dev = int(cp.cuda.runtime.getDevice())
+    hit = _templates.get(dev)
+    if hit is None:
+        bm, bn = CONFIGS["x"]
+        anchor = cp.zeros(256, np.uint8)  # a real, aligned device address to encode against
+        words = np.stack([np.frombuffer(tma.map_2d_u8(int(anchor.data.ptr), 64, 256, 64,
+                                                      BK // 2 + 16 * odd, rows // 2).tobytes(),
+                                        np.uint64)
+                          for rows in (bm, bn) for odd in (0, 1)])
+        hit = _templates[dev] = (cp.asarray(words), anchor)
+    return hit[0]
+
+
+def _pair_maps(geom: tuple, desc, a_data, b_data):
+    """The ragged TMA build's tensor maps as a device array ``uint64 [G, 4, 16]`` (expert g: A's
+    even-row and odd-row maps, then B's; experts without rows or contraction: zeros, never
+    read). Both view one expert's rows as rows of pairs, a pair ``2 ld`` bytes on from the last
+    (a multiple of 16 where the rows' stride is only one of 8): the even rows' map ``ld`` bytes
+    of each pair (past them it reads zeros) in boxes of ``BK / 2`` bytes, the odd rows' map the
+    whole pair in boxes of ``BK / 2 + 16`` bytes (a box must start 16-byte aligned: the kernel
+    reads an odd row's k-tile from ``ld % 16`` bytes into its box), each box half the tile's
+    rows (raw_kernels/grouped_gemm_ws_ragged.cuh, WsgTmaLayout). Built on the device from
+    :func:`_pair_templates` and the descriptor table ``desc`` (one small kernel, no host
+    encoding per expert), cached by the data pointers and ``geom`` (:func:`_pair_geom`)."""
+    import cupy as cp
+
+    num_experts, n_cols = geom[0], geom[-1]
+    key = (int(cp.cuda.runtime.getDevice()), _ptr(a_data), _ptr(b_data), geom)
+    with _pair_lock:
+        hit = _pair_cache.get(key)
+        if hit is not None:
+            _pair_cache.move_to_end(key)
+            return hit
+    val = cp.zeros((num_experts, 4, tma.MAP_BYTES // 8), np.uint64)
+    n = 4 * num_experts
+    fn = kernels.get_function(PAIR_MAPS_MODULE, PAIR_MAPS_KERNEL)
+    fn(((n + 127) // 128,), (128,), (_pair_templates(), desc, a_data, b_data,
+                                     np.int64(n_cols), np.int32(num_experts), val))
+    with _pair_lock:
+        _pair_cache[key] = val
+        while len(_pair_cache) > _PAIR_CACHED:
+            _pair_cache.popitem(last=False)
+    return val
