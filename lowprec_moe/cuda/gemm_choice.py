@@ -124,10 +124,11 @@ Kernel choice
   expert's rows can be mapped in pairs (``_use_pair_tma``: each expert 16-byte aligned, an
   even row count, a stride that is a multiple of 8 bytes -- true for every layout the library
   produces): four tensor maps per expert (:func:`~lowprec_moe.cuda.gemm_tma._pair_maps`, a
-  device array built on the host and cached by the data pointers), one thread copying each
-  k-tile's data as four boxes, the block scales loaded as in the cp.async build; bitwise the
-  same results; "auto" takes it whatever the contraction length (faster than the per-tile
-  build at every length measured). ``LOWPREC_MOE_GEMM_TMA=off`` keeps the cp.async build.
+  device array that a small kernel builds from templates, cached by the data pointers), one
+  thread copying each k-tile's data as four boxes, the block scales loaded as in the cp.async
+  build; bitwise the same results; "auto" takes it whatever the contraction length (faster
+  than the per-tile build at every length measured). ``LOWPREC_MOE_GEMM_TMA=off`` keeps the
+  cp.async build.
 * ``LOWPREC_MOE_GEMM_KERNEL`` = ``auto`` (default) | ``wgmma`` | ``mma`` | ``simt`` forces a
   family (debugging, cross-checks); ``wgmma`` is the plain wgmma kernel (and the
   swapped-operand one for few tokens per expert), without the warp-specialised one and without
