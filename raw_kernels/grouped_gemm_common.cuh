@@ -113,7 +113,10 @@
 //   grouped_gemm_ws_mx_ragged.cuh  its ragged form for wgrad of uneven experts, gemm_ws_mx_g
 //                             (a balanced tile list; LPM_GG_DEFINE_WS_MX_G)
 //   grouped_gemm_ws_ragged.cuh  the ragged persistent form of gemm_ws's cp.async build,
-//                             gemm_ws_g (NVFP4 wgrad of uneven experts; LPM_GG_DEFINE_WS_G)
+//                             gemm_ws_g (NVFP4 wgrad of uneven experts; LPM_GG_DEFINE_WS_G),
+//                             and its TMA build (LPM_GG_DEFINE_WS_H)
+//   grouped_gemm_ws_ragged_tma.cuh  that TMA build's stage layout (WsgTmaLayout) and the
+//                             builder of its per-expert tensor maps (LPM_GG_DEFINE_WS_H_MAPS)
 //   grouped_gemm_tma.cuh      TMA tile loads: the tensor-map parameter type, mbarrier and
 //                             cp.async.bulk.tensor wrappers
 //   grouped_gemm_swap.cuh     the swapped-operand wgmma kernel body gemm_swap for few tokens

@@ -154,7 +154,7 @@ def test_ws_g_tma_smem_formula():
     from lowprec_moe.cuda import gemm_smem as S
 
     src = (Path(__file__).resolve().parents[1] / "raw_kernels"
-           / "grouped_gemm_ws_ragged.cuh").read_text()
+           / "grouped_gemm_ws_ragged_tma.cuh").read_text()
     assert int(re.search(r"constexpr int AHEAD = (\d+),", src).group(1)) == S.WS_G_TMA_AHEAD
     stage = (64 * 32 + 64 * 48 + 128 * 4) + (128 * 32 + 128 * 48 + 256 * 4)
     assert stage == 16896

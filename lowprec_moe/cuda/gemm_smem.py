@@ -72,13 +72,13 @@ def _ws_smem_bytes(a_kind: int, b_kind: int) -> int:
 
 
 #: k-tiles requested ahead by the ragged NVFP4 kernel's TMA build (WsgTmaLayout::AHEAD in
-#: raw_kernels/grouped_gemm_ws_ragged.cuh)
+#: raw_kernels/grouped_gemm_ws_ragged_tma.cuh)
 WS_G_TMA_AHEAD = 2
 
 
 def _ws_g_tma_smem_bytes() -> int:
     """Dynamic shared memory of the ragged NVFP4 kernel's TMA build (``_kk_h``;
-    ws_g_tma_smem_bytes in raw_kernels/grouped_gemm_ws_ragged.cuh): WS_G_TMA_AHEAD +
+    ws_g_tma_smem_bytes in raw_kernels/grouped_gemm_ws_ragged_tma.cuh): WS_G_TMA_AHEAD +
     WS_CANON_BUFFERS stages -- per operand its even rows' k-tile boxes (32 bytes a row), its odd
     rows' (48) and its block scales -- rounded up to 1 KiB, the canonical B buffers (the
     epilogue is staged in one), alignment."""
