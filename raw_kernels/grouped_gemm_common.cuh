@@ -108,8 +108,9 @@
 //                             threads (LPM_GG_DEFINE_WS_P) or gemm_ws_n256's 384
 //                             (LPM_GG_DEFINE_WS_NP)
 //   grouped_gemm_ws_mx_persist.cuh  the persistent form of gemm_ws_mx, gemm_ws_mx_p (the
-//                             producers check the next tile's window; epilogue from
-//                             registers), and LPM_GG_DEFINE_WS_MX_P
+//                             producers check the next tile's window; copies 2 k-tiles
+//                             ahead; epilogue from registers through each consumer warp's
+//                             own staging buffer), and LPM_GG_DEFINE_WS_MX_P
 //   grouped_gemm_ws_mx_ragged.cuh  its ragged form for wgrad of uneven experts, gemm_ws_mx_g
 //                             (a balanced tile list; LPM_GG_DEFINE_WS_MX_G)
 //   grouped_gemm_ws_ragged.cuh  the ragged persistent form of gemm_ws's cp.async build,

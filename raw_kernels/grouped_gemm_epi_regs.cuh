@@ -203,6 +203,23 @@ __device__ __forceinline__ void reg_epi(const Epilogue& ep, unsigned buf, unsign
 #undef LPM_GG_REG_EPI
 }
 
+// reg_epi without scaling (ep.scale_mode == 0, which the caller checked): the persistent MXFP8
+// kernels allow nothing else, and inlining the two output types' epilogues instead of all six
+// variants into each of their k-loop builds keeps their code smaller.
+template <int NI, bool PAIRED, int CNI>
+__device__ __forceinline__ void reg_epi_unscaled(const Epilogue& ep, unsigned buf,
+                                                 const float* accf, int wm0, int lane,
+                                                 long long r0, long long c0, int rows_valid,
+                                                 int cols_valid) {
+    if (ep.out_type == OUT_BF16) {
+        reg_epi_t<NI, PAIRED, CNI, OUT_BF16, 0>(ep, buf, 0u, accf, wm0, lane, r0, c0, rows_valid,
+                                                cols_valid);
+    } else {
+        reg_epi_t<NI, PAIRED, CNI, OUT_F16, 0>(ep, buf, 0u, accf, wm0, lane, r0, c0, rows_valid,
+                                               cols_valid);
+    }
+}
+
 }  // namespace lpm_gg
 
 #endif  // LPM_GROUPED_GEMM_EPI_REGS_CUH

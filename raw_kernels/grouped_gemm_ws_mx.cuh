@@ -158,7 +158,7 @@ __device__ __forceinline__ void gemm_ws_mx(LPM_GG_PARAMS, const TmaMap* tm_a, co
         const int t = static_cast<int>(threadIdx.x) - kWsConsumers;
         const int bias_b = mx_s_max(eb5) + LPM_FP16_EXP_BIAS;
         auto refill = [&](int kt) {
-            wmx_refill(kt, KT, NG, leader, bbar, sbar, issue_data, issue_scales);
+            wmx_refill<L>(kt, KT, NG, leader, bbar, sbar, issue_data, issue_scales);
         };
         wmx_produce_b<BMN, L>(t, KT, s0, cols_valid, bias_b, exps_b, f16m, eb5, refill, 0);
         return;

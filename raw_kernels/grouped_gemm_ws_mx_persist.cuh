@@ -20,10 +20,16 @@
 //     the tile's start (A's factors) and end (rescale). A slot is rewritten two tiles later,
 //     once the consumers have handed back a k-tile of the tile between (KT >= 4: the EMPTY
 //     barrier the producers pass before that).
-//   * At a tile's end the consumers retire their wgmma, rescale (fp16 window) and run the
-//     register epilogue (reg_epi, 64 columns at a time) through the last k-tile's canonical
-//     buffer, which they hand back only afterwards; the producers meanwhile widen the next
-//     tile's first two k-tiles into the other two.
+//   * At a tile's end the consumers retire their wgmma, hand back the last k-tile's canonical
+//     buffer, rescale (fp16 window) and run the register epilogue (reg_epi, 64 columns at a
+//     time) through each warp's own staging buffer; the producers meanwhile widen the next
+//     tile's first three k-tiles. (Staged through the last canonical buffer, which went back
+//     only after the epilogue, the producers sat idle for ~4.5 us of a ~15 us tile:
+//     benchmarks/RESULTS.md. The staging buffers take the space of one B stage: the copies
+//     are requested kWmxPAhead = 2 k-tiles ahead instead of 3.) The launcher allows no
+//     output scaling, so the epilogue is reg_epi_unscaled: two variants inlined per k-loop
+//     build instead of reg_epi's six, which halved the module's code and measured 1-6 %
+//     faster.
 // Conditions (the launcher's): those of gemm_ws_mx's TMA build, one contraction length for
 // every expert of whole k-tiles (no tail: wmx_consume<..., TAIL = false>), a whole, nonzero
 // number of scale groups (kWmxScaleTiles k-tiles) per tile, 16-bit
@@ -50,23 +56,24 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
                                              const TmaMap* tm_as, const TmaMap* tm_bs,
                                              LPM_GG_MX_RANGE_PARAMS, int num_tiles) {
     constexpr int BM = 128, BN = 256;
-    constexpr int NSA = kWmxAStages, NSB = kWmxBStages, NCB = kWmxCanonBuffers;
-    constexpr int AHEAD = kWmxAhead, NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
-    using L = WmxLayout<AMN, BMN>;
+    using L = WmxLayout<AMN, BMN, kWmxPAhead>;
+    constexpr int NSA = L::NSA, NSB = L::NSB, NCB = kWmxCanonBuffers, AHEAD = L::AHEAD;
+    constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
     constexpr int SMEM = ws_mx_p_smem_bytes();
-    // window slots (codes of A's rows, of B's columns, their range over the tile)
-    constexpr int T_WIN = L::T_EXPS;
-    constexpr int W_RANGE = BM + BN;
+    // the consumer warps' epilogue staging buffers, then the window slots (codes of A's rows,
+    // of B's columns, their range over the tile)
     constexpr int EPI_B = reg_epi_bytes<BN / 4>();  // a consumer warp's staging buffer
+    constexpr int T_EPI = L::T_EXPS, T_WIN = T_EPI + kWmxEpiStaging;
+    constexpr int W_RANGE = BM + BN;
     static_assert(T_WIN + 2 * kWmxWinSlot + 1024 == SMEM && SMEM <= kMaxSmem &&
-                      W_RANGE + 16 <= kWmxWinSlot && kWmxWinSlot % 16 == 0,
-                  "shared memory: gemm_ws_mx's buffers, then the window slots");
-    static_assert((kWsConsumers / 32) * EPI_B <= L::CANON_B,
-                  "the consumer warps' staging buffers in one canonical buffer");
-    static_assert(WS_BAR_WIN < 16 && NSA == AHEAD + NCB && NSB == AHEAD + 1 && SGT > NCB,
-                  "named barriers; the pipeline of gemm_ws_mx; a slot is reused after a k-tile "
-                  "of the tile between is handed back");
+                      W_RANGE + 16 <= kWmxWinSlot && kWmxWinSlot % 16 == 0 && T_EPI % 16 == 0,
+                  "shared memory: gemm_ws_mx's buffers, the staging buffers, the window slots");
+    static_assert((kWsConsumers / 32) * EPI_B == kWmxEpiStaging,
+                  "one staging buffer per consumer warp");
+    static_assert(WS_BAR_WIN < 16 && SGT > NCB,
+                  "named barriers; a slot is reused after a k-tile of the tile between is "
+                  "handed back");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned s0;
@@ -113,8 +120,8 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
         const int bias_b = mx_s_max(eb5) + LPM_FP16_EXP_BIAS;
         const bool f16m = launch_f16(KT);
         // The leader's tensor-map rows of tiles ti (at ti % 2) and ti + 1, ti the data stream's
-        // tile (gemm_ws_p's scheme: the scale stream runs 3 k-tiles ahead of the data stream
-        // and, with KT >= SGT, is in tile ti or ti + 1).
+        // tile (gemm_ws_p's scheme: the scale stream runs SGT - NCB + 1 - AHEAD = 4 k-tiles
+        // ahead of the data stream and, with KT >= SGT, is in tile ti or ti + 1).
         __shared__ WmxRows rows_of[2];
         auto rows_at = [&](int ti) {
             const CtaTile tl = tile_at(T0 + ti * TS);
@@ -146,7 +153,7 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
         }
         // gemm_ws_mx's refill on the sequence index j
         auto refill = [&](int j) {
-            wmx_refill(j, J, NG, leader, bbar, sbar, issue_data, issue_scales);
+            wmx_refill<L>(j, J, NG, leader, bbar, sbar, issue_data, issue_scales);
         };
         for (int ti = 0; ti < my_tiles; ++ti) {
             const CtaTile tl = tile_at(T0 + ti * TS);
@@ -197,22 +204,20 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
             const unsigned fkb = H ? mx_window_row(w[fr.ra1], bias_a) : 0u;
             wmx_consume<AMN, BMN, L, H, decltype(e5)::value, NI * 4, false>(
                 accf, fr, s0, abar, sbar, 0u, nullptr, fka, fkb, j, j + KT, J);
+            const CtaTile tl = tile_at(T0 + ti * TS);
+            ep.out_off = tl.d[D_OUT_OFF];
             wg_wait0();
             wg_fence_acc<NI * 4>(accf);
+            // the last k-tile's canonical buffer goes back to the producers before the
+            // epilogue, which stages through the warp's own buffer
+            if (j + KT - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j + KT - 1) % NCB, kWsThreads);
             if constexpr (H) {
                 mx_rescale<1, NI, AMN>(accf, w, w + BM, mx_rescale_shift(ea5, eb5), fr.wm0, 0,
                                        fr.lane, reinterpret_cast<const unsigned*>(w + W_RANGE));
             }
-            // every consumer's wgmma retired: the last k-tile's canonical buffer takes the
-            // warps' staging buffers, and goes back to the producers after the epilogue
-            named_sync(WS_BAR_EPI, kWsConsumers);
-            const CtaTile tl = tile_at(T0 + ti * TS);
-            ep.out_off = tl.d[D_OUT_OFF];
-            const int cb = (j + KT - 1) % NCB;
-            const unsigned buf = s0 + L::T_CANON + cb * L::CANON_B + (threadIdx.x >> 5) * EPI_B;
-            reg_epi<NI, AMN, NI / 4>(ep, buf, 0u, accf, fr.wm0, fr.lane, tl.r0, tl.c0,
-                                     tl.rows_valid<BM>(), tl.cols_valid<BN>());
-            if (j + KT - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + cb, kWsThreads);
+            reg_epi_unscaled<NI, AMN, NI / 4>(ep, s0 + T_EPI + (threadIdx.x >> 5) * EPI_B, accf,
+                                     fr.wm0, fr.lane, tl.r0, tl.c0, tl.rows_valid<BM>(),
+                                     tl.cols_valid<BN>());
         }
     };
     with_flags(launch_f16(KT), ea5, tiles_loop);

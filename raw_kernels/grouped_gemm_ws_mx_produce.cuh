@@ -15,19 +15,24 @@
 
 namespace lpm_gg {
 
-// Byte offsets from the kernel's shared-memory base: A's raw ring (kWmxAStages stages), B's
-// (kWmxBStages), kWmxCanonBuffers canonical B buffers, kWmxScaleSlots scale slots (A's rows,
-// then B's at T_SB), then the tile's row and column maxima of the block codes (T_EXPS).
-template <bool AMN, bool BMN>
+// Byte offsets from the kernel's shared-memory base: A's raw ring (NSA = kWmxAStages stages),
+// B's (NSB = AHEAD_ + 1: the data copies are requested AHEAD_ k-tiles ahead, kWmxAhead in
+// gemm_ws_mx, kWmxPAhead in the persistent forms), kWmxCanonBuffers canonical B buffers,
+// kWmxScaleSlots scale slots (A's rows, then B's at T_SB), then the tile's row and column
+// maxima of the block codes (T_EXPS).
+template <bool AMN, bool BMN, int AHEAD_ = kWmxAhead>
 struct WmxLayout {
     static constexpr int BM = 128, BN = 256;
+    static constexpr int AHEAD = AHEAD_, NSA = kWmxAStages, NSB = AHEAD_ + 1;
+    static_assert(AHEAD >= 2 && NSA >= AHEAD + kWmxCanonBuffers,
+                  "A's stage holds its k-tile until the consumers retire it");
     static constexpr int T_DA =  // 128 rows x 64 bytes or 64 lines x 128
         raw_data_bytes(AMN ? KIND_FP8_MN : KIND_FP8_K, BM);
     static constexpr int T_DB =  // 256 rows x 64 bytes or 2 x 64 x 128
         raw_data_bytes(BMN ? KIND_FP8_MN : KIND_FP8_K, BN);
     static constexpr int T_B0 = kWmxAStages * T_DA;  // A's ring, then B's
     static constexpr int CANON_B = canon_bytes(BN);
-    static constexpr int T_CANON = T_B0 + kWmxBStages * T_DB;
+    static constexpr int T_CANON = T_B0 + NSB * T_DB;
     static constexpr int T_SLD = kWmxScaleTiles * (kBK / LPM_MXFP8_BLOCK);  // scale bytes per row
     static constexpr int T_SC = T_CANON + kWmxCanonBuffers * CANON_B;
     static constexpr int T_SLOT = ws_mx_scale_slot_bytes();
@@ -61,7 +66,7 @@ template <bool AMN, bool BMN, class L>
 __device__ __forceinline__ void wmx_issue_data(unsigned s0, unsigned abar, unsigned bbar, int j,
                                                int kt, const WmxRows& rw, const TmaMap* tm_a,
                                                const TmaMap* tm_b) {
-    constexpr int NSA = kWmxAStages, NSB = kWmxBStages;
+    constexpr int NSA = L::NSA, NSB = L::NSB;
     const unsigned sa = s0 + (j % NSA) * L::T_DA, ba = abar + 8 * (j % NSA);
     const unsigned sb = s0 + L::T_B0 + (j % NSB) * L::T_DB, bb = bbar + 8 * (j % NSB);
     mbar_arrive_expect_tx(ba, L::T_DA);
@@ -110,26 +115,28 @@ __device__ __forceinline__ void wmx_issue_scales(unsigned s0, unsigned sbar, int
 // (issue_scales); every producer waits for k-tile j's B data and block scales.
 // Its two ends, shared with the ragged form: the barrier that frees k-tile j's ring positions,
 // and the waits for k-tile j's B data and scale group g.
+template <class L>
 __device__ __forceinline__ void wmx_refill_sync(int j) {
-    constexpr int NSB = kWmxBStages, NCB = kWmxCanonBuffers, AHEAD = kWmxAhead;
+    constexpr int NSB = L::NSB, NCB = kWmxCanonBuffers, AHEAD = L::AHEAD;
     if (j >= NCB) {
         named_sync(WS_BAR_EMPTY + j % NCB, kWsThreads);
     } else if (j + AHEAD >= NSB) {
         named_sync(WS_BAR_PROD, kWsProducers);
     }
 }
+template <class L>
 __device__ __forceinline__ void wmx_refill_wait(int j, int g, unsigned bbar, unsigned sbar) {
-    constexpr int NSB = kWmxBStages, NSG = kWmxScaleSlots;
+    constexpr int NSB = L::NSB, NSG = kWmxScaleSlots;
     mbar_wait(bbar + 8 * (j % NSB), static_cast<unsigned>(j / NSB) & 1u);
     mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
 }
-template <class IssueData, class IssueScales>
+template <class L, class IssueData, class IssueScales>
 __device__ __forceinline__ void wmx_refill(int j, int J, int NG, bool leader, unsigned bbar,
                                            unsigned sbar, const IssueData& issue_data,
                                            const IssueScales& issue_scales) {
-    constexpr int NCB = kWmxCanonBuffers, AHEAD = kWmxAhead;
+    constexpr int NCB = kWmxCanonBuffers, AHEAD = L::AHEAD;
     constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
-    wmx_refill_sync(j);
+    wmx_refill_sync<L>(j);
     if (leader) {
         if (j + AHEAD < J) issue_data(j + AHEAD);
         // group g's slot last held group g - NSG, whose last k-tile SGT (g - NSG + 1) - 1 is
@@ -137,7 +144,7 @@ __device__ __forceinline__ void wmx_refill(int j, int J, int NG, bool leader, un
         const int q = j - NCB + 1;
         if (q > 0 && q % SGT == 0 && q / SGT + NSG - 1 < NG) issue_scales(q / SGT + NSG - 1);
     }
-    wmx_refill_wait(j, j / SGT, bbar, sbar);
+    wmx_refill_wait<L>(j, j / SGT, bbar, sbar);
 }
 
 // A last k-tile j (scale group g of the sequence, place pos in it) that ends early, tail < 64
@@ -188,7 +195,7 @@ __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int co
                                               int j0, int q0 = 0, unsigned abar = 0u,
                                               unsigned tail = kBK) {
     static_assert(!RAG || BMN, "the ragged form is wgrad's (both operands MN-major)");
-    constexpr int BN = L::BN, NSB = kWmxBStages, NCB = kWmxCanonBuffers;
+    constexpr int BN = L::BN, NSB = L::NSB, NCB = kWmxCanonBuffers;
     constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     constexpr int T_B0 = L::T_B0, T_DB = L::T_DB, CANON_B = L::CANON_B, T_CANON = L::T_CANON;
     constexpr int T_SLD = L::T_SLD, T_SC = L::T_SC, T_SLOT = L::T_SLOT, T_SB = L::T_SB;

@@ -88,22 +88,21 @@ __device__ __forceinline__ void gemm_ws_mx_g(LPM_GG_PARAMS, const TmaMap* tm_a, 
                                              const TmaMap* tm_as, const TmaMap* tm_bs,
                                              LPM_GG_MX_RANGE_PARAMS, int num_tiles) {
     constexpr int BM = 128, BN = 256;
-    constexpr int NSA = kWmxAStages, NSB = kWmxBStages, NCB = kWmxCanonBuffers;
-    constexpr int AHEAD = kWmxAhead, NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
+    using L = WmxLayout<AMN, BMN, kWmxPAhead>;  // gemm_ws_mx_p's pipeline and buffers
+    constexpr int NSA = L::NSA, NSB = L::NSB, NCB = kWmxCanonBuffers, AHEAD = L::AHEAD;
+    constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     constexpr int NW = kWmxGWinSlots;
-    using L = WmxLayout<AMN, BMN>;
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
     constexpr int SMEM = ws_mx_g_smem_bytes();
-    constexpr int T_WIN = L::T_EXPS;
+    constexpr int EPI_B = reg_epi_bytes<BN / 4>();  // a consumer warp's staging buffer
+    constexpr int T_EPI = L::T_EXPS, T_WIN = T_EPI + kWmxEpiStaging;
     constexpr int W_RANGE = BM + BN;
-    constexpr int EPI_B = reg_epi_bytes<BN / 4>();
     static_assert(AMN && BMN, "wgrad: both operands MN-major");
     static_assert(T_WIN + NW * kWmxWinSlot + 1024 == SMEM && SMEM <= kMaxSmem &&
                       W_RANGE + 16 <= kWmxWinSlot && (NW & (NW - 1)) == 0,
-                  "shared memory: gemm_ws_mx's buffers, then the window slots");
-    static_assert((kWsConsumers / 32) * EPI_B <= L::CANON_B,
-                  "the consumer warps' staging buffers in one canonical buffer");
-    static_assert(NSA == AHEAD + NCB && NSB == AHEAD + 1, "the pipeline of gemm_ws_mx");
+                  "shared memory: gemm_ws_mx's buffers, the staging buffers, the window slots");
+    static_assert((kWsConsumers / 32) * EPI_B == kWmxEpiStaging,
+                  "one staging buffer per consumer warp");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned s0;
@@ -230,12 +229,12 @@ __device__ __forceinline__ void gemm_ws_mx_g(LPM_GG_PARAMS, const TmaMap* tm_a, 
         }
         // gemm_ws_mx's refill on the sequence index j, k-tile j in scale group gq
         auto refill = [&](int j, int gq) {
-            wmx_refill_sync(j);
+            wmx_refill_sync<L>(j);
             if (leader) {
                 if (j + AHEAD < J) issue_data(j + AHEAD);
                 request_scales(gq);
             }
-            wmx_refill_wait(j, gq, bbar, sbar);
+            wmx_refill_wait<L>(j, gq, bbar, sbar);
         };
         for (int ti = 0; ti < my_tiles; ++ti) {
             const WmxGEntry e = entry(ti);
@@ -296,22 +295,20 @@ __device__ __forceinline__ void gemm_ws_mx_g(LPM_GG_PARAMS, const TmaMap* tm_a, 
             wmx_consume<AMN, BMN, L, H, decltype(e5)::value, NI * 4, false, true>(
                 accf, fr, s0, abar, sbar, 0u, nullptr, fka, fkb, j, j + KT, J, q * SGT - j);
             mbar_arrive(sfree + 8 * ((q + (KT - 1) / SGT) % NSG));  // the tile's last group
+            const WmxGEntry e = entry(ti);
             wg_wait0();
             wg_fence_acc<NI * 4>(accf);
+            // the last k-tile's canonical buffer goes back before the epilogue (which stages
+            // through the warp's own buffer), as in gemm_ws_mx_p
+            if (j + KT - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j + KT - 1) % NCB, kWsThreads);
             if constexpr (H) {
                 mx_rescale<1, NI, AMN>(accf, w, w + BM, mx_rescale_shift(ea5, eb5), fr.wm0, 0,
                                        fr.lane, reinterpret_cast<const unsigned*>(w + W_RANGE));
             }
             warp_arrive(wempty + 8 * (ti & (NW - 1)));  // done with the window slot
-            // every consumer's wgmma retired: the last k-tile's canonical buffer takes the
-            // warps' staging buffers, and goes back to the producers after the epilogue
-            named_sync(WS_BAR_EPI, kWsConsumers);
-            const WmxGEntry e = entry(ti);
             ep.out_off = e.out_off;
-            const int cb = (e.j0 + e.kt - 1) % NCB;
-            const unsigned buf = s0 + L::T_CANON + cb * L::CANON_B + (threadIdx.x >> 5) * EPI_B;
-            reg_epi<NI, AMN, NI / 4>(ep, buf, 0u, accf, fr.wm0, fr.lane, e.r0, e.c0, e.rv, e.cv);
-            if (e.j0 + e.kt - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + cb, kWsThreads);
+            reg_epi_unscaled<NI, AMN, NI / 4>(ep, s0 + T_EPI + (threadIdx.x >> 5) * EPI_B, accf,
+                                     fr.wm0, fr.lane, e.r0, e.c0, e.rv, e.cv);
         }
     };
     with_flags(f16m, ea5, tiles_loop);

@@ -75,9 +75,11 @@ def test_ws_mx_smem_formula():
 
 
 def test_ws_mx_p_smem_formula():
-    """The persistent MXFP8 kernel (mirrors ws_mx_p_smem_bytes): the per-tile kernel's raw
-    stages, canonical buffers and scale slots, two window slots (128 + 256 codes and their
-    range, padded to 416 bytes), 1 KiB alignment; the slot size agrees with the kernel
+    """The persistent MXFP8 kernel (mirrors ws_mx_p_smem_bytes): the per-tile kernel's A
+    stages, one B stage fewer (copies 2 k-tiles ahead), its canonical buffers and scale slots,
+    the 8 consumer warps' staging buffers (16 rows x 64 columns of 16-bit values, rows padded to
+    144 bytes), two window slots (128 + 256 codes and their range, padded to 416 bytes), 1 KiB
+    alignment; the slot size and the new constants agree with the kernel
     header; under the opt-in limit with the 1 KiB of static shared memory."""
     from lowprec_moe.cuda import gemm as C
     from lowprec_moe.cuda import gemm_smem as S
@@ -86,9 +88,12 @@ def test_ws_mx_p_smem_formula():
            / "grouped_gemm_base.cuh").read_text()
     assert re.search(r"constexpr int kWmxWinSlot = 128 \+ 256 \+ 32;", src)
     assert S.WMX_WIN_SLOT == 416
+    assert re.search(r"constexpr int kWmxPAhead = 2;", src)
+    assert re.search(r"constexpr int kWmxEpiStaging = 8 \* 16 \* \(2 \* 64 \+ 16\);", src)
+    assert (S.WMX_P_AHEAD, S.WMX_EPI_STAGING) == (2, 8 * 16 * (2 * 64 + 16))
     mx = C._ws_mx_p_smem_bytes()
-    assert mx == (6 * 128 * 64 + 4 * 256 * 64 + 3 * 256 * 128 + 2 * (128 + 256) * 16
-                  + 2 * 416 + 1024)
+    assert mx == (6 * 128 * 64 + 3 * 256 * 64 + 3 * 256 * 128 + 2 * (128 + 256) * 16
+                  + 8 * 16 * 144 + 2 * 416 + 1024)
     assert mx + 1024 <= C.MAX_SMEM
 
 

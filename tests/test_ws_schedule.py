@@ -40,8 +40,9 @@ def _mxfp8_group(kt, sgt, nsg, ncb, ng):
     return None
 
 
-def _emulate(kt_count, ahead, ncb, sgt, nsg, prologue_groups, rule, b_stages=None):
-    nst = ahead + ncb
+def _emulate(kt_count, ahead, ncb, sgt, nsg, prologue_groups, rule, b_stages=None,
+             a_stages=None):
+    nst = ahead + ncb if a_stages is None else a_stages
     ng = -(-kt_count // sgt)
     stage, slot, issued, b_stage = {}, {}, set(), {}
 
@@ -83,7 +84,7 @@ def _emulate(kt_count, ahead, ncb, sgt, nsg, prologue_groups, rule, b_stages=Non
     assert issued == set(range(ng)), (kt_count, issued)
 
 
-@pytest.mark.parametrize("kernel", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize("kernel", ["nvfp4", "mxfp8", "mxfp8-persistent"])
 def test_ws_tma_copy_schedule(kernel):
     if kernel == "nvfp4":
         # the rule of ws_fp4_produce, whose k-tile index runs over one tile (gemm_ws) or over
@@ -109,9 +110,21 @@ def test_ws_tma_copy_schedule(kernel):
         assert_source_has("grouped_gemm_ws_mx_produce.cuh", "} else if (j + AHEAD >= NSB) {")
         params = (C.WMX_AHEAD, C.WMX_CANON_BUFFERS, C.WMX_SCALE_TILES, C.WMX_SCALE_SLOTS,
                   C.WMX_SCALE_SLOTS, _mxfp8_group, C.WMX_B_STAGES)
+        if kernel == "mxfp8-persistent":
+            # gemm_ws_mx_p / _g (its k-tile sequence runs over the CTA's tiles): copies
+            # WMX_P_AHEAD ahead, B's ring one stage more, A's ring as the per-tile kernel's
+            assert_source_has("grouped_gemm_ws_mx_persist.cuh",
+                               "using L = WmxLayout<AMN, BMN, kWmxPAhead>;")
+            assert_source_has("grouped_gemm_ws_mx_produce.cuh",
+                               "static constexpr int AHEAD = AHEAD_, NSA = kWmxAStages, "
+                               "NSB = AHEAD_ + 1;")
+            params = params[:-1] + (C.WMX_P_AHEAD + 1,)
+            params = (C.WMX_P_AHEAD,) + params[1:]
     ahead, ncb, sgt, nsg, pro, rule, b_stages = params
+    a_stages = C.WMX_A_STAGES if kernel.startswith("mxfp8") else None
     for kt_count in range(1, 40 * sgt + 1):
-        _emulate(kt_count, ahead, ncb, sgt, nsg, pro, rule, b_stages=b_stages)
+        _emulate(kt_count, ahead, ncb, sgt, nsg, pro, rule, b_stages=b_stages,
+                 a_stages=a_stages)
 
 
 def test_emulation_catches_a_late_slot():

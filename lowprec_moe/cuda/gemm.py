@@ -59,7 +59,8 @@ from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     _flat_amax, descriptors, kernel_module, plan, tile_table)
 from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
     EPI_COL_TABLE, EPI_WARP_LD, MAX_SMEM, WMX_A_STAGES, WMX_AHEAD, WMX_B_STAGES,
-    WMX_CANON_BUFFERS, WMX_G_WIN_SLOTS, WMX_SCALE_SLOTS, WMX_SCALE_TILES,
+    WMX_CANON_BUFFERS, WMX_EPI_STAGING, WMX_G_WIN_SLOTS, WMX_P_AHEAD, WMX_SCALE_SLOTS,
+    WMX_SCALE_TILES,
     WS_SCALE_SLOTS, WS_SCALE_TILES, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes, _smem_bytes,
     _swap_smem_bytes, _ws_g_tma_smem_bytes, _ws_mx_g_smem_bytes, _ws_mx_p_smem_bytes,
     _ws_mx_smem_bytes,

@@ -153,30 +153,34 @@ def _ws_mx_smem_bytes() -> int:
     return max(main, _epi_bytes(bm, bn)) + 1024
 
 
-#: the persistent MXFP8 kernel's two window slots (a tile's rows' and columns' largest block
-#: codes and their range; kWmxWinSlot)
+#: the persistent MXFP8 kernels' window slots (a tile's rows' and columns' largest block codes
+#: and their range; kWmxWinSlot): two, or kWmxGWinSlots in the ragged form (a ring with full /
+#: empty mbarriers)
 WMX_WIN_SLOT = 128 + 256 + 32
-
-
-def _ws_mx_p_smem_bytes() -> int:
-    """Dynamic shared memory of the persistent warp-specialised MXFP8 kernel (ws_mx_p_smem_bytes
-    in raw_kernels/grouped_gemm_base.cuh): the raw stages, canonical buffers and scale slots of
-    the per-tile kernel, two window slots, alignment (its epilogue stages through a canonical
-    buffer)."""
-    bm, bn = CONFIGS["x"]
-    stages = (WMX_A_STAGES * bm + WMX_B_STAGES * bn) * BK
-    slots = WMX_SCALE_SLOTS * (bm + bn) * WMX_SCALE_TILES * BK // F.MXFP8_BLOCK
-    return stages + WMX_CANON_BUFFERS * _canon(bn) + slots + 2 * WMX_WIN_SLOT + 1024
-
-
-#: window slots of its ragged form (kWmxGWinSlots: a ring with full / empty mbarriers)
 WMX_G_WIN_SLOTS = 4
+#: the persistent MXFP8 kernels request copies kWmxPAhead k-tiles ahead (B's ring: one stage
+#: more) and give each consumer warp its own epilogue staging buffer (kWmxEpiStaging: 8 warps x
+#: 16 rows x 64 16-bit columns, rows padded by 16 bytes)
+WMX_P_AHEAD = 2
+WMX_EPI_STAGING = 8 * 16 * (2 * 64 + 16)
+
+
+def _ws_mx_p_smem_bytes(win_slots: int = 2) -> int:
+    """Dynamic shared memory of the persistent warp-specialised MXFP8 kernel (ws_mx_p_smem_bytes
+    in raw_kernels/grouped_gemm_base.cuh): WMX_A_STAGES raw A tiles, WMX_P_AHEAD + 1 raw B tiles,
+    the canonical buffers and scale slots of the per-tile kernel, the consumer warps' staging
+    buffers, `win_slots` window slots, alignment."""
+    bm, bn = CONFIGS["x"]
+    stages = (WMX_A_STAGES * bm + (WMX_P_AHEAD + 1) * bn) * BK
+    slots = WMX_SCALE_SLOTS * (bm + bn) * WMX_SCALE_TILES * BK // F.MXFP8_BLOCK
+    return (stages + WMX_CANON_BUFFERS * _canon(bn) + slots + WMX_EPI_STAGING
+            + win_slots * WMX_WIN_SLOT + 1024)
 
 
 def _ws_mx_g_smem_bytes() -> int:
     """Dynamic shared memory of the ragged persistent MXFP8 wgrad kernel (ws_mx_g_smem_bytes):
     the persistent kernel's, with ``WMX_G_WIN_SLOTS`` window slots instead of two."""
-    return _ws_mx_p_smem_bytes() + (WMX_G_WIN_SLOTS - 2) * WMX_WIN_SLOT
+    return _ws_mx_p_smem_bytes(WMX_G_WIN_SLOTS)
 
 
 def _swap_smem_bytes(x_kind: int, w_kind: int, wide: bool = False) -> int:
