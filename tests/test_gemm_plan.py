@@ -60,7 +60,7 @@ def _emulate(p, bm, bn):
     include = pl.rows > 0
     if pl.zero_if_empty and p.accumulate:
         include &= pl.length > 0
-    tiles = C.tile_table(pl.rows, include, bm)
+    tiles = C.tile_table(pl.rows, include, bm, pl.length)  # as the launcher orders them
     out = np.full(int(np.prod(p.out_shape)), np.nan, dtype=np.float64)
     written = np.zeros(out.shape, dtype=np.int64)
     n_ct = -(-pl.n_cols // bn)
@@ -227,3 +227,22 @@ def test_kernel_constants_match_sources():
     stages = re.search(r"swap_rs\(xkind, wkind\) \? (\d+) : (\d+);", src)
     assert (int(stages.group(1)), int(stages.group(2))) == (C.SWAP_STAGES["nvfp4"],
                                                             C.SWAP_STAGES["mxfp8"])
+
+
+def test_tile_table_longest_contraction_first():
+    """With the experts' contraction lengths (K-grouped wgrad), the tile table lists the same
+    entries, longest contraction first and in expert order among equal lengths; without them,
+    in expert order. Experts not included (no rows, or excluded) get no entries."""
+    from lowprec_moe.cuda import gemm as C
+
+    rows = np.array([256, 0, 130, 128, 128])
+    include = rows > 0
+    include[4] = False
+    length = np.array([64, 999, 640, 64, 4096])
+    plain = C.tile_table(rows, include, 128)
+    assert plain.tolist() == [[0, 0], [0, 1], [2, 0], [2, 1], [3, 0]]
+    lpt = C.tile_table(rows, include, 128, length)
+    assert lpt.dtype == np.int32 and lpt.shape == plain.shape
+    assert lpt.tolist() == [[2, 0], [2, 1], [0, 0], [0, 1], [3, 0]]
+    assert C.tile_table(rows, include, 128, np.full(5, 7)).tolist() == plain.tolist()
+    assert C.tile_table(rows[:0], include[:0], 128, length[:0]).shape == (0, 2)

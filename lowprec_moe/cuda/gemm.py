@@ -188,7 +188,7 @@ def _prepare(p, arrays):
             launch.grid_cap, desc, launch.bm, launch.bn, pl.n_cols, n_col_tiles)
         grid = tiles.shape[0]
     else:
-        tiles = tile_table(pl.rows, include, launch.bm)
+        tiles = tile_table(pl.rows, include, launch.bm, pl.length)
         grid = tiles.shape[0] * n_col_tiles
     if grid >= 2**31:
         raise ValueError(f"problem too large: {grid} CTAs")

@@ -237,11 +237,23 @@ def descriptors(pl: Plan) -> np.ndarray:
     return d
 
 
-def tile_table(rows: np.ndarray, include: np.ndarray, bm: int) -> np.ndarray:
-    """int32 ``[entries, 2]``: (expert, row tile) for every row tile of every included expert."""
+def tile_table(rows: np.ndarray, include: np.ndarray, bm: int,
+               length: np.ndarray | None = None) -> np.ndarray:
+    """int32 ``[entries, 2]``: (expert, row tile) for every row tile of every included expert.
+
+    In expert order, or with ``length`` (the contraction length per expert, K-grouped wgrad of
+    uneven experts) longest contraction first, expert order among equals: the hardware starts
+    CTAs in index order as multiprocessors free up, so the longest tiles start first and the
+    short ones fill in at the end (longest-processing-time-first: a largest expert started late
+    leaves most multiprocessors idle while its tiles finish; benchmarks/RESULTS.md). Each tile
+    is computed alike wherever it runs: the results do not depend on the order.
+    """
     nrt = np.where(include, _cdiv(rows, bm), 0).astype(np.int64)
     g = np.repeat(np.arange(len(rows), dtype=np.int64), nrt)
     t = np.arange(int(nrt.sum()), dtype=np.int64) - np.repeat(np.cumsum(nrt) - nrt, nrt)
+    if length is not None and len(g):
+        order = np.argsort(-np.asarray(length, np.int64)[g], kind="stable")
+        g, t = g[order], t[order]
     return np.stack([g, t], axis=1).astype(np.int32).reshape(-1, 2)
 
 
