@@ -295,7 +295,7 @@ __device__ __forceinline__ void gemm_ws_mx_g(LPM_GG_PARAMS, const TmaMap* tm_a, 
             wmx_consume<AMN, BMN, L, H, decltype(e5)::value, NI * 4, false, true>(
                 accf, fr, s0, abar, sbar, 0u, nullptr, fka, fkb, j, j + KT, J, q * SGT - j);
             mbar_arrive(sfree + 8 * ((q + (KT - 1) / SGT) % NSG));  // the tile's last group
-            const WmxGEntry e = entry(ti);
+            const WmxGEntry e = entry(ti);  // (read before the drain: the loads overlap it)
             wg_wait0();
             wg_fence_acc<NI * 4>(accf);
             // the last k-tile's canonical buffer goes back before the epilogue (which stages
@@ -308,7 +308,7 @@ __device__ __forceinline__ void gemm_ws_mx_g(LPM_GG_PARAMS, const TmaMap* tm_a, 
             warp_arrive(wempty + 8 * (ti & (NW - 1)));  // done with the window slot
             ep.out_off = e.out_off;
             reg_epi_unscaled<NI, AMN, NI / 4>(ep, s0 + T_EPI + (threadIdx.x >> 5) * EPI_B, accf,
-                                     fr.wm0, fr.lane, e.r0, e.c0, e.rv, e.cv);
+                                              fr.wm0, fr.lane, e.r0, e.c0, e.rv, e.cv);
         }
     };
     with_flags(f16m, ea5, tiles_loop);

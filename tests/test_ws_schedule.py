@@ -13,7 +13,9 @@ issue rules written in the sources:
   consumer reads it, and stays until the consumers retired it;
 * MXFP8, whose B tiles have a ring of their own (kWmxBStages = kWmxAhead + 1, refilled once
   every producer has widened the stage's tile, iteration kt - 1): a B stage holds its tile
-  while the producers widen it.
+  while the producers widen it. Also with the persistent MXFP8 kernels' constants
+  (raw_kernels/grouped_gemm_ws_mx_persist.cuh: copies kWmxPAhead ahead, B's ring one stage
+  more, A's ring of kWmxAStages).
 """
 
 from __future__ import annotations
@@ -118,8 +120,7 @@ def test_ws_tma_copy_schedule(kernel):
             assert_source_has("grouped_gemm_ws_mx_produce.cuh",
                                "static constexpr int AHEAD = AHEAD_, NSA = kWmxAStages, "
                                "NSB = AHEAD_ + 1;")
-            params = params[:-1] + (C.WMX_P_AHEAD + 1,)
-            params = (C.WMX_P_AHEAD,) + params[1:]
+            params = (C.WMX_P_AHEAD,) + params[1:-1] + (C.WMX_P_AHEAD + 1,)
     ahead, ncb, sgt, nsg, pro, rule, b_stages = params
     a_stages = C.WMX_A_STAGES if kernel.startswith("mxfp8") else None
     for kt_count in range(1, 40 * sgt + 1):
