@@ -160,6 +160,18 @@ __device__ __forceinline__ void fp4_a_frags(const unsigned char* raw, const unsi
                    af[i]);
 }
 
+// fp4_a_frags of one step s of a raw stage (s a constant once the caller's step loop is
+// unrolled: one of the branches remains).
+__device__ __forceinline__ void fp4_a_frags_at(int s, const unsigned char* raw,
+                                               const unsigned char* rsc, int r, int q,
+                                               unsigned (&af)[1][4]) {
+    static_assert(kBK / 16 == 4, "four steps per k-tile");
+    if (s == 0) fp4_a_frags<0, 1>(raw, rsc, r, q, af);
+    if (s == 1) fp4_a_frags<1, 1>(raw, rsc, r, q, af);
+    if (s == 2) fp4_a_frags<2, 1>(raw, rsc, r, q, af);
+    if (s == 3) fp4_a_frags<3, 1>(raw, rsc, r, q, af);
+}
+
 // Expand 8-element word v of a K-major NVFP4 raw tile (row v / 8, contraction 8(v%8)..+7: one
 // 16-byte chunk of the canonical row) into the canonical tile: the values and places
 // unit_store gives them, at an eighth of a unit's work per thread (the swapped-operand kernel's

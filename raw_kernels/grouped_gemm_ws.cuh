@@ -204,25 +204,9 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
             const unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, 16, 1024);
             const unsigned char* const rs = smem + st * STAGE;  // the raw stage
             const unsigned char* const rsc = rs + A_SC;
-            unsigned af[2][1][4];  // fragments of the step in flight and of the next one
-#pragma unroll
-            for (int s = 0; s < kBK / 16; ++s) {
-                ws_step_begin<NCB, NI * 4>(s, kt, KT, accf);
-                if (s == 0) fp4_a_frags<0, 1>(rs, rsc, ar, aq, af[0]);
-                if (s == 1) fp4_a_frags<1, 1>(rs, rsc, ar, aq, af[1]);
-                if (s == 2) fp4_a_frags<2, 1>(rs, rsc, ar, aq, af[0]);
-                if (s == 3) fp4_a_frags<3, 1>(rs, rsc, ar, aq, af[1]);
-                wg_fence();
-                // B's descriptor as two words: the steps and halves add to the low word only
-#pragma unroll
-                for (int n = 0; n < 2; ++n)
-                    wgmma_m64n128k16_rs(
-                        accf + 64 * n, af[s & 1][0],
-                        static_cast<unsigned>(db) + ((n * (128 * 128) + s * 32) >> 4),
-                        static_cast<unsigned>(db >> 32));
-                wg_commit();
-                wg_fence_acc<NI * 4>(accf);
-            }
+            ws_fp4_steps<NI * 4>(
+                accf, db, [&](int s) { ws_step_begin<NCB, NI * 4>(s, kt, KT, accf); },
+                [&](int s, unsigned (&f)[1][4]) { fp4_a_frags_at(s, rs, rsc, ar, aq, f); });
         }
     }
     wg_wait0();

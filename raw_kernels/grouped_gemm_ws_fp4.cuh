@@ -71,6 +71,31 @@ struct WsNoHook {
     __device__ __forceinline__ void operator()(int) const {}
 };
 
+// The four 16-deep steps of an NVFP4 consumer's k-tile whose A fragments come from frag (the
+// cp.async builds of gemm_ws and gemm_ws_g): per step s, wait(s) (the previous step's wgmma,
+// and at step 1 the previous buffer's release), frag(s, f) (step s's fragment into f, one step
+// of fp4_a_frags' layout), then two m64n128k16 with B from the canonical buffer of descriptor
+// db, one commit group per step.
+template <int NACC, class Wait, class Frag>
+__device__ __forceinline__ void ws_fp4_steps(float* accf, unsigned long long db, const Wait& wait,
+                                             const Frag& frag) {
+    unsigned af[2][1][4];  // fragments of the step in flight and of the next one
+#pragma unroll
+    for (int s = 0; s < kBK / 16; ++s) {
+        wait(s);
+        frag(s, af[s & 1]);
+        wg_fence();
+        // B's descriptor as two words: the steps and halves add to the low word only
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+            wgmma_m64n128k16_rs(accf + 64 * n, af[s & 1][0],
+                                static_cast<unsigned>(db) + ((n * (128 * 128) + s * 32) >> 4),
+                                static_cast<unsigned>(db >> 32));
+        wg_commit();
+        wg_fence_acc<NACC>(accf);
+    }
+}
+
 // One k-tile of an NVFP4 consumer thread, TMA build (gemm_ws, gemm_ws_p), after its FULL
 // barrier and copy waits: per 16-deep step the A fragment of rows ar, ar + 8 decoded from the
 // raw words at ra_s (row ar; row ar + 8 eight rows further on) and the rows' scale words at

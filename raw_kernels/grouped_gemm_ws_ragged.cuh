@@ -359,7 +359,6 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
             const unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, 16, 1024);
             const unsigned char* const rs = smem + st * STAGE;  // the raw stage
             const unsigned char* const rsc = rs + A_SC;
-            unsigned af[2][1][4];  // fragments of the step in flight and of the next one
             // TMA build: fp4_a_frags's loads and decode on this stage's places
             const unsigned ra = s0 + st * STAGE + a_off + ash;
             unsigned sa = 0u, sb = 0u;
@@ -367,28 +366,20 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
                 sa = lds_u32(s0 + st * STAGE + a_so);
                 sb = lds_u32(s0 + st * STAGE + a_so + 8 * 4);
             }
-#pragma unroll
-            for (int s = 0; s < kBK / 16; ++s) {
-                ws_step_wait<NI * 4>(s, kt >= 1 && j - 1 + NCB < J, (j + NCB - 1) % NCB, accf);
-                if constexpr (TMA) {
-                    const uint2 wa = lds_v2(ra + s * 8), wb = lds_v2(ra + a_d8 + s * 8);
-                    fp4_a_step(s, wa.x, wa.y, wb.x, wb.y, sa, sb, sel, af[s & 1][0]);
-                } else {
-                    if (s == 0) fp4_a_frags<0, 1>(rs, rsc, ar, aq, af[0]);
-                    if (s == 1) fp4_a_frags<1, 1>(rs, rsc, ar, aq, af[1]);
-                    if (s == 2) fp4_a_frags<2, 1>(rs, rsc, ar, aq, af[0]);
-                    if (s == 3) fp4_a_frags<3, 1>(rs, rsc, ar, aq, af[1]);
-                }
-                wg_fence();
-#pragma unroll
-                for (int n = 0; n < 2; ++n)
-                    wgmma_m64n128k16_rs(
-                        accf + 64 * n, af[s & 1][0],
-                        static_cast<unsigned>(db) + ((n * (128 * 128) + s * 32) >> 4),
-                        static_cast<unsigned>(db >> 32));
-                wg_commit();
-                wg_fence_acc<NI * 4>(accf);
-            }
+            ws_fp4_steps<NI * 4>(
+                accf, db,
+                [&](int s) {
+                    ws_step_wait<NI * 4>(s, kt >= 1 && j - 1 + NCB < J, (j + NCB - 1) % NCB,
+                                         accf);
+                },
+                [&](int s, unsigned (&f)[1][4]) {
+                    if constexpr (TMA) {
+                        const uint2 wa = lds_v2(ra + s * 8), wb = lds_v2(ra + a_d8 + s * 8);
+                        fp4_a_step(s, wa.x, wa.y, wb.x, wb.y, sa, sb, sel, f[0]);
+                    } else {
+                        fp4_a_frags_at(s, rs, rsc, ar, aq, f);
+                    }
+                });
         }
         wg_wait0();
         wg_fence_acc<NI * 4>(accf);
