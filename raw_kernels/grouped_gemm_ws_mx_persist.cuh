@@ -51,6 +51,23 @@ namespace lpm_gg {
 
 constexpr int WS_BAR_WIN = WS_BAR_EMPTY + kWmxCanonBuffers;  // a tile's window slot is written
 
+// A persistent consumer's tile end (gemm_ws_mx_p, gemm_ws_mx_g) after its k-loop, whose last
+// k-tile was jl of the CTA's J: retire the wgmma, hand jl's canonical buffer back to the
+// producers before the epilogue (which stages through each warp's own buffer) when a later
+// k-tile takes it, and in the fp16 window (H) rescale by the tile's window slot w.
+template <bool H, bool AMN, int NI, class Frag>
+__device__ __forceinline__ void wmx_tile_drain(float* accf, int jl, int J, const unsigned char* w,
+                                               int shift, const Frag& fr) {
+    constexpr int NCB = kWmxCanonBuffers, BM = 128, W_RANGE = BM + 256;
+    wg_wait0();
+    wg_fence_acc<NI * 4>(accf);
+    if (jl + NCB < J) named_arrive(WS_BAR_EMPTY + jl % NCB, kWsThreads);
+    if constexpr (H) {
+        mx_rescale<1, NI, AMN>(accf, w, w + BM, shift, fr.wm0, 0, fr.lane,
+                               reinterpret_cast<const unsigned*>(w + W_RANGE));
+    }
+}
+
 template <bool AMN, bool BMN>
 __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
                                              const TmaMap* tm_as, const TmaMap* tm_bs,
@@ -207,15 +224,7 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
             // the tile's place, read before the drain (the loads overlap it)
             const CtaTile tl = tile_at(T0 + ti * TS);
             ep.out_off = tl.d[D_OUT_OFF];
-            wg_wait0();
-            wg_fence_acc<NI * 4>(accf);
-            // the last k-tile's canonical buffer goes back to the producers before the
-            // epilogue, which stages through the warp's own buffer
-            if (j + KT - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j + KT - 1) % NCB, kWsThreads);
-            if constexpr (H) {
-                mx_rescale<1, NI, AMN>(accf, w, w + BM, mx_rescale_shift(ea5, eb5), fr.wm0, 0,
-                                       fr.lane, reinterpret_cast<const unsigned*>(w + W_RANGE));
-            }
+            wmx_tile_drain<H, AMN, NI>(accf, j + KT - 1, J, w, mx_rescale_shift(ea5, eb5), fr);
             reg_epi_unscaled<NI, AMN, NI / 4>(ep, s0 + T_EPI + (threadIdx.x >> 5) * EPI_B, accf,
                                               fr.wm0, fr.lane, tl.r0, tl.c0,
                                               tl.rows_valid<BM>(), tl.cols_valid<BN>());

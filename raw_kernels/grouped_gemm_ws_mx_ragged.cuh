@@ -89,7 +89,7 @@ __device__ __forceinline__ void gemm_ws_mx_g(LPM_GG_PARAMS, const TmaMap* tm_a, 
                                              LPM_GG_MX_RANGE_PARAMS, int num_tiles) {
     constexpr int BM = 128, BN = 256;
     using L = WmxLayout<AMN, BMN, kWmxPAhead>;  // gemm_ws_mx_p's pipeline and buffers
-    constexpr int NSA = L::NSA, NSB = L::NSB, NCB = kWmxCanonBuffers, AHEAD = L::AHEAD;
+    constexpr int NSA = L::NSA, NSB = L::NSB, AHEAD = L::AHEAD;
     constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     constexpr int NW = kWmxGWinSlots;
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
@@ -296,15 +296,7 @@ __device__ __forceinline__ void gemm_ws_mx_g(LPM_GG_PARAMS, const TmaMap* tm_a, 
                 accf, fr, s0, abar, sbar, 0u, nullptr, fka, fkb, j, j + KT, J, q * SGT - j);
             mbar_arrive(sfree + 8 * ((q + (KT - 1) / SGT) % NSG));  // the tile's last group
             const WmxGEntry e = entry(ti);  // (read before the drain: the loads overlap it)
-            wg_wait0();
-            wg_fence_acc<NI * 4>(accf);
-            // the last k-tile's canonical buffer goes back before the epilogue (which stages
-            // through the warp's own buffer), as in gemm_ws_mx_p
-            if (j + KT - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j + KT - 1) % NCB, kWsThreads);
-            if constexpr (H) {
-                mx_rescale<1, NI, AMN>(accf, w, w + BM, mx_rescale_shift(ea5, eb5), fr.wm0, 0,
-                                       fr.lane, reinterpret_cast<const unsigned*>(w + W_RANGE));
-            }
+            wmx_tile_drain<H, AMN, NI>(accf, j + KT - 1, J, w, mx_rescale_shift(ea5, eb5), fr);
             warp_arrive(wempty + 8 * (ti & (NW - 1)));  // done with the window slot
             ep.out_off = e.out_off;
             reg_epi_unscaled<NI, AMN, NI / 4>(ep, s0 + T_EPI + (threadIdx.x >> 5) * EPI_B, accf,
