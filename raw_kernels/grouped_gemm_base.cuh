@@ -246,7 +246,7 @@ __host__ __device__ constexpr int ws_mx_smem_bytes() {
     return (main > epi ? main : epi) + 1024;
 }
 // Its persistent forms (grouped_gemm_ws_mx_persist.cuh, and the ragged one for experts of
-// different contraction lengths, grouped_gemm_ws_mx_ragged.cuh) request B's copies
+// different contraction lengths, grouped_gemm_ws_mx_ragged.cuh) request their data copies
 // kWmxPAhead k-tiles ahead, one B stage fewer, and spend the space on the consumer warps' own
 // epilogue staging buffers (kWmxEpiStaging: 8 warps x 16 rows x 64 columns of 16-bit values,
 // rows padded by 16 bytes, reg_epi_bytes<64>), so that a tile's last canonical buffer goes

@@ -71,8 +71,8 @@ struct WsNoHook {
     __device__ __forceinline__ void operator()(int) const {}
 };
 
-// The four 16-deep steps of an NVFP4 consumer's k-tile whose A fragments come from frag (the
-// cp.async builds of gemm_ws and gemm_ws_g): per step s, wait(s) (the previous step's wgmma,
+// The four 16-deep steps of an NVFP4 consumer's k-tile whose A fragments come from frag
+// (gemm_ws's cp.async build; gemm_ws_g, both builds): per step s, wait(s) (the previous step's wgmma,
 // and at step 1 the previous buffer's release), frag(s, f) (step s's fragment into f, one step
 // of fp4_a_frags' layout), then two m64n128k16 with B from the canonical buffer of descriptor
 // db, one commit group per step.
