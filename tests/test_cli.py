@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import cli
+from lowprec_moe import cli
 import lowprec_moe as lpm
 from lowprec_moe import io as lio
 from lowprec_moe.io import convert
@@ -338,7 +338,7 @@ def test_progress_bar_on_a_terminal(monkeypatch):
 
 # ------------------------------------------------------------------------- subprocesses
 def _sub(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "lowprec_moe.cli", *map(str, args)], cwd=cwd,
                           capture_output=True, text=True, timeout=120)
 
 
