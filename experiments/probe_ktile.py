@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/probe_ktile.py [--formats bf16 nvfp4 mxfp8] [--ks 64 256 1024 4096]
+    python experiments/probe_ktile.py [--formats bf16 nvfp4 mxfp8] [--ks 64 256 1024 4096]
 
 Runs fprop on qwen-fc2's M and N (16 experts x 2560 tokens, N = 4096) for several K and fits
 ``t = waves * (fixed + per_ktile * K / 64)`` by least squares, with ``waves`` = 128 x 256 output
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/probe_fp8_promote.py [--iters 4096]
+    python experiments/probe_fp8_promote.py [--iters 4096]
 
 Hopper's E4M3 ``wgmma`` runs at twice the bf16 rate and reads raw fp8 bytes from shared memory,
 so an MXFP8 GEMM could skip expanding its operands: one ``m64nNk32`` per 32-element scale block

@@ -2,9 +2,9 @@
 
 Usage::
 
-    python benchmarks/probe_f16_bf16_mma.py [--k 2048] [--spread 4] [--seeds 3]
+    python experiments/probe_f16_bf16_mma.py [--k 2048] [--spread 4] [--seeds 3]
 
-The question behind a cheaper MXFP8 path (benchmarks/RESULTS.md, ninth session): fp8 * 2^s
+The question behind a cheaper MXFP8 path (the former benchmarks/RESULTS.md, in git history, ninth session): fp8 * 2^s
 is exact in fp16 when the block-scale exponents of a row stay inside a window, so MXFP8 could
 multiply on fp16 wgmma with the exact power-of-two offsets applied in the epilogue, instead of
 widening every element to fp32 for its bf16 form. That keeps the library's bitwise guarantees
@@ -49,7 +49,7 @@ def main() -> None:
     import cupy as cp
     import ml_dtypes
 
-    from lowprec_moe.cuda.gemm import kernel_info
+    from lowprec_moe.backends.cupy.gemm.launch import kernel_info
     from lowprec_moe.gemm import _validate, grouped_gemm
 
     splits, n, k = [384, 0, 200, 440], 512, args.k

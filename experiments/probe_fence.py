@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/probe_fence.py [--iters 2000]
+    python experiments/probe_fence.py [--iters 2000]
 
 The wgmma k-loops issue the cp.async copies of a later k-tile and then, after expanding the
 next tile into shared memory, run ``fence.proxy.async`` before the MMA reads it. If the fence
@@ -10,7 +10,7 @@ waited for the thread's copies in flight, every k-tile would pay a DRAM latency.
 here issues one 16-byte cp.async per iteration from a 1 GiB buffer (L2 misses), keeps six
 groups in flight, stores to shared memory and then runs nothing, the proxy fence or
 ``membar.cta``; clock64 cycles per iteration, median over 132 CTAs of 256 threads.
-Measured on the H200 (benchmarks/RESULTS.md, 2026-12-01): 259-268 / 258-260 / 276 cycles --
+Measured on the H200 (the former benchmarks/RESULTS.md, in git history, 2026-12-01): 259-268 / 258-260 / 276 cycles --
 the fence does not wait for the copies.
 """
 

@@ -2,14 +2,14 @@
 
 Usage::
 
-    python benchmarks/probe_convert.py [--iters 4096]
+    python experiments/probe_convert.py [--iters 4096]
 
 For each instruction, a kernel runs 8 independent dependency chains per thread over enough
 CTAs to fill the GPU, and the run reports lane operations per SM per ns (32 per warp
 instruction). The ratios between rows are what matter (measured in the same run, so the clock
 cancels out): the grouped GEMM's NVFP4 / MXFP8 expansion issues one
 ``cvt.rn.f16x2.e4m3x2`` (SASS F2FP) per element pair, and MXFP8 two ``cvt.f32.f16`` more;
-benchmarks/RESULTS.md (warp-specialised kernel) suspects the conversion pipe to be the limit.
+the former benchmarks/RESULTS.md, in git history (warp-specialised kernel) suspects the conversion pipe to be the limit.
 CUDA events, warm-up, median of 5 (bench_gemm's timer).
 """
 
@@ -19,7 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 # One step of a chain on the 32-bit register %0 (PTX; %1: the constant 0x3C003C01, f16x2
 # (1, 1 + 2^-10)), per probed instruction.

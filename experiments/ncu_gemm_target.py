@@ -1,6 +1,6 @@
-"""One grouped-GEMM call per format on one shape (target for ``ncu``; see benchmarks/RESULTS.md).
+"""One grouped-GEMM call per format on one shape (target for ``ncu``; see the former benchmarks/RESULTS.md, in git history).
 
-Usage: ``python benchmarks/ncu_gemm_target.py [shape] [mode] [format ...]`` (defaults: qwen-fc2
+Usage: ``python experiments/ncu_gemm_target.py [shape] [mode] [format ...]`` (defaults: qwen-fc2
 fprop bf16 mxfp8 nvfp4). Quantization runs first, so profile with a kernel-name filter
 (``--kernel-name regex:lpm_gg``).
 """
@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import lowprec_moe as lpm  # noqa: E402
 from bench_gemm import SHAPES, make_splits, operands  # noqa: E402

@@ -2,10 +2,10 @@
 
 Usage::
 
-    python benchmarks/probe_tma.py
+    python experiments/probe_tma.py
 
 Encodes a tiled map of a 300 x 96-byte array (box 128 rows x 32 bytes) with
-``lowprec_moe.cuda.tma``, passes it to a kernel as a ``__grid_constant__`` parameter and loads
+``lowprec_moe.backends.cupy.tensor_map``, passes it to a kernel as a ``__grid_constant__`` parameter and loads
 the boxes at several coordinates, including ones that run past the last row and the last
 column (zero fill). Prints OK or the first mismatch; exits 1 on a mismatch.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 import cupy as cp
 import numpy as np
 
-from lowprec_moe.cuda import tma
+from lowprec_moe.backends.cupy import tma
 
 SOURCE = r"""
 #include "grouped_gemm_tma.cuh"

@@ -2,11 +2,11 @@
 
 Usage::
 
-    python benchmarks/probe_cluster_share.py [--iters 2048]
+    python experiments/probe_cluster_share.py [--iters 2048]
 
 The quantized wgmma kernels expand every k-tile of B (256 columns x 64 deep, 32 KiB of bf16 /
 fp16) into a canonical shared-memory buffer, and that expansion is 18-22 % of the NVFP4 k-tile
-and about a third of the MXFP8 one (benchmarks/RESULTS.md, fourteenth and fifteenth sessions).
+and about a third of the MXFP8 one (the former benchmarks/RESULTS.md, in git history, fourteenth and fifteenth sessions).
 Two CTAs on adjacent row tiles of one expert read the same B tile; in a cluster of two each could
 expand half of it and store that half into both CTAs' buffers (distributed shared memory), which
 halves the decode arithmetic. What it adds is the remote stores and a cluster-wide handshake per

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/probe_host.py [--shape membound] [--fmt nvfp4] [--calls 200]
+    python experiments/probe_host.py [--shape membound] [--fmt nvfp4] [--calls 200]
 
 Times ``calls`` back-to-back calls with ``time.perf_counter`` (enqueue only, one synchronize at
 the end) and prints the top entries of a cProfile of the same loop, to see where the host time of
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""One call of each quantize path (target for ``ncu``; see benchmarks/RESULTS.md)."""
+"""One call of each quantize path (target for ``ncu``; see the former benchmarks/RESULTS.md, in git history)."""
 import cupy as cp
 import ml_dtypes
 

@@ -1,6 +1,6 @@
 """Where the quantize time goes: raw kernel launches vs the public API, and host time per call.
 
-Usage: ``python benchmarks/profile_quantize.py [--m 16384 --k 7168]``
+Usage: ``python experiments/profile_quantize.py [--m 16384 --k 7168]``
 
 For each path: GPU time per call (CUDA events around 10 back-to-back calls, median of 7), host
 time per call (wall clock over 30 calls without synchronizing; if it exceeds the GPU time the
@@ -30,8 +30,8 @@ def main() -> int:
 
     import lowprec_moe as lpm
     from lowprec_moe import kernels
-    from lowprec_moe.cuda import mxfp8 as MX
-    from lowprec_moe.cuda import nvfp4 as NV
+    from lowprec_moe.backends.cupy import mxfp8 as MX
+    from lowprec_moe.backends.cupy import nvfp4 as NV
 
     def gpu(fn, inner=10, repeat=7):
         for _ in range(3):
