@@ -130,11 +130,13 @@ def check_splits(splits, m_total: int) -> tuple[int, ...]:
         raise TypeError(f"splits={splits!r} must be a 1-D sequence of ints")
     if arr.size == 0:
         raise ValueError("splits=[] must name at least one group")
-    if (arr < 0).any():
-        raise ValueError(f"splits={arr.tolist()} must be non-negative")
-    if int(arr.sum()) != m_total:
-        raise ValueError(f"splits={arr.tolist()} sum to {int(arr.sum())}, expected M={m_total}")
-    return tuple(arr.tolist())  # Python ints (one C call, not one per expert)
+    values = arr.tolist()  # Python ints: sums cannot wrap around as int64 / uint64 sums do
+    if min(values) < 0:
+        raise ValueError(f"splits={values} must be non-negative")
+    total = sum(values)
+    if total != m_total:
+        raise ValueError(f"splits={values} sum to {total}, expected M={m_total}")
+    return tuple(values)
 
 
 def check_finite(name: str, a) -> None:
