@@ -76,7 +76,7 @@ def main() -> None:
     import ml_dtypes
 
     import lowprec_moe as lpm
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
     from lowprec_moe.gemm import _validate, grouped_gemm
 
     B._HOLD = None if args.no_hold else B._gpu_hold(cp)

@@ -1,6 +1,6 @@
 """Route an operation to the NumPy reference or to the CUDA launchers.
 
-The CUDA launchers live in ``lowprec_moe.cuda`` and share the reference signatures. An operation
+The CUDA launchers live in ``lowprec_moe.backends.cupy`` and share the reference signatures. An operation
 whose kernel does not exist yet raises ``NotImplementedError`` naming it: a CuPy input is never
 copied to the host behind the caller's back.
 """
@@ -21,7 +21,7 @@ _REFERENCE = {
 _GPU_CACHE: dict = {}
 
 
-def implementation(name: str, on_gpu: bool, gpu_module: str = "lowprec_moe.cuda.quantize"):
+def implementation(name: str, on_gpu: bool, gpu_module: str = "lowprec_moe.backends.cupy.quantize"):
     """Return the function ``name`` of the reference (CPU) or CUDA (GPU) backend."""
     if on_gpu:
         fn = _GPU_CACHE.get((gpu_module, name))

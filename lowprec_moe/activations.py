@@ -251,7 +251,7 @@ def _amax_mode(o: dict) -> str:
 
 def _nvfp4_from_amax(t, splits, o: dict, amax) -> GroupedTensor:
     """GroupedTensor.quantize(t, splits, "nvfp4", **o) with the amax already computed."""
-    from .cuda.nvfp4 import grouped_quantize_nvfp4
+    from .backends.cupy.nvfp4 import grouped_quantize_nvfp4
 
     parts = grouped_quantize_nvfp4(t, splits, amax=amax, **o)
     return GroupedTensor(format="nvfp4", shape=tuple(t.shape), splits=tuple(splits),
@@ -308,7 +308,7 @@ def activation_forward(h, activation="swiglu", probs=None, *, splits=None, glu_i
     if xp is np:
         z = _ref.forward(h, act, probs)
         return z if q is None else _quantize_grouped(z, splits, q)
-    from .cuda import activation as _cu
+    from .backends.cupy import activation as _cu
 
     p32 = _probs32(probs, xp)
     if fused and _fusable_mxfp8(q, act, f, backward=False):
@@ -384,7 +384,7 @@ def activation_backward(dz, h, activation="swiglu", probs=None, *, splits=None,
         dhq = None if q is None else _quantize_grouped(dh, splits, q)
         return ActivationGrads(dh=dh if want_dh else None, dh_quantized=dhq,
                                dprobs=dprobs, dbias=dbias)
-    from .cuda import activation as _cu
+    from .backends.cupy import activation as _cu
 
     p32 = _probs32(probs, xp)
     if fused and _fusable_mxfp8(q, act, f, backward=True):

@@ -33,7 +33,7 @@ NVFP4 scaling (per tensor ``acc * ((amax_a * amax_b) * fp32(1/NVFP4_GEMM_FACTOR)
 ``+ bias[n] * probs[m]``), then one rounding to the output dtype or ``out += t`` in fp32.
 Results are deterministic, and a grouped call equals one call per expert bit for bit. wgrad
 writes zeros for experts without tokens. The NumPy path is :mod:`lowprec_moe.reference.gemm`; the
-CuPy path (:mod:`lowprec_moe.cuda.gemm`) runs one kernel launch for all experts.
+CuPy path (:mod:`lowprec_moe.backends.cupy.gemm.launch`) runs one kernel launch for all experts.
 
 GPU kernels (``raw_kernels/grouped_gemm_*.cu``): the packed NVFP4 / MXFP8 bytes and scales are
 staged in shared memory and expanded there to fp16 (NVFP4: ``e2m1 * e4m3`` is exact in fp16) or
@@ -242,7 +242,7 @@ def grouped_gemm(a, b, splits=None, *, mode: str, **kwargs):
 
 def _run(p: GemmProblem):
     if p.on_gpu:
-        from .cuda import gemm as backend
+        from .backends.cupy.gemm import launch as backend
     else:
         from .reference import gemm as backend
     return backend.grouped_gemm(p)

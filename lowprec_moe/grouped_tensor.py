@@ -113,7 +113,7 @@ class GroupedTensor:
         if is_cupy_array(x2):
             from ._dispatch import implementation
 
-            parts = implementation("grouped_quantize", True, "lowprec_moe.cuda.grouped")(
+            parts = implementation("grouped_quantize", True, "lowprec_moe.backends.cupy.grouped")(
                 x2, splits, format, rowwise=rowwise, columnwise=columnwise,
                 row_scaled=row_scaled, block_2d=block_2d, rht=rht,
                 stochastic_rounding=stochastic_rounding, seed=seed, fp8_dtype=fp8_dtype)
@@ -184,7 +184,7 @@ class GroupedTensor:
             from ._dispatch import implementation
 
             parts = implementation("grouped_mxfp8_columnwise_from_rowwise", True,
-                                   "lowprec_moe.cuda.grouped")(self, fp8_dtype)
+                                   "lowprec_moe.backends.cupy.grouped")(self, fp8_dtype)
         else:
             bf16 = self.dequantize("rowwise", dtype="bfloat16")
             parts = _grouped_quantize_reference(
@@ -240,7 +240,7 @@ class GroupedTensor:
                          else self.columnwise_data):
             from ._dispatch import implementation
 
-            return implementation("grouped_dequantize", True, "lowprec_moe.cuda.grouped")(
+            return implementation("grouped_dequantize", True, "lowprec_moe.backends.cupy.grouped")(
                 self, direction, dtype)
         if direction == "rowwise" and self.rowwise_data is not None and not self.row_scaled \
                 and self.format == "mxfp8":

@@ -373,7 +373,7 @@ def _bias_grads(dy_hp, ctx: GroupedLinearContext):
         xp = get_xp(dy_hp)
         return None, xp.zeros(ctx.m, dtype=ctx.probs.dtype)
     xp = get_xp(dy_hp)
-    colsum = implementation("grouped_colsum", xp is not np, "lowprec_moe.cuda.reduce")
+    colsum = implementation("grouped_colsum", xp is not np, "lowprec_moe.backends.cupy.reduce")
     dbias = colsum(dy_hp, ctx.splits, ctx.probs)
     dbias = dbias.astype(ctx.bias.dtype)
     dprobs = None

@@ -16,7 +16,7 @@ from .grouped_tensor import GroupedTensor, columnwise_sizes
 from .quantized_tensor import QuantizedTensor
 from .reference import layouts as L
 
-_GPU = "lowprec_moe.cuda.layouts"
+_GPU = "lowprec_moe.backends.cupy.layouts"
 
 
 def _impl(name: str, on_gpu: bool):

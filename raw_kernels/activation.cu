@@ -1,5 +1,5 @@
 // lowprec_moe: GroupedMLP activation kernels (forward and backward), optionally fused with the
-// MXFP8 quantization of their output. Launched by lowprec_moe/cuda/activation.py.
+// MXFP8 quantization of their output. Launched by lowprec_moe/backends/cupy/activation.py.
 //
 // Semantics (SPEC section 8; lowprec_moe/reference/activations.py is the definition): fp32 math,
 // every operation one IEEE round-to-nearest-even step without flush-to-zero, in the order the
@@ -50,7 +50,7 @@
 #include "nvfp4_common.cuh"  // q_rht16, q_amax16: the NVFP4 quantizer's RHT amax arithmetic
 
 // ------------------------------------------------------------------------------------------
-// Launch-time constants shared with lowprec_moe/cuda/activation.py
+// Launch-time constants shared with lowprec_moe/backends/cupy/activation.py
 constexpr int LPM_ACT_WARPS_PER_CTA = 4;
 constexpr int LPM_ACT_FWD_MX_MIN_CTAS_PER_SM = 4;  // lpm_act_fwd_mx_*: <= 128 registers (uses ~96)
 #ifndef LPM_ACT_BWD_MX_MINB

@@ -1,6 +1,6 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): CTA size
 // and k-tile depth, the descriptor words, operand kinds and output types, the shared-memory
-// footprint formulas (mirrored in lowprec_moe/cuda/gemm_plan.py and gemm.py), the PTX
+// footprint formulas (mirrored in lowprec_moe/backends/cupy/gemm_plan.py and gemm.py), the PTX
 // wrappers (grouped_gemm_ptx.cuh), and the kernel parameter / argument lists (LPM_GG_PARAMS,
 // LPM_GG_ARGS).
 
@@ -15,7 +15,7 @@ constexpr int kThreads = 256;
 constexpr int kBK = 64;         // contraction depth of one k-tile
 constexpr int kDescWords = 16;  // int64 words per expert in the descriptor table
 
-// Descriptor words (mirrored in lowprec_moe/cuda/gemm.py).
+// Descriptor words (mirrored in lowprec_moe/backends/cupy/gemm.py).
 enum DescWord {
     D_A_OFF = 0,   // byte offset of expert g's A operand (row 0, contraction 0) in a_data
     D_A_LD = 1,    // bytes between rows (K-major) / contraction lines (MN-major) of A
@@ -85,7 +85,7 @@ __device__ __forceinline__ void with_e5m2(bool ea, bool eb, F&& f) {
 
 __host__ __device__ constexpr int round16(int x) { return (x + 15) / 16 * 16; }
 
-// Shared-memory footprint of one tile of R rows (mirrored in lowprec_moe/cuda/gemm.py).
+// Shared-memory footprint of one tile of R rows (mirrored in lowprec_moe/backends/cupy/gemm.py).
 __host__ __device__ constexpr int canon_bytes(int rows) { return rows * kBK * 2; }
 __host__ __device__ constexpr int raw_data_bytes(int kind, int rows) {
     return kind == KIND_FP4_K ? rows * (kBK / 2)
@@ -108,7 +108,7 @@ __host__ __device__ constexpr int raw_bytes(int kind, int rows) {
 }
 
 // Dynamic shared memory of gemm_mma<BM, BN, ..., AKIND, BKIND, ..., WG> (mirrored by _smem_bytes
-// in lowprec_moe/cuda/gemm.py): the pipeline buffers or the fp32 epilogue staging tile, whichever
+// in lowprec_moe/backends/cupy/gemm.py): the pipeline buffers or the fp32 epilogue staging tile, whichever
 // is larger, plus 1024 bytes to align the base to the 1024-byte swizzle atoms.
 //   DIRECT (bf16 / fp16): NST canonical stages; wgmma keeps one k-tile's MMAs in flight across
 //     the barrier, so it prefetches NST - 2 tiles ahead (5 stages when a stage is <= 40 KiB, else 4);

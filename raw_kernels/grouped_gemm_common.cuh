@@ -1,6 +1,6 @@
 // lowprec_moe: grouped (MoE) GEMM machinery shared by raw_kernels/grouped_gemm_*.cu.
 //
-// One launch covers every expert. The host (lowprec_moe/cuda/gemm.py) uploads
+// One launch covers every expert. The host (lowprec_moe/backends/cupy/gemm.py) uploads
 //   * a tile table  int32 [entries][2] = (expert g, row tile of that expert); the grid is
 //     entries * n_col_tiles CTAs, column tile fastest (CTAs that share an A row tile run together);
 //   * a descriptor table int64 [G][16] (DescWord in grouped_gemm_base.cuh) holding, per expert,

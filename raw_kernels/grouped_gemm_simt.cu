@@ -15,7 +15,7 @@ namespace lpm_ggs {
 constexpr int kT = 64;   // output tile edge
 constexpr int kKS = 16;  // k-tile depth
 
-// Element kinds (mirrored in lowprec_moe/cuda/gemm.py).
+// Element kinds (mirrored in lowprec_moe/backends/cupy/gemm.py).
 enum ElemKind {
     EK_F32 = 0,
     EK_BF16 = 1,

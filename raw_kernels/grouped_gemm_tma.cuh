@@ -2,7 +2,7 @@
 // memory accelerator (TMA) tile loads with mbarrier completion, sm_90.
 //
 // A TmaMap is the driver's 128-byte tensor map (CUtensorMap), encoded on the host by
-// lowprec_moe/cuda/tma.py and passed by value as a __grid_constant__ kernel parameter, so the
+// lowprec_moe/backends/cupy/tma.py and passed by value as a __grid_constant__ kernel parameter, so the
 // bulk copies read it from parameter space (no device buffer, no upload). One thread issues a
 // whole tile per copy; the copy's completion is counted in bytes on an mbarrier in shared
 // memory, which every consuming thread waits on (phase parity). Elements outside the tensor's

@@ -8,7 +8,7 @@
 // epilogue with idle producers) outweighs its k-tiles. gemm_ws_mx_g runs one CTA per SM over a
 // list of tiles of any lengths, gemm_ws_mx_p's pipeline on the CTA's k-tile sequence:
 //   * Tile list: CTA b runs entries b, b + gridDim.x, ... of the tile table, kWmxGEntryWords
-//     int32 words each (WmxGEntry; the launcher's lowprec_moe.cuda.gemm_balance builds them):
+//     int32 words each (WmxGEntry; the launcher's lowprec_moe.backends.cupy.gemm.balance builds them):
 //     everything the kernel needs of a tile -- expert, k-tiles, first k-tile and scale group in
 //     the CTA's sequences, last k-tile's length, extents, tensor-map rows, output offset -- so a
 //     tile costs one 64-byte read instead of chains of dependent loads through the descriptors

@@ -11,7 +11,7 @@
 // pipeline on the CTA's k-tile sequence:
 //   * Tile list: CTA b runs entries b, b + gridDim.x, ... of the ragged tile table
 //     (kWmxGEntryWords int32 words each, WmxGEntry: expert, k-tiles, first k-tile in the CTA's
-//     sequence, extents, first row and column; the launcher's lowprec_moe.cuda.gemm_balance
+//     sequence, extents, first row and column; the launcher's lowprec_moe.backends.cupy.gemm.balance
 //     balances the CTAs and pads the lists with entries of no tile, expert -1, whose first
 //     k-tile is the CTA's total).
 //   * The producers keep a cursor on the copy stream (the tile of the next k-tile to request,

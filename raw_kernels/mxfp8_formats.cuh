@@ -1,5 +1,5 @@
 // MXFP8 device code, part of mxfp8_impl.cuh (design notes there): the launch-time constants and
-// flag bits shared with lowprec_moe/cuda/mxfp8.py, input kinds and fp8 formats, small integer
+// flag bits shared with lowprec_moe/backends/cupy/mxfp8.py, input kinds and fp8 formats, small integer
 // helpers, the MXFP8 scale rule, and the fp32 <-> fp8 conversions.
 #ifndef LPM_MXFP8_FORMATS_CUH
 #define LPM_MXFP8_FORMATS_CUH
@@ -7,7 +7,7 @@
 #include "lpm_formats.cuh"
 
 // ------------------------------------------------------------------------------------------
-// Launch-time constants shared with lowprec_moe/cuda/mxfp8.py
+// Launch-time constants shared with lowprec_moe/backends/cupy/mxfp8.py
 
 constexpr int LPM_MX_WARPS_PER_CTA = 4;    // quantize kernels: 128 threads, one tile per warp
 constexpr int LPM_MX_MIN_CTAS_PER_SM = 4;  // quantize kernels: <= 128 registers per thread

@@ -8,7 +8,7 @@
 // path is integer bit manipulation or PTX without .ftz (lpm_formats.cuh helpers).
 //
 // Kernels (all extern "C", defined in mxfp8_entry.cuh, launched on CuPy's current stream by
-// lowprec_moe/cuda/mxfp8.py):
+// lowprec_moe/backends/cupy/mxfp8.py):
 //
 //   lpm_mxfp8_quantize_{f32,f16,bf16}
 //       Rowwise and/or columnwise (or 2-D 32x32) quantization of x [M, K] in ONE pass: every

@@ -10,7 +10,7 @@
 #define LPM_DT_F16 1
 #define LPM_DT_BF16 2
 
-// quantizer flags (keep in sync with lowprec_moe/cuda/nvfp4.py)
+// quantizer flags (keep in sync with lowprec_moe/backends/cupy/nvfp4.py)
 #define LPM_Q_ROWWISE 1
 #define LPM_Q_COLWISE 2
 #define LPM_Q_ROW_SCALED 4

@@ -99,7 +99,7 @@ def test_constants_match_cuda_source():
     assert {k: int(v, 16) for k, v in found.items()} == R.EXP_CONST_BITS
     src = (raw / "activation.cu").read_text()
     ids = dict(re.findall(r"constexpr int LPM_ACT_(SWIGLU|CLAMPED_SWIGLU|SRELU) = (\d+);", src))
-    from lowprec_moe.cuda import activation as cu
+    from lowprec_moe.backends.cupy import activation as cu
 
     assert {k.lower(): int(v) for k, v in ids.items()} == cu._ACT_ID
 

@@ -1,13 +1,13 @@
 """Tile lists of the ragged persistent MXFP8 wgrad kernel
-(``lowprec_moe.cuda.gemm_balance.ragged_tile_list``), on the CPU."""
+(``lowprec_moe.backends.cupy.gemm.balance.ragged_tile_list``), on the CPU."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from lowprec_moe.cuda import gemm_balance as B
-from lowprec_moe.cuda.gemm_plan import BK
+from lowprec_moe.backends.cupy.gemm import balance as B
+from lowprec_moe.backends.cupy.gemm.plan import BK
 
 
 def _loads(lst, length, ctas):
@@ -87,7 +87,7 @@ def test_ragged_tile_table_entries():
     group in its CTA's sequences (running sums over the CTA's entries; padding entries hold the
     totals), the last k-tile's length, valid extents, first row / column, tensor-map rows
     (offset / stride) and output offset split in two words."""
-    from lowprec_moe.cuda.gemm_plan import (D_A_LD, D_A_OFF, D_A_SLD, D_A_SOFF, D_B_LD, D_B_OFF,
+    from lowprec_moe.backends.cupy.gemm.plan import (D_A_LD, D_A_OFF, D_A_SLD, D_A_SOFF, D_B_LD, D_B_OFF,
                                             D_B_SLD, D_B_SOFF, D_LEN, D_OUT_OFF, D_ROWS,
                                             DESC_WORDS)
 
@@ -135,7 +135,7 @@ def test_scale_tiles_mirror_kernel():
     import re
     from pathlib import Path
 
-    from lowprec_moe.cuda.gemm_smem import WMX_SCALE_TILES
+    from lowprec_moe.backends.cupy.gemm.smem import WMX_SCALE_TILES
 
     assert B.SCALE_TILES == WMX_SCALE_TILES
     src = (Path(__file__).resolve().parents[1] / "raw_kernels"

@@ -1,4 +1,4 @@
-"""The GPU GEMM kernel choice (``lowprec_moe.cuda.gemm.choose_kernel``), checked on the CPU: the
+"""The GPU GEMM kernel choice (``lowprec_moe.backends.cupy.gemm.launch.choose_kernel``), checked on the CPU: the
 device capabilities are passed in, so no GPU is needed. Which kernel, tile, copy chunk and shared
 memory each problem takes, and the environment overrides (TMA conditions and tensor maps:
 test_gemm_tma.py; shared-memory formulas: test_gemm_smem.py; the persistent forms:
@@ -42,10 +42,10 @@ def test_choose_kernel_policy(mode, fmt, family, monkeypatch):
     average fewer than MXFP8_WS_WGRAD_MIN_LEN tokens) and bf16 take the plain wgmma kernel;
     forcing ``wgmma`` / ``mma`` selects those families. The shared memory equals the kernel's
     formula for the tile."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     monkeypatch.setenv(C.KERNEL_ENV, family)
-    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)  # host arrays have no device pointer
+    monkeypatch.setattr(C.choice, "_chunk", lambda op, extent: 16)  # host arrays have no device pointer
     # the 128-row tile for every mode
     p = _policy_problem(mode, fmt, [0, 300, 37, 260, 5, 129], n=96, k=160)
     pl = C.plan(p)
@@ -72,10 +72,10 @@ def test_choose_kernel_few_tokens_swap(mode, fmt, family, monkeypatch):
     columns, its own shared-memory formula); bf16, MXFP8 dgrad (MN-major W), wgrad and the
     mma.sync family do not. One expert above 32 tokens turns it off. NVFP4 in the default family
     loads its data tiles with TMA (the ``_kk_u`` build)."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     monkeypatch.setenv(C.KERNEL_ENV, family)
-    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
+    monkeypatch.setattr(C.choice, "_chunk", lambda op, extent: 16)
     p = _policy_problem(mode, fmt, [16, 0, 32, 3, 16])
     pl = C.plan(p)
     ln = C.choose_kernel(p, pl, caps=H200_CAPS)
@@ -106,9 +106,9 @@ def test_choose_kernel_ws_tma(mode, monkeypatch):
     that are multiples of 16 bytes (K and N multiples of 256; wgrad: equal splits, multiples of
     256) and one contraction length; the cp.async build ``_kk_x`` otherwise, with
     ``LOWPREC_MOE_GEMM_TMA=off`` and outside the default family."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
-    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
+    monkeypatch.setattr(C.choice, "_chunk", lambda op, extent: 16)
     ok = [256, 256, 256] if mode == "wgrad" else [0, 300, 37, 260, 5, 129]
     for fmt in ("nvfp4", "nvfp4-row-scaled"):
         p = _policy_problem(mode, fmt, ok, n=512, k=768)
@@ -156,9 +156,9 @@ def test_choose_kernel_mxfp8_ws(fmt, monkeypatch):
     k-tiles, for the layouts ``LOWPREC_MOE_GEMM_MXFP8_WS`` selects; the plain wgmma kernel
     otherwise, for wgrad, with ``=off``, ``LOWPREC_MOE_GEMM_TMA=off`` and outside the default
     family."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
-    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
+    monkeypatch.setattr(C.choice, "_chunk", lambda op, extent: 16)
     splits = [0, 300, 37, 260, 5, 129]
     p = _policy_problem("fprop", fmt, splits, n=512, k=1024)
     pl = C.plan(p)
@@ -220,9 +220,9 @@ def test_choose_kernel_swap_wide(mode, monkeypatch):
     128-column ``_kk_u`` below that;
     ``LOWPREC_MOE_GEMM_SWAP_WIDE`` forces either and rejects other values; the cp.async and
     ``wgmma`` paths never take it."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
-    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
+    monkeypatch.setattr(C.choice, "_chunk", lambda op, extent: 16)
     sms = H200_CAPS[2]
     # 64 experts x 16 tokens x 2 columns tiles of 256 = 128 CTAs: below 4 per SM
     small = _policy_problem(mode, "nvfp4", [16] * 64, n=512, k=512)
@@ -276,7 +276,7 @@ def test_choose_kernel_swap_wide(mode, monkeypatch):
 def test_mxfp8_mma_env(monkeypatch):
     """LOWPREC_MOE_MXFP8_MMA: "auto" (default) lets MXFP8 tiles use the fp16 window, "bf16"
     forbids it (the kernel's mx_bf16 argument); anything else is an error naming the value."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     monkeypatch.delenv(C.MXFP8_MMA_ENV, raising=False)
     assert C._mx_bf16() == 0
@@ -310,9 +310,9 @@ def test_every_kernel_in_its_module():
     families have modules of their own."""
     import re
 
-    from lowprec_moe.cuda import gemm_plan as G
+    from lowprec_moe.backends.cupy.gemm import plan as G
 
-    from lowprec_moe.cuda import gemm_tma as T
+    from lowprec_moe.backends.cupy.gemm import tma_rules as T
 
     found = _defined_kernels()
     assert found.pop("lpm_gg_mx_ranges") == G.RANGES_MODULE
@@ -335,9 +335,9 @@ def test_launch_module_defines_kernel(mode, fmt, monkeypatch):
     persistent, swapped and plain choices)."""
     from dataclasses import replace
 
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
-    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
+    monkeypatch.setattr(C.choice, "_chunk", lambda op, extent: 16)
     found = _defined_kernels()
     caps = H200_CAPS[:2] + (8,)  # 8 SMs: the persistent forms from 9 tiles
     for splits, n, k in (([0, 37, 300, 5], 128, 256), ([512] * 4, 512, 1024),

@@ -1,4 +1,4 @@
-"""The persistent forms in the GPU GEMM kernel choice (``lowprec_moe.cuda.gemm_persist``, through
+"""The persistent forms in the GPU GEMM kernel choice (``lowprec_moe.backends.cupy.gemm.persist``, through
 ``choose_kernel``), checked on the CPU: NVFP4 ``_kk_o`` / ``_kk_z``, MXFP8 ``_kk_o`` / ``_kn_o``
 / ``_nn_o`` and the ragged ``_nn_g``.
 """
@@ -22,9 +22,9 @@ def test_choose_kernel_persistent(mode, n256, monkeypatch):
     whole, nonzero number of scale groups (4 k-tiles); that build with "off", a ragged group,
     and few tiles (or, ``_kk_z``, a long contraction) in "auto". The grid is capped at one CTA
     per multiprocessor."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
-    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
+    monkeypatch.setattr(C.choice, "_chunk", lambda op, extent: 16)
     if not n256:
         monkeypatch.setenv(C.WS_N256_ENV, "off")
     persistent, per_tile = ("lpm_gg_nvfp4_kk_o", "lpm_gg_nvfp4_kk_q") if n256 else \
@@ -81,9 +81,9 @@ def test_choose_kernel_mxfp8_persistent(mode, monkeypatch):
     ``=on`` takes it for few tiles too."""
     from dataclasses import replace
 
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
-    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
+    monkeypatch.setattr(C.choice, "_chunk", lambda op, extent: 16)
     monkeypatch.setenv(C.MXFP8_WS_ENV, "all")
     sms = H200_CAPS[2]
     lay = {"fprop": "kk", "dgrad": "kn", "wgrad": "nn"}[mode]
@@ -157,9 +157,9 @@ def test_choose_kernel_mxfp8_ragged(monkeypatch):
     output and for accumulation; one length of whole scale groups stays on ``_nn_o``."""
     from dataclasses import replace
 
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
-    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: 16)
+    monkeypatch.setattr(C.choice, "_chunk", lambda op, extent: 16)
     sms = H200_CAPS[2]
     # 24 experts of 4 x 4 tiles, uneven (two empty), mean above MXFP8_WS_WGRAD_MIN_LEN
     splits = [0, 96, 160, 1024, 0, 640, 2048, 544] * 3
@@ -201,10 +201,10 @@ def test_choose_kernel_nvfp4_ragged(monkeypatch):
     accumulation."""
     from dataclasses import replace
 
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     chunk = {"ch": 16}
-    monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: chunk["ch"])
+    monkeypatch.setattr(C.choice, "_chunk", lambda op, extent: chunk["ch"])
     sms = H200_CAPS[2]
     splits = [0, 96, 160, 1024, 0, 640, 2048, 544] * 3
     for fmt in ("nvfp4", "nvfp4-row-scaled"):
@@ -226,10 +226,10 @@ def test_choose_kernel_nvfp4_ragged(monkeypatch):
                 assert ln.module == "grouped_gemm_nvfp4_wsg" and ln.threads == C.WS_THREADS, ln
             monkeypatch.delenv(C.TMA_ENV, raising=False)
         chunk["ch"] = 16
-        monkeypatch.setattr(C.gemm_choice, "_use_pair_tma", lambda pl: False)
+        monkeypatch.setattr(C.choice, "_use_pair_tma", lambda pl: False)
         assert C.choose_kernel(p, pl, caps=H200_CAPS).kernel == "lpm_gg_nvfp4_kk_g"
         monkeypatch.undo()
-        monkeypatch.setattr(C.gemm_choice, "_chunk", lambda op, extent: chunk["ch"])
+        monkeypatch.setattr(C.choice, "_chunk", lambda op, extent: chunk["ch"])
         for other in (dict(out_dtype="float32"), dict(accumulate=True)):
             ln = C.choose_kernel(replace(p, **other), pl, caps=H200_CAPS)
             assert ln.kernel == "lpm_gg_nvfp4_kk_x" and not ln.ragged and ln.grid_cap == 0, other
@@ -259,8 +259,8 @@ def test_pair_rows_ok():
     """The ragged TMA build's row-pair maps: every expert with rows and a contraction needs a
     16-byte aligned start, an even row count and a stride that is a multiple of 8 bytes; the
     others are not looked at."""
-    from lowprec_moe.cuda import gemm as C
-    from lowprec_moe.cuda.gemm_tma import _pair_rows_ok
+    from lowprec_moe.backends.cupy.gemm import launch as C
+    from lowprec_moe.backends.cupy.gemm.tma_rules import _pair_rows_ok
 
     def op(off, ld):
         return C.Operand(data=None, scale=None, mn=False, kind=C.KIND_FP4_K, ek=0, es_num=1,

@@ -1,4 +1,4 @@
-"""The GPU GEMM launch plan (``lowprec_moe.cuda.gemm_plan``), checked on the CPU.
+"""The GPU GEMM launch plan (``lowprec_moe.backends.cupy.gemm.plan``), checked on the CPU.
 
 The descriptor / tile tables the kernels read are emulated with NumPy: operand elements fetched
 through the descriptor fields the way the kernels address them must reproduce the reference
@@ -25,7 +25,7 @@ from test_gemm import (E2M1, HP_DTYPES, MODES, _expected, _quantize,
 def _emulate_fetch(op, g, rr, kk):
     """Exact values of operand elements (rr, kk) of expert g through the descriptor fields, the
     way the kernels address them (byte offsets, leading dimensions, scale layouts)."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     raw = np.ascontiguousarray(op.data).reshape(-1).view(np.uint8)
     off, ld = int(op.off[g]), int(op.ld[g])
@@ -52,7 +52,7 @@ def _emulate_fetch(op, g, rr, kk):
 def _emulate(p, bm, bn):
     """Run the launch plan of a NumPy problem the way the kernels do: tile table x column tiles,
     descriptor fields, zero fill past the valid region, epilogue via the amax / bias bases."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
     from lowprec_moe.reference import gemm as R
 
     pl = C.plan(p)
@@ -145,7 +145,7 @@ def test_kernel_parameter_order_matches_sources():
     import re
 
     from lowprec_moe import kernels
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     src = (kernels.kernel_dir() / "grouped_gemm_base.cuh").read_text()
     m = re.search(r"#define LPM_GG_PARAMS\s*\\\n(.*?)\n\n", src, re.S)
@@ -160,7 +160,7 @@ def test_kernel_constants_match_sources():
     import re
 
     from lowprec_moe import kernels
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     ws = (kernels.kernel_dir() / "grouped_gemm_ws_roles.cuh").read_text()
     assert "kWsThreads = kWsConsumers + kWsProducers;" in ws
@@ -233,7 +233,7 @@ def test_tile_table_longest_contraction_first():
     """With the experts' contraction lengths (K-grouped wgrad), the tile table lists the same
     entries, longest contraction first and in expert order among equal lengths; without them,
     in expert order. Experts not included (no rows, or excluded) get no entries."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     rows = np.array([256, 0, 130, 128, 128])
     include = rows > 0

@@ -30,7 +30,7 @@ def _expected_words(p, pl, arrays, ra):
     """The twin over the bytes the kernel addresses: per expert, A's rows and B's columns of
     its descriptor (K-major: row r's codes at soff + r * sld; MN-major: line j at soff + j *
     sld + r), ceil(len / 32) blocks each."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     d = C.descriptors(pl)
     a_scale, b_scale = (to_host(arrays[1]).view(np.uint8).ravel(),
@@ -58,8 +58,8 @@ def _expected_words(p, pl, arrays, ra):
 def test_gpu_mx_range_words(mode):
     import cupy as cp
 
-    from lowprec_moe.cuda import gemm as C
-    from lowprec_moe.cuda.gemm_ranges import mx_range_words
+    from lowprec_moe.backends.cupy.gemm import launch as C
+    from lowprec_moe.backends.cupy.gemm.ranges import mx_range_words
     from lowprec_moe.gemm import _validate
 
     from test_gemm import _data, _quantize

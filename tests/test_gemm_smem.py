@@ -1,4 +1,4 @@
-"""The shared-memory formulas of the GPU GEMM kernels (``lowprec_moe.cuda.gemm_smem``, mirrors
+"""The shared-memory formulas of the GPU GEMM kernels (``lowprec_moe.backends.cupy.gemm.smem``, mirrors
 of raw_kernels/grouped_gemm_base.cuh), checked on the CPU against hand-computed layouts and the
 227 KiB opt-in limit.
 """
@@ -14,7 +14,7 @@ def test_ws_smem_formula():
     of a 128-row A and a 256-row B tile, 3 canonical B buffers (no canonical A: it is decoded
     into registers), 1 KiB alignment; the fp32 epilogue tile fits in it, and so does the whole
     under the 227 KiB opt-in limit."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     nv = C._ws_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K)
     stage = (128 * 32 + 128 * 4) + (256 * 32 + 256 * 4)  # nibbles + E4M3 scale bytes
@@ -29,8 +29,8 @@ def test_ws_tma_smem_formula():
     rows), 3 A-fragment buffers (2 steps x 256 consumer threads x 16 bytes), 1 KiB alignment;
     under the opt-in limit with the 1 KiB of static mbarrier space; the step count agrees with
     the kernel header."""
-    from lowprec_moe.cuda import gemm as C
-    from lowprec_moe.cuda import gemm_smem as S
+    from lowprec_moe.backends.cupy.gemm import launch as C
+    from lowprec_moe.backends.cupy.gemm import smem as S
 
     src = (Path(__file__).resolve().parents[1] / "raw_kernels"
            / "grouped_gemm_base.cuh").read_text()
@@ -48,7 +48,7 @@ def test_ws_p_smem_formula():
     128-float column tables, 1 KiB
     alignment; under the opt-in limit with the 1 KiB of static mbarrier space; the padding
     constant agrees with the kernel header."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     src = (Path(__file__).resolve().parents[1] / "raw_kernels"
            / "grouped_gemm_base.cuh").read_text()
@@ -66,7 +66,7 @@ def test_ws_mx_smem_formula():
     64 bytes) and 4 raw B stages (256 rows), 3 canonical B buffers, 2 scale slots of 16 bytes
     (8 k-tiles) per row, the rows' and columns' largest codes, 1 KiB alignment; under the opt-in
     limit with the 1 KiB of static shared memory that ptxas reports for the kernel."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     mx = C._ws_mx_smem_bytes()
     assert mx == (6 * 128 * 64 + 4 * 256 * 64 + 3 * 256 * 128 + 2 * (128 + 256) * 16 + 384
@@ -81,8 +81,8 @@ def test_ws_mx_p_smem_formula():
     144 bytes), two window slots (128 + 256 codes and their range, padded to 416 bytes), 1 KiB
     alignment; the slot size and the new constants agree with the kernel
     header; under the opt-in limit with the 1 KiB of static shared memory."""
-    from lowprec_moe.cuda import gemm as C
-    from lowprec_moe.cuda import gemm_smem as S
+    from lowprec_moe.backends.cupy.gemm import launch as C
+    from lowprec_moe.backends.cupy.gemm import smem as S
 
     src = (Path(__file__).resolve().parents[1] / "raw_kernels"
            / "grouped_gemm_base.cuh").read_text()
@@ -101,7 +101,7 @@ def test_swap_smem_formula():
     """The swapped-operand kernel's shared memory (mirrors swap_smem_bytes): NVFP4 leaves room
     for four CTAs per SM (1 KiB reserved per CTA; its 80-register bound allows three), MXFP8
     two."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     nv = C._swap_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K)
     mx = C._swap_smem_bytes(C.KIND_FP8_K, C.KIND_FP8_K)
@@ -119,7 +119,7 @@ def test_swap_smem_formula():
 def test_mxfp8_wgmma_smem_has_exponent_bytes():
     """The MXFP8 wgmma kernels keep one byte per tile row and column (the fp16 window's largest
     block codes) after their canonical buffers; NVFP4 and mma.sync kernels do not."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     def formula(ak, bk, bm, wg, extra):
         ring = C._raw_ring_bytes(ak, bk, bm, 256)
@@ -139,7 +139,7 @@ def test_ws_mx_g_smem_formula():
     """The ragged persistent MXFP8 kernel (mirrors ws_mx_g_smem_bytes): the persistent kernel's
     shared memory with four window slots; the slot count agrees with the kernel header; under
     the opt-in limit with the 1 KiB of static shared memory."""
-    from lowprec_moe.cuda import gemm_smem as S
+    from lowprec_moe.backends.cupy.gemm import smem as S
 
     src = (Path(__file__).resolve().parents[1] / "raw_kernels"
            / "grouped_gemm_base.cuh").read_text()
@@ -156,7 +156,7 @@ def test_ws_g_tma_smem_formula():
     (48: a box starting 8 bytes early) and E4M3 scale bytes (4 a row), rounded up to 1 KiB, the 3
     canonical B buffers, 1 KiB alignment; under the opt-in limit with the 1 KiB of static
     mbarrier space; the look-ahead agrees with the kernel header."""
-    from lowprec_moe.cuda import gemm_smem as S
+    from lowprec_moe.backends.cupy.gemm import smem as S
 
     src = (Path(__file__).resolve().parents[1] / "raw_kernels"
            / "grouped_gemm_ws_ragged_tma.cuh").read_text()

@@ -1,5 +1,5 @@
-"""The TMA conditions and tensor maps of the GPU GEMM launcher (``lowprec_moe.cuda.gemm_tma``,
-``lowprec_moe.cuda.tma``), checked on the CPU: which operands one tensor map per operand can
+"""The TMA conditions and tensor maps of the GPU GEMM launcher (``lowprec_moe.backends.cupy.gemm.tma_rules``,
+``lowprec_moe.backends.cupy.tensor_map``), checked on the CPU: which operands one tensor map per operand can
 cover, the tensor-map argument limits, and the maps each TMA build gets (through a stand-in
 encoder).
 """
@@ -15,7 +15,7 @@ def test_tma_eligibility():
     """The TMA build needs one tensor map per operand: a uniform row stride that is a multiple
     of 16 bytes, experts starting at whole rows, int32 row coordinates, one contraction length
     that is a multiple of the k-tile."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     p = _policy_problem("fprop", "nvfp4", [16, 0, 32, 3, 16])
     pl = C.plan(p)
@@ -42,7 +42,7 @@ def test_tma_eligibility():
 def test_ws_tma_scale_eligibility():
     """The scale maps of the ``_kk_y`` build: one scale row stride (a multiple of 16 bytes),
     experts starting at whole scale rows, int32 row coordinates."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     p = _policy_problem("fprop", "nvfp4", [0, 300, 37, 260, 5, 129], n=512, k=768)
     pl = C.plan(p)
@@ -62,7 +62,7 @@ def test_ws_tma_scale_eligibility():
 
 def test_tma_map_limits():
     """The tensor-map argument checks name the violated limit."""
-    from lowprec_moe.cuda import tma
+    from lowprec_moe.backends.cupy import tensor_map as tma
 
     assert tma.check_2d_u8(256, 128, 1000, 128, 32, 128) is None
     assert "aligned" in tma.check_2d_u8(8, 128, 1000, 128, 32, 128)
@@ -95,7 +95,8 @@ def test_tma_map_geometry(kernel, monkeypatch):
     swizzle), MN-major MXFP8 B (dgrad, wgrad) as 128-column x 64-line panels with the 128-byte
     swizzle, MN-major A (wgrad) as one such panel, scale boxes of 16 bytes per row (MN-major:
     256 columns of B, 128 of A, x 16 block lines)."""
-    from lowprec_moe.cuda import gemm_tma, tma
+    from lowprec_moe.backends.cupy.gemm import tma_rules as gemm_tma
+    from lowprec_moe.backends.cupy import tensor_map as tma
 
     calls = []
     monkeypatch.setattr(tma, "map_2d_u8", lambda *a: calls.append(a) or len(calls))

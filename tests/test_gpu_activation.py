@@ -254,7 +254,7 @@ def test_mxfp8_fused_with_nan_and_inf(cp, dname):
 
 
 def test_nvfp4_precomputed_amax_is_validated(cp):
-    from lowprec_moe.cuda.nvfp4 import grouped_quantize_nvfp4
+    from lowprec_moe.backends.cupy.nvfp4 import grouped_quantize_nvfp4
 
     x = cp.asarray(np.ones((48, 32), dtype=np.float32))
     splits = [16, 32]

@@ -202,7 +202,7 @@ def test_gpu_deterministic(mode, fmt):
 def test_gpu_few_tokens_per_expert(mode, fmt):
     """16 tokens per expert: the M-grouped GEMMs take the small tile (32 rows with mma.sync,
     64 with wgmma)."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     splits = [16] * 12 + [0, 3, 40]
     a, b = _host_operands(mode, fmt, seed=8, splits=splits, n=64, k=128)
@@ -230,7 +230,7 @@ def test_gpu_skewed_splits(mode):
 def test_gpu_nvfp4_8byte_rows(mode):
     """K = 48: NVFP4 rows of 24 bytes need the 8-byte-copy kernels; wgrad members with a padded
     token count of 16 (mod 32) too."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     splits = [5, 0, 37, 16]
     a, b = _host_operands(mode, "nvfp4", seed=10, splits=splits, n=48, k=48)
@@ -245,7 +245,7 @@ def test_gpu_nvfp4_8byte_rows(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_bf16_odd_k_uses_simt_fallback(mode):
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     splits = [3, 0, 40]
     a, b = _host_operands(mode, "bf16", seed=11, splits=splits, n=36, k=50)
@@ -258,7 +258,7 @@ def test_gpu_bf16_odd_k_uses_simt_fallback(mode):
 
 
 def _families():
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     fams = ["mma", "simt"]
     if C._device_caps()[0] == (9, 0):
@@ -273,7 +273,7 @@ def _families():
 def test_gpu_kernel_families(mode, fmt, family, monkeypatch):
     """Each tensor-core family (wgmma on sm_90, mma.sync everywhere), forced, against float64,
     with the large and the small tile, and grouped == per expert within the family."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if family not in _families():
         pytest.skip(f"{family} needs an sm_90 GPU")
@@ -299,7 +299,7 @@ def test_gpu_warp_specialised_equals_wgmma_bitwise(mode, fmt, monkeypatch):
     over 3 canonical buffers and 6 raw stages) against the plain wgmma kernel,
     bit for bit, with enough k-tiles (13 in every mode) to refill every raw stage and
     canonical buffer at least once."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if C._device_caps()[0] != (9, 0):
         pytest.skip("the warp-specialised kernel needs an sm_90 GPU")
@@ -326,7 +326,7 @@ def test_gpu_wgmma_tiles_equal_bitwise(mode, fmt, monkeypatch):
     """The two wgmma tiles of an M-grouped GEMM -- 128 rows (one m64n256k16 per warpgroup and
     16-deep step) and 64 rows (m64n128k16) -- give the same bits, a partial column tile
     included: the split-dependent tile choice must not change results."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if "wgmma" not in _families():
         pytest.skip("wgmma needs an sm_90 GPU")
@@ -342,7 +342,7 @@ def test_gpu_wgmma_tiles_equal_bitwise(mode, fmt, monkeypatch):
 
     assert launch().bm == 128
     big = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
-    monkeypatch.setattr(C.gemm_choice, "_pick_bm", lambda rows, small: small)
+    monkeypatch.setattr(C.choice, "_pick_bm", lambda rows, small: small)
     assert launch().bm == 64
     small = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
     assert_bytes_equal(small, big, f"64-row vs 128-row wgmma tile {mode} {fmt}")
@@ -358,7 +358,7 @@ def test_gpu_swap_equals_wgmma_bitwise(mode, fmt, monkeypatch):
     with a bf16 output (and for fprop bias and probs) through its transposed staging. NVFP4 runs
     the TMA build by default (token tiles past an expert read the next expert's rows, the last
     one rows past the array) and must equal the cp.async build of the ``wgmma`` family too."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if "wgmma" not in _families():
         pytest.skip("wgmma needs an sm_90 GPU")
@@ -377,7 +377,7 @@ def test_gpu_swap_equals_wgmma_bitwise(mode, fmt, monkeypatch):
                       out=None, accumulate=False)
         return C.choose_kernel(p, C.plan(p))
 
-    monkeypatch.setattr(C.gemm_choice, "_use_swap", lambda rows: True)
+    monkeypatch.setattr(C.choice, "_use_swap", lambda rows: True)
     nvfp4 = fmt.startswith("nvfp4")
     assert launch().kernel.endswith("_kk_u" if nvfp4 else "_kk_t"), launch()
     swap = _run(mode, a, b, SPLITS, out_dtype="float32")
@@ -391,7 +391,7 @@ def test_gpu_swap_equals_wgmma_bitwise(mode, fmt, monkeypatch):
                            f"TMA vs cp.async swap {mode} {fmt}")
         assert_bytes_equal(swap_epi, _run(mode, a, b, SPLITS, out_dtype="bfloat16", **kw),
                            f"TMA vs cp.async swap, bf16 epilogue {mode} {fmt}")
-    monkeypatch.setattr(C.gemm_choice, "_use_swap", lambda rows: False)
+    monkeypatch.setattr(C.choice, "_use_swap", lambda rows: False)
     assert not launch().kernel.endswith("_t"), launch()
     assert_bytes_equal(swap, _run(mode, a, b, SPLITS, out_dtype="float32"),
                        f"swap vs wgmma {mode} {fmt}")
@@ -403,7 +403,7 @@ def test_gpu_swap_equals_wgmma_bitwise(mode, fmt, monkeypatch):
 def test_gpu_swap_chosen_for_few_tokens(fmt):
     """At most 32 tokens per expert (empty experts included): fprop takes the swapped-operand
     kernel by default (NVFP4: its TMA build)."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if "wgmma" not in _families():
         pytest.skip("wgmma needs an sm_90 GPU")
@@ -422,7 +422,7 @@ def test_gpu_swap_chosen_for_few_tokens(fmt):
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_simt_forced_matches(mode, fmt, monkeypatch):
     """The SIMT kernel (forced) reads the same plan: independent cross-check of the tables."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     a, b = _host_operands(mode, fmt, seed=12)
     monkeypatch.setenv(C.KERNEL_ENV, "simt")

@@ -74,7 +74,7 @@ def _operands(mode, fmt, length, seed, *, wide=False):
 
 def _run(mode, a, b, splits, monkeypatch, *, persist, out_dtype="bfloat16"):
     """One call with the persistent form on or off; checks which kernel ran."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     monkeypatch.setenv(C.PERSIST_ENV, "on" if persist else "off")
     ga, gb = gpu(a), gpu(b)
@@ -90,7 +90,7 @@ def _run(mode, a, b, splits, monkeypatch, *, persist, out_dtype="bfloat16"):
 def _out_of_window(mode, a, b, splits) -> int:
     """The range kernel's flag for a launch: 1 when some row leaves the fp16 window (the
     persistent form then stages the launch on bf16), else 0."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     p = _validate(mode, gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="bfloat16",
                   out=None, accumulate=False)
@@ -130,7 +130,7 @@ def test_gpu_mxfp8_persistent_mixed_modes(mode, mma, monkeypatch, few_ctas):
     """Some rows beyond the window (the launch on bf16, the per-tile kernel's other tiles on
     fp16), and every tile on bf16 when forced."""
     _require_wgmma()
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     monkeypatch.setenv(C.MXFP8_MMA_ENV, mma)
     a, b, splits = _operands(mode, "mxfp8-e4m3", 2048, 90, wide=True)
@@ -145,7 +145,7 @@ def test_gpu_mxfp8_persistent_many_tiles_default(monkeypatch, mode):
     many), dgrad at any length (here twice that) -- and the per-tile one for fp32 output; the
     two agree bit for bit on bf16 output."""
     _require_wgmma()
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     splits = [512, 0, 1000, 384, 130, 700] * 6  # ~165 row tiles x 2 column tiles
     length = C.PERSIST_MX_MAX_KTILES * C.BK * (1 if mode == "fprop" else 2)

@@ -50,7 +50,7 @@ def _operands(fmt, seed, *, wide=False):
 
 
 def _run(a, b, monkeypatch, *, persist, out_dtype="bfloat16", out=None):
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     monkeypatch.setenv(C.PERSIST_ENV, "on" if persist else "off")
     ga, gb = gpu(a), gpu(b)
@@ -63,7 +63,7 @@ def _run(a, b, monkeypatch, *, persist, out_dtype="bfloat16", out=None):
 
 
 def _out_of_window(a, b) -> int:
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     p = _validate("wgrad", gpu(a), gpu(b), SPLITS, bias=None, probs=None, out_dtype="bfloat16",
                   out=None, accumulate=False)
@@ -97,7 +97,7 @@ def test_gpu_mxfp8_ragged_equals_per_tile(fmt, out_dtype, monkeypatch, few_ctas)
 def test_gpu_mxfp8_ragged_mixed_modes(mma, monkeypatch, few_ctas):
     """Some rows beyond the window (the launch on bf16), and every tile on bf16 when forced."""
     _require_wgmma()
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     monkeypatch.setenv(C.MXFP8_MMA_ENV, mma)
     a, b = _operands("mxfp8-e4m3", 61, wide=True)
@@ -126,7 +126,7 @@ def test_gpu_mxfp8_ragged_real_sm_count(monkeypatch):
     per-tile kernel for uneven experts (the ragged form measured slower), "on" takes the ragged
     form for bf16 output, the per-tile kernel for fp32; the two agree bit for bit on bf16."""
     _require_wgmma()
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     splits = [0, 100, 1000, 37, 640, 2048, 200, 900] * 4
     x, _, dy = _data(63, sum(splits), 1024, 2048)

@@ -57,7 +57,7 @@ def _operands(mode, fmt, seed, *, x_scale=None, w_scale=None, dy_scale=None):
 
 def _both(mode, a, b, monkeypatch):
     """(auto, bf16-forced) float32 results of one problem."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     splits = SPLITS[mode]
     ga, gb = gpu(a), gpu(b)
@@ -70,7 +70,7 @@ def _both(mode, a, b, monkeypatch):
 
 
 def _require_wgmma():
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if C._device_caps()[0] != (9, 0):
         pytest.skip("the MXFP8 fp16 window is a wgmma (sm_90a) kernel path")
@@ -223,7 +223,7 @@ def test_gpu_fp16_window_grouped_equals_per_expert(mode, monkeypatch):
     """Experts 1 and 3 tiny-scaled (in the window), expert 5 wide (out of it): one grouped call
     == one call per expert, bitwise."""
     _require_wgmma()
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     monkeypatch.delenv(C.MXFP8_MMA_ENV, raising=False)
     n, k = SHAPES[mode]

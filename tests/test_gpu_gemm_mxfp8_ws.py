@@ -38,7 +38,7 @@ N = 320  # two column tiles, the second partial
 
 
 def _require_wgmma():
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if C._device_caps()[0] != (9, 0):
         pytest.skip("the warp-specialised MXFP8 kernel is a wgmma (sm_90a) kernel")
@@ -64,7 +64,7 @@ def _problem(fmt, length, seed, *, mode="fprop", scale=None, splits=SPLITS):
 def _run(a, b, splits, monkeypatch, *, ws, check=True, mode="fprop", **kw):
     """One call on the GPU with the warp-specialised kernel on or off; checks which kernel ran
     (``check``)."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
     from lowprec_moe.gemm import _validate
 
     monkeypatch.setenv(C.MXFP8_WS_ENV, "all" if ws else "off")
@@ -87,7 +87,7 @@ def _run(a, b, splits, monkeypatch, *, ws, check=True, mode="fprop", **kw):
 def test_gpu_mxfp8_ws_equals_plain(mode, fmt, length, mma, monkeypatch):
     """(hybrid: E5M2 dy against E4M3 W in dgrad)"""
     _require_wgmma()
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     monkeypatch.setenv(C.MXFP8_MMA_ENV, mma)
     a, b = _problem(fmt, length, 41 + length, mode=mode)
@@ -118,7 +118,7 @@ def test_gpu_mxfp8_ws_tiny_blocks_exact(monkeypatch):
     """x scaled by 2^-128 and W by 2^100 (every product an fp32 normal): the fp16 window of the
     warp-specialised kernel is exact where the bf16 path truncates."""
     _require_wgmma()
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     k = 1024
     x, _, _ = _data(44, sum(SPLITS), N, k)
@@ -192,7 +192,7 @@ def _wgrad_problem(fmt, splits, seed, *, scale=None):
 def test_gpu_mxfp8_ws_wgrad_equals_plain(fmt, tokens, mma, monkeypatch):
     """wgrad (``_nn_y``): 8, 16 and 32 k-tiles per expert (hybrid: E5M2 dy against E4M3 x)."""
     _require_wgmma()
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     monkeypatch.setenv(C.MXFP8_MMA_ENV, mma)
     splits = [tokens] * 3

@@ -51,7 +51,7 @@ def _operands(fmt, seed, splits):
 def _run(a, b, splits, monkeypatch, *, build, out_dtype="bfloat16", out=None, ch=None):
     """wgrad on kernel ``build``: "h" (ragged, TMA), "g" (ragged, cp.async) or "x" (per tile,
     cp.async)."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     monkeypatch.setenv(C.PERSIST_ENV, "off" if build == "x" else "on")
     if build == "g":
@@ -128,7 +128,7 @@ def test_gpu_nvfp4_ragged_real_sm_count(monkeypatch):
     ragged form for bf16 output, the per-tile kernel for fp32 and with "off"; both agree bit
     for bit on bf16."""
     _require_wgmma()
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     splits = [0, 100, 1000, 37, 640, 2048, 200, 900] * 4
     x, _, dy = _data(72, sum(splits), 1024, 2048)
@@ -161,9 +161,9 @@ def test_gpu_nvfp4_ragged_maps_built_on_device():
     pair stride replaced), equal the driver's encoding of the same maps byte for byte; experts
     without tokens get none (zeros)."""
     _require_wgmma()
-    from lowprec_moe.cuda import gemm as C
-    from lowprec_moe.cuda import tma
-    from lowprec_moe.cuda.gemm_tma import _pair_geom, _pair_maps
+    from lowprec_moe.backends.cupy.gemm import launch as C
+    from lowprec_moe.backends.cupy import tensor_map as tma
+    from lowprec_moe.backends.cupy.gemm.tma_rules import _pair_geom, _pair_maps
 
     a, b = _operands("nvfp4", 74, SPLITS_8)
     ga, gb = gpu(a), gpu(b)

@@ -33,12 +33,12 @@ NUM_CTAS = 3
 @pytest.fixture
 def few_ctas(monkeypatch):
     """The launcher sees NUM_CTAS multiprocessors (and starts from an empty launch cache)."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     cc, optin, _ = C._device_caps()
     if cc != (9, 0):
         pytest.skip("the warp-specialised kernel needs an sm_90 GPU")
-    monkeypatch.setattr(C.gemm_choice, "_device_caps", lambda: (cc, optin, NUM_CTAS))
+    monkeypatch.setattr(C.choice, "_device_caps", lambda: (cc, optin, NUM_CTAS))
     monkeypatch.setattr(C, "_prepared", OrderedDict())
 
 
@@ -55,7 +55,7 @@ def _case(mode, fmt, tiles, seed):
 
 
 def _kernel(mode, a, b, splits):
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     p = _validate(mode, gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="float32",
                   out=None, accumulate=False)
@@ -67,7 +67,7 @@ def _kernel(mode, a, b, splits):
 @pytest.mark.parametrize("tiles", [4, 12, 20])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_persistent_equals_per_tile(mode, tiles, fmt, form, monkeypatch, few_ctas):
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     a, b, splits, kw = _case(mode, fmt, tiles, 61 + tiles)
     what = f"persistent _kk_{form} {mode} {fmt} {tiles} k-tiles"
@@ -99,7 +99,7 @@ def test_gpu_persistent_equals_per_tile(mode, tiles, fmt, form, monkeypatch, few
 def test_gpu_persistent_many_tiles_default(monkeypatch):
     """With the real multiprocessor count and more tiles than multiprocessors, "auto" takes
     the persistent form; its results equal ``_kk_q``'s bit for bit (bf16 output)."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if C._device_caps()[0] != (9, 0):
         pytest.skip("the warp-specialised kernel needs an sm_90 GPU")

@@ -24,7 +24,7 @@ OUT16 = ["bfloat16", "float16"]
 
 
 def _require_wgmma():
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if C._device_caps()[0] != (9, 0):
         pytest.skip("the warp-specialised kernels are wgmma (sm_90a) kernels")
@@ -32,7 +32,7 @@ def _require_wgmma():
 
 def _plain(mode, a, b, splits, monkeypatch, **kw):
     """The plain wgmma kernel's result (staged epilogue)."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
     out = _run(mode, a, b, splits, **kw)
@@ -46,7 +46,7 @@ def _plain(mode, a, b, splits, monkeypatch, **kw):
 @pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
 def test_gpu_reg_epilogue_nvfp4(mode, fmt, out_dtype, kernel, monkeypatch):
     _require_wgmma()
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if mode == "dgrad" and fmt != "nvfp4":
         pytest.skip("dgrad operands are never row-scaled")
@@ -67,7 +67,7 @@ def test_gpu_reg_epilogue_nvfp4(mode, fmt, out_dtype, kernel, monkeypatch):
 def test_gpu_reg_epilogue_persistent(mode, fmt, out_dtype, form, monkeypatch,
                                      few_ctas):  # noqa: F811
     _require_wgmma()
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     splits, n, k = ws_case_dims(mode, 4)
     a, b, _, _ = _setup(mode, fmt, splits, n, k, 73, 74)

@@ -21,7 +21,7 @@ def test_gpu_swap_tma_contraction_lengths(mode, contraction, monkeypatch):
     """The TMA build of the NVFP4 swapped-operand kernel over 1, 2, 7 and 25 k-tiles (its six
     raw stages wrap, and their mbarrier phases flip, from 7 on): against float64, and bit for
     bit against the cp.async build."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if "wgmma" not in _families():
         pytest.skip("wgmma needs an sm_90 GPU")
@@ -49,7 +49,7 @@ def ws_case_dims(mode, tiles):
     """(splits, n, k) of a warp-specialised-kernel case with `tiles` k-tiles: ragged experts
     (an empty one, tiles ending mid-expert) and a partial second column tile; wgrad: three
     experts of `tiles` k-tiles of tokens."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     contraction = tiles * C.BK
     if mode == "wgrad":
@@ -61,7 +61,7 @@ def ws_case_dims(mode, tiles):
 def _setup(mode, fmt, splits, n, k, seed, rng_seed):
     """(a, b, kw, launch) of a GEMM case: host operands, fprop's bias and probs (kw; empty for
     the other modes) and a function returning the kernel the launcher picks for them now."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     a, b = _host_operands(mode, fmt, seed=seed, splits=splits, n=n, k=k)
     ga, gb = gpu(a), gpu(b)
@@ -84,7 +84,7 @@ def _check_wide_swap(mode, contraction, fmt, monkeypatch, splits, seed, kernel, 
     outputs; fprop with bias and probs) and run to run; then, turning the environment switches
     of ``fallbacks`` off one after the other (names of cuda.gemm constants, with the kernel each
     leaves), bit for bit against each fallback kernel."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if "wgmma" not in _families():
         pytest.skip("wgmma needs an sm_90 GPU")
@@ -144,7 +144,7 @@ def test_gpu_ws_tma_equals_cp_async(mode, tiles, fmt, monkeypatch):
     stages and three scale slots wrapping, their mbarrier phases flipping): against float64 and
     bit for bit against each other, the cp.async build and the plain wgmma kernel, with a
     partial column tile, bias and probs (fprop) and bf16 output."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if C._device_caps()[0] != (9, 0):
         pytest.skip("the warp-specialised kernel needs an sm_90 GPU")
@@ -186,7 +186,7 @@ def test_gpu_ws_n256_partial_column_tiles(n, monkeypatch):
     consumers' first block of B rows (n = 352: 96 columns), the producers' second (416: 160)
     and the consumers' second (464: 208), so that each role skips some of its B units: against
     float64 (fprop, bias and probs) and bit for bit against ``_kk_y``."""
-    from lowprec_moe.cuda import gemm as C
+    from lowprec_moe.backends.cupy.gemm import launch as C
 
     if C._device_caps()[0] != (9, 0):
         pytest.skip("the warp-specialised kernel needs an sm_90 GPU")

@@ -1,4 +1,4 @@
-"""GPU MXFP8 kernels (``raw_kernels/mxfp8*.cu``, ``lowprec_moe/cuda/mxfp8.py``) vs the NumPy
+"""GPU MXFP8 kernels (``raw_kernels/mxfp8*.cu``, ``lowprec_moe/backends/cupy/mxfp8.py``) vs the NumPy
 reference, byte for byte.
 
 Every test needs CuPy and a CUDA GPU (marked ``gpu``, skipped cleanly otherwise). The launchers
@@ -34,7 +34,7 @@ QKEYS = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale")
 # ------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
 def mx():
-    from lowprec_moe.cuda import mxfp8
+    from lowprec_moe.backends.cupy import mxfp8
 
     return mxfp8
 

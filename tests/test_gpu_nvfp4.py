@@ -1,4 +1,4 @@
-"""GPU NVFP4 kernels (``raw_kernels/nvfp4*.cu``, ``lowprec_moe/cuda/nvfp4.py``) vs the NumPy
+"""GPU NVFP4 kernels (``raw_kernels/nvfp4*.cu``, ``lowprec_moe/backends/cupy/nvfp4.py``) vs the NumPy
 reference, byte for byte.
 
 Every test needs CuPy and a CUDA GPU (marked ``gpu``, skipped cleanly otherwise). The launchers
@@ -45,7 +45,7 @@ OPTIONS = {
 # ------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
 def nv():
-    from lowprec_moe.cuda import nvfp4
+    from lowprec_moe.backends.cupy import nvfp4
 
     return nvfp4
 
@@ -396,7 +396,7 @@ def test_runs_on_current_stream(cp, nv):
 # ------------------------------------------------------------------------------ public API
 @pytest.mark.parametrize("option", ["tensor", "row_scaled", "2d", "rht", "sr"])
 def test_public_api_quantize_dequantize(cp, option):
-    pytest.importorskip("lowprec_moe.cuda.quantize")
+    pytest.importorskip("lowprec_moe.backends.cupy.quantize")
     import lowprec_moe as lpm
 
     from conftest import assert_quantized_equal
@@ -419,7 +419,7 @@ def test_public_api_quantize_dequantize(cp, option):
 
 @pytest.mark.parametrize("option", ["tensor", "row_scaled", "sr", "rht"])
 def test_public_api_grouped(cp, option):
-    pytest.importorskip("lowprec_moe.cuda.grouped")
+    pytest.importorskip("lowprec_moe.backends.cupy.grouped")
     import lowprec_moe as lpm
 
     from conftest import assert_quantized_equal

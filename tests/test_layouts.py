@@ -119,7 +119,7 @@ def _fn(xp, name):
         from lowprec_moe.reference import layouts
 
         return getattr(layouts, name + "_np")
-    from lowprec_moe.cuda import layouts
+    from lowprec_moe.backends.cupy import layouts
 
     return getattr(layouts, name + "_cp")
 
@@ -339,7 +339,7 @@ def test_bad_shape(xp):
 @pytest.mark.parametrize("transpose", [False, True])
 @pytest.mark.parametrize("shape", [(4096, 448), (1000, 65), (16384, 224)])
 def test_gpu_large_matches_numpy(cp, shape, transpose):
-    from lowprec_moe.cuda.layouts import swizzle_scales_cp, unswizzle_scales_cp
+    from lowprec_moe.backends.cupy.layouts import swizzle_scales_cp, unswizzle_scales_cp
 
     s = _rand(shape, seed=3)
     ref = swizzle_scales_np(s, transpose=transpose)
@@ -354,7 +354,7 @@ def test_gpu_large_matches_numpy(cp, shape, transpose):
 def test_gpu_grouped_views_of_one_buffer(cp, transpose):
     """Members that are row slices of one [M_total, C] array (a grouped tensor's rowwise
     scales) or reshaped slices of a flat buffer (its columnwise scales) are read in place."""
-    from lowprec_moe.cuda.layouts import swizzle_grouped_buffer_cp, swizzle_grouped_cp
+    from lowprec_moe.backends.cupy.layouts import swizzle_grouped_buffer_cp, swizzle_grouped_cp
 
     splits = [0, 130, 5, 0, 1000, 31]
     offs = np.concatenate([[0], np.cumsum(splits)])
@@ -383,7 +383,7 @@ def test_gpu_grouped_views_of_one_buffer(cp, transpose):
 
 @pytest.mark.gpu
 def test_gpu_grouped_separate_and_strided_members(cp):
-    from lowprec_moe.cuda.layouts import swizzle_grouped_cp, unswizzle_grouped_cp
+    from lowprec_moe.backends.cupy.layouts import swizzle_grouped_cp, unswizzle_grouped_cp
 
     shapes = [(64, 1), (3000, 7), (0, 7), (129, 130)]
     members = [_rand(sh, seed=g) for g, sh in enumerate(shapes)]
@@ -401,7 +401,7 @@ def test_gpu_grouped_separate_and_strided_members(cp):
 
 @pytest.mark.gpu
 def test_gpu_rejects_numpy(cp):
-    from lowprec_moe.cuda.layouts import swizzle_scales_cp, unswizzle_scales_cp
+    from lowprec_moe.backends.cupy.layouts import swizzle_scales_cp, unswizzle_scales_cp
 
     with pytest.raises(TypeError, match="numpy"):
         swizzle_scales_cp(np.zeros((4, 4), dtype=np.uint8))

@@ -14,7 +14,7 @@ _DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.b
 
 
 def _colsum(xp):
-    return implementation("grouped_colsum", xp is not np, "lowprec_moe.cuda.reduce")
+    return implementation("grouped_colsum", xp is not np, "lowprec_moe.backends.cupy.reduce")
 
 
 def _data(m, n, dtype, seed=0):

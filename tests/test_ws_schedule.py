@@ -24,7 +24,7 @@ import pytest
 
 from conftest import assert_source_has
 
-from lowprec_moe.cuda import gemm as C
+from lowprec_moe.backends.cupy.gemm import launch as C
 
 
 def _nvfp4_group(kt, sgt, nsg, ncb, ng):

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import formats as F
-from .. import kernels
+from lowprec_moe import formats as F
+from lowprec_moe import kernels
 
 __all__ = [
     "MODULE",

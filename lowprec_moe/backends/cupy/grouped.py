@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from . import mxfp8 as _mx
-from . import nvfp4 as _nv
+from lowprec_moe.backends.cupy import mxfp8 as _mx
+from lowprec_moe.backends.cupy import nvfp4 as _nv
 
 
 def grouped_quantize(x2d, splits, format, *, rowwise, columnwise, row_scaled, block_2d, rht,
@@ -19,7 +19,7 @@ def grouped_quantize(x2d, splits, format, *, rowwise, columnwise, row_scaled, bl
 
 def grouped_dequantize(gt, direction: str, dtype: str):
     """Dequantize all members of a GroupedTensor to ``[M_total, K]`` of ``dtype``."""
-    from ..quantized_tensor import _cast
+    from lowprec_moe.quantized_tensor import _cast
 
     if direction == "rowwise" and gt.rowwise_data is None or \
             direction == "columnwise" and gt.columnwise_data is None:

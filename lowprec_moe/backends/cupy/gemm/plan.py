@@ -1,7 +1,7 @@
 """Host-side planning of a grouped GEMM launch (no CuPy needed).
 
 Turns a validated :class:`lowprec_moe.gemm.GemmProblem` into the canonical per-expert form the
-kernels read (see :mod:`lowprec_moe.cuda.gemm` for the layout): an :class:`Operand` per side, the
+kernels read (see :mod:`lowprec_moe.backends.cupy.gemm.launch` for the layout): an :class:`Operand` per side, the
 descriptor table ``int64 [G, DESC_WORDS]`` and the tile table ``int32 [entries, 2]``. The
 constants below mirror ``raw_kernels/grouped_gemm_base.cuh`` (descriptor words, operand kinds,
 tile constants), ``grouped_gemm_kernel.cuh`` (the kernel parameters) and ``grouped_gemm_simt.cu``;
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import formats as F
+from lowprec_moe import formats as F
 
 
 def _cdiv(a, b):
@@ -110,7 +110,7 @@ def _hp_operand(arr, *, mn: bool, off, ld) -> Operand:
 
 
 def _flat_amax(a):
-    from ..backend import get_xp
+    from lowprec_moe.backend import get_xp
 
     xp = get_xp(a)
     return xp.ascontiguousarray(a.astype(xp.float32, copy=False)).reshape(-1)

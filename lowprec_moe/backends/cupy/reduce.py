@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels
+from lowprec_moe import kernels
 
 __all__ = ["MODULE", "TILE_ROWS", "grouped_colsum", "segment_sum_tiles"]
 

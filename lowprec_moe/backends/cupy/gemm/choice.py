@@ -1,4 +1,4 @@
-"""Kernel choice of the grouped GEMM launcher (:mod:`lowprec_moe.cuda.gemm`): which kernel, tile,
+"""Kernel choice of the grouped GEMM launcher (:mod:`lowprec_moe.backends.cupy.gemm.launch`): which kernel, tile,
 copy chunk and shared memory a planned problem takes, and the environment overrides. Host-only
 (the device capabilities come from CuPy, or from the caller).
 
@@ -33,7 +33,7 @@ Kernel choice
   (a GPU test compares them). NVFP4 needs each row's block scales of a k-tile 4-byte aligned
   (contraction a multiple of 64), else the 64x256 tile is used. In the default family its
   NVFP4 build ``_kk_u`` loads the two data tiles of each k-tile with TMA (one thread, one
-  tensor map per operand passed by value, :mod:`lowprec_moe.cuda.tma`; the block scales stay
+  tensor map per operand passed by value, :mod:`lowprec_moe.backends.cupy.tensor_map`; the block scales stay
   on cp.async) whenever every expert shares one row stride (a multiple of 16 bytes), starts at
   a whole row and contracts the same whole number of k-tiles -- true for every layout the
   library produces; bitwise the cp.async build's results. When its grid would fill every SM
@@ -80,7 +80,7 @@ Kernel choice
   ``_kk_y`` conditions above, the contraction a multiple of 512; wgrad: see below): the whole
   CTA first checks the tile against the fp16 window -- from the block-code range of every
   operand row, which a small kernel computes once per call (``lpm_gg_mx_ranges``,
-  :mod:`lowprec_moe.cuda.gemm_ranges`) -- then two producer warpgroups widen B (TMA
+  :mod:`lowprec_moe.backends.cupy.gemm.ranges`) -- then two producer warpgroups widen B (TMA
   data tiles, 64-byte swizzle) while two consumer warpgroups widen A straight into wgmma
   registers, on fp16 or bf16 per tile as the plain kernel would -- bitwise the plain kernel's
   results. In the dgrad build (B MN-major: W's columnwise copy, two 128-row panels with the
@@ -106,7 +106,7 @@ Kernel choice
   counts (or one count that is no whole number of scale groups) runs the ragged persistent
   form ``_nn_g`` (``raw_kernels/grouped_gemm_ws_mx_ragged.cuh``) under the same output
   conditions: one CTA per SM over a list of tiles that the launcher balances by contraction
-  length (:mod:`lowprec_moe.cuda.gemm_balance`), each tile starting its own scale group, one
+  length (:mod:`lowprec_moe.backends.cupy.gemm.balance`), each tile starting its own scale group, one
   staging mode for the launch without the per-tile kernel's 4-k-tile threshold (so the bits
   are the per-tile kernel's except for blocks below ~1e-35), empty experts' tiles zeroed.
   "auto" does not take it (slower than the per-tile kernel so far; ``_persist_ragged``).
@@ -123,7 +123,7 @@ Kernel choice
   Its TMA build ``_kk_h`` / ``_kk_h8`` takes its place in the default family wherever every
   expert's rows can be mapped in pairs (``_use_pair_tma``: each expert 16-byte aligned, an
   even row count, a stride that is a multiple of 8 bytes -- true for every layout the library
-  produces): four tensor maps per expert (:func:`~lowprec_moe.cuda.gemm_tma._pair_maps`, a
+  produces): four tensor maps per expert (:func:`~lowprec_moe.backends.cupy.gemm.tma_rules._pair_maps`, a
   device array that a small kernel builds from templates, cached by the data pointers), one
   thread copying each k-tile's data as four boxes, the block scales loaded as in the cp.async
   build; bitwise the same results; "auto" takes it whatever the contraction length (faster
@@ -142,15 +142,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .gemm_plan import (CONFIGS, KIND_FP4_K, KIND_FP8_K, Operand, Plan, SIMT_TILE, THREADS,
+from .plan import (CONFIGS, KIND_FP4_K, KIND_FP8_K, Operand, Plan, SIMT_TILE, THREADS,
                         WS_N256_THREADS, WS_THREADS, _cdiv, kernel_module, plan)
-from .gemm_smem import (_smem_bytes, _swap_smem_bytes, _ws_g_tma_smem_bytes, _ws_mx_g_smem_bytes,
+from .smem import (_smem_bytes, _swap_smem_bytes, _ws_g_tma_smem_bytes, _ws_mx_g_smem_bytes,
                         _ws_mx_p_smem_bytes, _ws_mx_smem_bytes, _ws_p_smem_bytes,
                         _ws_smem_bytes, _ws_tma_smem_bytes)
-from .gemm_persist import (  # noqa: F401 - re-exported (gemm.py and the tests read them here)
+from .persist import (  # noqa: F401 - re-exported (gemm.py and the tests read them here)
     PERSIST_ENV, PERSIST_MAX_KTILES, PERSIST_MX_MAX_KTILES, PERSIST_N256_MAX_KTILES, _env_mode,
     _persist, _persist_mx, _persist_ragged, _persist_ragged_fp4, _reg_epilogue_ok, num_tiles)
-from .gemm_tma import _scales_word_aligned, _use_pair_tma, _use_tma, _use_ws_tma
+from .tma_rules import _scales_word_aligned, _use_pair_tma, _use_tma, _use_ws_tma
 
 #: Environment variable selecting the kernel family: "auto" (default) or "simt".
 KERNEL_ENV = "LOWPREC_MOE_GEMM_KERNEL"
@@ -266,10 +266,10 @@ class Launch:
     #: persistent kernel: at most this many CTAs share the tiles (0: one CTA per tile)
     grid_cap: int = 0
     #: the warp-specialised MXFP8 kernels: the rows' block-code ranges follow the tensor maps
-    #: (:mod:`lowprec_moe.cuda.gemm_ranges`)
+    #: (:mod:`lowprec_moe.backends.cupy.gemm.ranges`)
     mx_ranges: bool = False
     #: the ragged persistent MXFP8 wgrad kernel: its tile table is a balanced list
-    #: (:mod:`lowprec_moe.cuda.gemm_balance`)
+    #: (:mod:`lowprec_moe.backends.cupy.gemm.balance`)
     ragged: bool = False
 
 

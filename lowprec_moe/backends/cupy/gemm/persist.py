@@ -1,9 +1,9 @@
-"""Persistent-form policy of the grouped-GEMM kernel choice (:mod:`lowprec_moe.cuda.gemm_choice`):
+"""Persistent-form policy of the grouped-GEMM kernel choice (:mod:`lowprec_moe.backends.cupy.gemm.choice`):
 when a warp-specialised launch runs one CTA per multiprocessor over many tiles instead of one
 CTA per tile -- NVFP4 ``_kk_o`` / ``_kk_z``, MXFP8 ``_kk_o`` / ``_kn_o`` / ``_nn_o`` and, for
 wgrad of uneven experts, ``_nn_g`` and NVFP4's ``_kk_g`` -- and the environment overrides'
 parser. Host-only;
-re-exported by :mod:`lowprec_moe.cuda.gemm_choice` and :mod:`lowprec_moe.cuda.gemm`.
+re-exported by :mod:`lowprec_moe.backends.cupy.gemm.choice` and :mod:`lowprec_moe.backends.cupy.gemm.launch`.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import os
 
 import numpy as np
 
-from .. import formats as F
-from .gemm_plan import BK, CONFIGS, Plan, _cdiv
-from .gemm_smem import WMX_SCALE_TILES, WS_SCALE_TILES
-from .gemm_tma import _ptr
+from lowprec_moe import formats as F
+from .plan import BK, CONFIGS, Plan, _cdiv
+from .smem import WMX_SCALE_TILES, WS_SCALE_TILES
+from .tma_rules import _ptr
 
 #: Environment variable for the persistent forms of the warp-specialised NVFP4 TMA build
 #: (``_kk_o`` of the 384-thread ``_kk_q``, ``_kk_z`` of ``_kk_y``; one CTA per SM over many

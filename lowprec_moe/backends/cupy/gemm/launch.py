@@ -27,7 +27,7 @@ nothing): the tile table ``int32 [entries, 2] = (expert, row tile)`` and the des
 rows, contraction length, output / amax / bias / probs bases; layout in
 ``raw_kernels/grouped_gemm_base.cuh``).
 
-Which kernel runs is decided by :mod:`lowprec_moe.cuda.gemm_choice` (its docstring lists the
+Which kernel runs is decided by :mod:`lowprec_moe.backends.cupy.gemm.choice` (its docstring lists the
 kernels and the environment overrides); this module re-exports its names.
 """
 
@@ -40,9 +40,9 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import kernels
-from . import gemm_choice  # noqa: F401 - tests patch the policy helpers (_chunk, ...) there
-from .gemm_choice import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
+from lowprec_moe import kernels
+from . import choice  # noqa: F401 - tests patch the policy helpers (_chunk, ...) there
+from .choice import (  # noqa: F401 - re-exported (tests read launch.<name>)
     KERNEL_ENV, MXFP8_MMA_ENV, MXFP8_WS_AUTO, MXFP8_WS_ENV, PERSIST_ENV, PERSIST_MAX_KTILES,
     PERSIST_MX_MAX_KTILES,
     PERSIST_N256_MAX_KTILES, SWAP_N16_ENV, SWAP_WIDE_ENV, SWAP_WIDE_MIN_CTAS_PER_SM, TMA_ENV,
@@ -50,14 +50,14 @@ from .gemm_choice import (  # noqa: F401 - re-exported (tests read cuda.gemm.<na
     _device_caps, _env_mode, _mx_bf16, _cupy, _persist, _persist_mx, _pick_bm, _swap_wide,
     _use_swap,
     choose_kernel, kernel_info, num_tiles)
-from .gemm_plan import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
+from .plan import (  # noqa: F401 - re-exported (tests read launch.<name>)
     BK, CONFIGS, DESC_WORDS, SWAP_STAGES, D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD,
     D_B_SOFF, D_B_SLD, D_ROWS, D_LEN, D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS, EK_F32,
     EK_BF16, EK_F16, EK_FP4, EK_E4M3, EK_E5M2, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K,
     KIND_HP_MN, MMA_PARAMS, OUT_TYPES, Operand, Plan, SIMT_PARAMS, SIMT_TILE, THREADS,
     WS_AHEAD, WS_CANON_BUFFERS, WS_N256_THREADS, WS_THREADS, _cdiv,
     _flat_amax, descriptors, kernel_module, plan, tile_table)
-from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
+from .smem import (  # noqa: F401 - re-exported (tests read launch.<name>)
     EPI_COL_TABLE, EPI_WARP_LD, MAX_SMEM, WMX_A_STAGES, WMX_AHEAD, WMX_B_STAGES,
     WMX_CANON_BUFFERS, WMX_EPI_STAGING, WMX_G_WIN_SLOTS, WMX_P_AHEAD, WMX_SCALE_SLOTS,
     WMX_SCALE_TILES,
@@ -67,9 +67,9 @@ from .gemm_smem import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name
     _ws_p_smem_bytes, _ws_smem_bytes,
     _ws_tma_smem_bytes)
 
-from .gemm_balance import ragged_tile_list, ragged_tile_table
-from .gemm_ranges import mx_range_words
-from .gemm_tma import (  # noqa: F401 - re-exported (tests read cuda.gemm.<name>)
+from .balance import ragged_tile_list, ragged_tile_table
+from .ranges import mx_range_words
+from .tma_rules import (  # noqa: F401 - re-exported (tests read launch.<name>)
     _pair_geom, _pair_maps, _ptr, _scales_word_aligned, _tma_maps, _tma_rows_ok,
     _tma_scale_rows_ok, _use_pair_tma, _use_tma, _use_ws_tma)
 
@@ -217,7 +217,7 @@ def _prepare(p, arrays):
 
 def _range_words(prep, a_scale, b_scale):
     """The range kernel's words and out-of-window flag for a prepared warp-specialised MXFP8
-    launch (:func:`~lowprec_moe.cuda.gemm_ranges.mx_range_words`; tests read the flag to tell
+    launch (:func:`~lowprec_moe.backends.cupy.gemm.ranges.mx_range_words`; tests read the flag to tell
     which staging mode the persistent form takes)."""
     if not prep["launch"].mx_ranges:
         raise ValueError(f"{prep['launch'].kernel} reads no range words")

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import formats as F
-from .. import kernels
-from .reduce import segment_sum_tiles
+from lowprec_moe import formats as F
+from lowprec_moe import kernels
+from lowprec_moe.backends.cupy.reduce import segment_sum_tiles
 
 __all__ = ["MODULE", "AMAX_MODES", "activation_forward", "activation_backward"]
 

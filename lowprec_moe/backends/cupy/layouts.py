@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import kernels
-from ..reference.layouts import _check_shape, round_up, swizzled_size
+from lowprec_moe import kernels
+from lowprec_moe.reference.layouts import _check_shape, round_up, swizzled_size
 
 __all__ = [
     "swizzle_scales_cp",

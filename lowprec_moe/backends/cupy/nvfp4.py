@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import formats as F
-from .. import kernels
+from lowprec_moe import formats as F
+from lowprec_moe import kernels
 
 __all__ = [
     "MODULE",

@@ -1,9 +1,9 @@
 """TMA eligibility and tensor maps of the grouped-GEMM TMA builds (host side).
 
 ``_kk_u`` (swapped-operand NVFP4 kernel) and ``_kk_y`` (warp-specialised NVFP4 / MXFP8
-kernels) read their operands through 2-D byte tensor maps (:mod:`lowprec_moe.cuda.tma`); these helpers decide
+kernels) read their operands through 2-D byte tensor maps (:mod:`lowprec_moe.backends.cupy.tensor_map`); these helpers decide
 whether a plan's operands can be mapped and build the maps of a launch. Re-exported by
-:mod:`lowprec_moe.cuda.gemm`.
+:mod:`lowprec_moe.backends.cupy.gemm.launch`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .. import formats as F
-from .. import kernels
-from . import tma
-from .gemm_plan import BK, CONFIGS, KIND_FP4_K, Operand, Plan
-from .gemm_smem import WMX_SCALE_TILES, WS_SCALE_TILES
+from lowprec_moe import formats as F
+from lowprec_moe import kernels
+from lowprec_moe.backends.cupy import tensor_map as tma
+from .plan import BK, CONFIGS, KIND_FP4_K, Operand, Plan
+from .smem import WMX_SCALE_TILES, WS_SCALE_TILES
 
 
 def _scales_word_aligned(op: Operand) -> bool:

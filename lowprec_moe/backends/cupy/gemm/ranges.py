@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import kernels
-from .gemm_plan import RANGES_MODULE
+from lowprec_moe import kernels
+from .plan import RANGES_MODULE
 
 #: rows per CTA of the range kernel (kMxRangeThreads)
 RANGE_THREADS = 256
