@@ -140,7 +140,7 @@ def _compute_weights(x, recipe: lpm.Recipe, *params):
     """Parameters as the GEMMs take them: cast to x's dtype for the bf16 recipe only."""
     if recipe.quantized or not isinstance(x, torch.Tensor):
         return params
-    return tuple(None if p is None or p.dtype == x.dtype else p.to(x.dtype) for p in params)
+    return tuple(p if p is None or p.dtype == x.dtype else p.to(x.dtype) for p in params)
 
 
 @dataclass
