@@ -80,11 +80,47 @@ def _suffix_check(allowed: Sequence[str]):
     return check
 
 
-def _require_file(path: str, what: str) -> None:
+def _model_path(allowed: Sequence[str]):
+    """Click callback: a file with a suffix in ``allowed``, a ``*.index.json`` or a directory."""
+    check = _suffix_check(allowed)
+
+    def callback(ctx, param, value):
+        if value is None or os.path.isdir(value) or value.endswith(".index.json"):
+            return value
+        if not os.path.splitext(value)[1] and not os.path.exists(value):
+            return value  # a directory to be created (an output)
+        return check(ctx, param, value)
+
+    return callback
+
+
+def _require_file(path: str, what: str, directory_ok: bool = False) -> None:
     if not os.path.exists(path):
         raise _Failure(f"{what} {path!r} does not exist")
-    if os.path.isdir(path):
+    if os.path.isdir(path) and not directory_ok:
         raise _Failure(f"{what} {path!r} is a directory")
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGTERM / SIGHUP / SIGINT: temporary files go, one line says so, status 128 + signal."""
+    from lowprec_moe.io._safety import Interrupted, cleanup_on_signals
+
+    try:
+        with cleanup_on_signals():
+            yield
+    except Interrupted as exc:
+        click.echo(f"Error: {exc}; no output was written", err=True)
+        sys.exit(128 + exc.signum)
+    except KeyboardInterrupt:
+        click.echo("Error: interrupted; no output was written", err=True)
+        sys.exit(130)
+
+
+def _byte_progress(quiet: bool):
+    from lowprec_moe.io.progress import ByteProgress, NoProgress
+
+    return NoProgress() if quiet else ByteProgress(sys.stderr)
 
 
 def _progress(names: Sequence[str], label: str) -> Iterable[str]:
@@ -109,6 +145,12 @@ def _print_report(report, verb: str) -> None:
     sizes = (f"{_fmt_bytes(report.bytes_in)} in, " if report.bytes_in else "") + \
         f"{_fmt_bytes(report.bytes_out)} out"
     click.echo(f"{verb} {len(report.converted)} of {n} tensors -> {report.output} ({sizes})")
+    if getattr(report, "files", None):
+        click.echo(f"  files: {', '.join(report.files)}")
+    for name, count, pattern in getattr(report, "split", []):
+        click.echo(f"  expert stack {name}: {count} experts written as {pattern}")
+    for name in getattr(report, "fused", []):
+        click.echo(f"  expert stack {name}: kept fused (one amax per expert)")
     for name, why in report.copied:
         click.echo(f"  copied unchanged: {name}: {why}")
 
@@ -140,9 +182,9 @@ def main() -> None:
     """
 
 
-@main.command(short_help="Quantize the matrices of a .npy/.npz/.safetensors file.")
-@click.argument("src", metavar="IN", callback=_suffix_check(_ANY_FILE))
-@click.argument("dst", metavar="OUT", callback=_suffix_check(_QUANT_OUT))
+@main.command(short_help="Quantize a model: a file, a sharded index or a directory.")
+@click.argument("src", metavar="IN", callback=_model_path(_ANY_FILE))
+@click.argument("dst", metavar="OUT", callback=_model_path(_QUANT_OUT))
 @click.option("--format", "fmt", type=click.Choice(["nvfp4", "mxfp8"]), required=True,
               help="Target format.")
 @click.option("--row-scaled", is_flag=True,
@@ -153,57 +195,79 @@ def main() -> None:
 @click.option("--fp8-dtype", type=click.Choice(["e4m3", "e5m2"]), default=None,
               help="mxfp8 element type  [default: e4m3]")
 @click.option("--keys", multiple=True, metavar="GLOB",
-              help="Quantize only tensors whose name matches (repeatable); others are copied.")
-@click.option("--grouped", is_flag=True,
-              help="Quantize 3-D tensors [G, N, K] as G experts with one amax each.")
+              help="Quantize only tensors whose name matches (repeatable); others are copied. "
+                   "Also quantizes tensors excluded by default when they match.")
+@click.option("--exclude", multiple=True, metavar="GLOB",
+              help="Never quantize tensors whose name matches (repeatable).")
+@click.option("--layout", type=click.Choice(["modelopt", "compressed-tensors", "lowprec"]),
+              default="modelopt", show_default=True,
+              help="Array names and configs: ModelOpt, compressed-tensors (nvfp4-pack-"
+                   "quantized), or lowprec (exact amax, columnwise copies, row scaling).")
+@click.option("--experts", type=click.Choice(["split", "fused", "flat"]), default="split",
+              show_default=True,
+              help="3-D tensors [G, N, K]: one tensor per expert, one grouped tensor with one "
+                   "amax per expert, or one [G*N, K] matrix.")
+@click.option("--grouped", is_flag=True, hidden=True, help="Same as --experts fused.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "gpu"]), default="auto",
               show_default=True, help="Quantize on the GPU (CuPy) or the CPU (NumPy).")
 @click.option("--allow-nonfinite", is_flag=True,
               help="Quantize tensors holding NaN / inf instead of refusing them.")
-def quantize(src, dst, fmt, row_scaled, block_2d, columnwise, fp8_dtype, keys, grouped,
-             device, allow_nonfinite) -> None:
-    """Quantize the matrices of IN to NVFP4 or MXFP8 and write OUT (.safetensors or .npz).
+@click.option("--force", is_flag=True, help="Replace an existing OUT (never an input).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+def quantize(src, dst, fmt, row_scaled, block_2d, columnwise, fp8_dtype, keys, exclude, layout,
+             experts, grouped, device, allow_nonfinite, force, quiet) -> None:
+    """Quantize the matrices of IN to NVFP4 or MXFP8 and write OUT.
 
-    IN is a .npy, .npz or .safetensors file (float32, float16 or bfloat16 tensors). Tensors
-    that are not selected by --keys or cannot be quantized (rank 1, K not a multiple of the
-    block, integer dtypes) are copied unchanged and reported. OUT uses ModelOpt-compatible
-    names: NAME (data), NAME_scale, NAME_scale_2 (nvfp4: amax / (FP4_MAX * E4M3_MAX)), plus NAME_amax and
-    NAME_columnwise* (see lowprec_moe.io.checkpoint).
+    IN is a .npy, .npz or .safetensors file, a *.safetensors.index.json or a model directory
+    (float32, float16 or bfloat16 tensors). A file gives a file OUT (.safetensors or .npz);
+    an index or a directory gives a directory OUT with the same shards, the index,
+    config.json with quantization_config, hf_quant_config.json (ModelOpt) and the other files.
+    Embeddings, lm_head, router gates, norms and biases stay unquantized unless --keys names
+    them; expert stacks [G, N, K] become one tensor per expert (--experts). Tensors that are
+    not quantized are copied unchanged and reported. OUT never replaces IN, and replaces an
+    existing file only with --force.
 
     \b
     Example:
+      lowprec-moe quantize ./Qwen3-30B-A3B ./Qwen3-30B-A3B-nvfp4 --format nvfp4
       lowprec-moe quantize model.safetensors model-nvfp4.safetensors \\
-          --format nvfp4 --block-2d --keys '*.weight'
+          --format nvfp4 --layout compressed-tensors --exclude '*.shared_expert.*'
     """
-    from lowprec_moe.io import convert
+    from lowprec_moe.io import convert, serving
 
     try:
-        convert.quantize_options(fmt, columnwise=columnwise, row_scaled=row_scaled,
-                                 block_2d=block_2d, fp8_dtype=fp8_dtype)
+        opts = convert.quantize_options(fmt, columnwise=columnwise, row_scaled=row_scaled,
+                                        block_2d=block_2d, fp8_dtype=fp8_dtype)
+        serving.check_layout(layout, fmt, opts, "fused" if grouped else experts)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    _require_file(src, "input file")
-    with _errors():
+    _require_file(src, "input", directory_ok=True)
+    with _interruptible(), _errors():
         report = convert.quantize_file(
             src, dst, fmt, columnwise=columnwise, row_scaled=row_scaled, block_2d=block_2d,
-            fp8_dtype=fp8_dtype, keys=list(keys) or None, grouped=grouped, device=device,
-            allow_nonfinite=allow_nonfinite, progress=_progress)
-    _print_report(report, f"quantized ({fmt})")
+            fp8_dtype=fp8_dtype, keys=list(keys) or None, exclude=list(exclude) or None,
+            experts="fused" if grouped else experts, layout=layout, device=device,
+            allow_nonfinite=allow_nonfinite, force=force, progress=_byte_progress(quiet))
+    _print_report(report, f"quantized ({fmt}, {layout} layout)")
 
 
-@main.command(short_help="Dequantize a file written by 'quantize'.")
-@click.argument("src", metavar="IN", callback=_suffix_check(_QUANT_OUT))
-@click.argument("dst", metavar="OUT", callback=_suffix_check(_ANY_FILE))
+@main.command(short_help="Dequantize a file or model written by 'quantize'.")
+@click.argument("src", metavar="IN", callback=_model_path(_QUANT_OUT))
+@click.argument("dst", metavar="OUT", callback=_model_path(_ANY_FILE))
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
-              default="float32", show_default=True, help="Output dtype.")
+              default=None, help="Output dtype  [default: each tensor's original dtype]")
 @click.option("--direction", type=click.Choice(["rowwise", "columnwise"]), default="rowwise",
               show_default=True, help="Which stored copy to decode.")
-def dequantize(src, dst, dtype, direction) -> None:
+@click.option("--force", is_flag=True, help="Replace an existing OUT (never an input).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
+def dequantize(src, dst, dtype, direction, force, quiet) -> None:
     """Dequantize every quantized tensor of IN and write OUT (.safetensors, .npz or .npy).
 
-    Values are exactly those of lowprec_moe.dequantize; tensors get their original shape
-    back and other tensors are copied unchanged. IN may also be a ModelOpt NVFP4 checkpoint
-    (NAME, NAME_scale, NAME_scale_2). A .npy OUT needs a file with a single tensor.
+    Values are exactly those of lowprec_moe.dequantize, in each tensor's original dtype
+    unless --dtype is given; tensors get their original shape back (expert stacks are stacked
+    again) and other tensors are copied unchanged. IN may be a file, an index or a directory
+    (giving a directory), or a ModelOpt NVFP4 checkpoint (NAME, NAME_scale, NAME_scale_2). A
+    .npy OUT needs a file with a single tensor and a dtype NumPy reads (not bfloat16).
 
     \b
     Example:
@@ -211,11 +275,11 @@ def dequantize(src, dst, dtype, direction) -> None:
     """
     from lowprec_moe.io import convert
 
-    _require_file(src, "input file")
-    with _errors():
+    _require_file(src, "input", directory_ok=True)
+    with _interruptible(), _errors():
         report = convert.dequantize_file(src, dst, dtype=dtype, direction=direction,
-                                         progress=_progress)
-    _print_report(report, f"dequantized ({direction}, {dtype})")
+                                         force=force, progress=_byte_progress(quiet))
+    _print_report(report, f"dequantized ({direction}, {dtype or 'original dtypes'})")
 
 
 @main.command("inspect", short_help="Show each tensor of a file; compare with the original.")

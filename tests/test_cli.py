@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from lowprec_moe import cli
 import lowprec_moe as lpm
 from lowprec_moe import io as lio
-from lowprec_moe.io import convert
+from lowprec_moe.io import convert, pipeline
 
 from conftest import GPU_AVAILABLE, requires_gpu
 from test_io import _evil_object_array, assert_same_tensor
@@ -80,7 +80,8 @@ def test_info():
 @pytest.mark.parametrize("src", ["w.npy", "in.npz", "in.safetensors"])
 @pytest.mark.parametrize("fmt, opts, kw", [
     ("nvfp4", [], {}),
-    ("nvfp4", ["--columnwise", "--row-scaled"], {"columnwise": True, "row_scaled": True}),
+    ("nvfp4", ["--columnwise", "--row-scaled", "--layout", "lowprec"],
+     {"columnwise": True, "row_scaled": True}),
     ("mxfp8", ["--fp8-dtype", "e5m2", "--block-2d"], {"fp8_dtype": "e5m2", "block_2d": True}),
 ])
 @pytest.mark.parametrize("out", ["q.safetensors", "q.npz"])
@@ -96,7 +97,10 @@ def test_quantize_dequantize_round_trip(tmp_path, src, fmt, opts, kw, out):
         assert re.search(r"copied unchanged: odd: K=40 is not a multiple", r.output)
         assert np.array_equal(loaded["bias"], tensors["bias"])
         assert loaded["ids"].dtype == np.int32 and loaded["odd"].dtype == ml_dtypes.bfloat16
-        assert_same_tensor(loaded["e"], lpm.quantize(tensors["e"], fmt, **kw))
+        assert "e" not in loaded  # an expert stack is written one tensor per expert
+        for i in range(2):
+            assert_same_tensor(loaded[f"e.{i}"], lpm.quantize(tensors["e"][i], fmt, **kw))
+        assert "expert stack e: 2 experts written as e.{i}" in r.output
     for dtype in ("float32", "bfloat16"):
         dq = tmp_path / f"dq_{dtype}.safetensors"
         r = run("dequantize", tmp_path / out, dq, "--dtype", dtype)
@@ -106,15 +110,19 @@ def test_quantize_dequantize_round_trip(tmp_path, src, fmt, opts, kw, out):
         assert back["w"].dtype == np.dtype(lpm.dequantize(expect, dtype=dtype).dtype)
         if src != "w.npy":
             assert back["e"].shape == (2, 32, 64)  # original shape restored
+            want = np.stack([lpm.dequantize(lpm.quantize(tensors["e"][i], fmt, **kw),
+                                            dtype=dtype) for i in range(2)])
+            assert back["e"].tobytes() == want.tobytes()
             assert back["odd"].tobytes() == tensors["odd"].tobytes()
 
 
 def test_dequantize_columnwise_and_npy_output(tmp_path):
     _inputs(tmp_path)
     assert run("quantize", tmp_path / "w.npy", tmp_path / "q.npz", "--format", "nvfp4",
-               "--columnwise").exit_code == 0
+               "--columnwise", "--layout", "lowprec").exit_code == 0
     q = lio.load(tmp_path / "q.npz")["w"]
-    r = run("dequantize", tmp_path / "q.npz", tmp_path / "col.npy", "--direction", "columnwise")
+    r = run("dequantize", tmp_path / "q.npz", tmp_path / "col.npy", "--direction", "columnwise",
+            "--dtype", "float32")
     assert r.exit_code == 0, r.output
     got = np.load(tmp_path / "col.npy", allow_pickle=False)
     assert got.tobytes() == lpm.dequantize(q, "columnwise").tobytes()
@@ -138,9 +146,10 @@ def test_dequantize_modelopt_checkpoint(tmp_path):
 def test_keys_and_grouped(tmp_path):
     tensors = _inputs(tmp_path)
     r = run("quantize", tmp_path / "in.safetensors", tmp_path / "q.safetensors", "--format",
-            "nvfp4", "--keys", "e", "--keys", "nomatch*", "--grouped")
+            "nvfp4", "--keys", "e", "--keys", "nomatch*", "--grouped", "--layout", "lowprec")
     assert r.exit_code == 0, r.output
-    assert "quantized (nvfp4) 1 of 5 tensors" in r.output
+    assert "quantized (nvfp4, lowprec layout) 1 of 5 tensors" in r.output
+    assert "expert stack e: kept fused (one amax per expert)" in r.output
     assert "copied unchanged: w: not selected by --keys" in r.output
     loaded = lio.load(tmp_path / "q.safetensors")
     g = loaded["e"]
@@ -153,7 +162,7 @@ def test_keys_and_grouped(tmp_path):
 def test_inspect_table(tmp_path):
     tensors = _inputs(tmp_path)
     assert run("quantize", tmp_path / "in.npz", tmp_path / "q.safetensors", "--format",
-               "nvfp4", "--columnwise").exit_code == 0
+               "nvfp4", "--columnwise", "--layout", "lowprec", "--experts", "flat").exit_code == 0
     r = run("inspect", tmp_path / "q.safetensors", "--against", tmp_path / "in.npz")
     assert r.exit_code == 0, r.output
     head = r.output.splitlines()[1]
@@ -228,7 +237,10 @@ def test_unwritable_outputs(tmp_path):
     np.savez(tmp_path / "late.npz", a=_x(), z=x)
     before = sorted(os.listdir(tmp_path))
     r = run("quantize", tmp_path / "late.npz", tmp_path / "keep.safetensors", "--format", "nvfp4")
-    assert_fails(r, 1, "NaN", tmp_path, before)
+    assert_fails(r, 1, "already exists; pass --force", tmp_path, before)
+    r = run("quantize", tmp_path / "late.npz", tmp_path / "keep.safetensors", "--format", "nvfp4",
+            "--force")
+    assert_fails(r, 1, r"late.npz: tensor 'z' contains NaN", tmp_path, before)
     assert (tmp_path / "keep.safetensors").read_bytes() == b"old"
 
 
@@ -290,7 +302,7 @@ def test_other_errors_are_one_line(tmp_path, monkeypatch):
         raise NotImplementedError("the GPU kernel for quantize_nvfp4 is not available yet; "
                                   "move the input to the host explicitly")
 
-    monkeypatch.setattr(convert, "quantize", no_kernel)
+    monkeypatch.setattr(pipeline, "quantize", no_kernel)
     assert_fails(run("quantize", tmp_path / "w.npy", tmp_path / "o.npz", "--format", "nvfp4"),
                  1, "not available yet", tmp_path, before)
 
@@ -347,10 +359,13 @@ def test_subprocess_round_trip_and_failures(tmp_path):
     np.save(tmp_path / "x.npy", x)
     r = _sub("quantize", "x.npy", "x.safetensors", "--format", "nvfp4", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    r = _sub("dequantize", "x.safetensors", "y.npy", "--dtype", "bfloat16", cwd=tmp_path)
+    r = _sub("dequantize", "x.safetensors", "y.npy", cwd=tmp_path)  # bf16: NumPy cannot read it
+    assert r.returncode == 1 and "NumPy cannot read bfloat16" in r.stderr, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not (tmp_path / "y.npy").exists()
+    r = _sub("dequantize", "x.safetensors", "y.npy", "--dtype", "float32", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    y = np.load(tmp_path / "y.npy", allow_pickle=False).view(ml_dtypes.bfloat16)
-    assert y.tobytes() == lpm.dequantize(lpm.quantize(x, "nvfp4"), dtype="bfloat16").tobytes()
+    y = np.load(tmp_path / "y.npy", allow_pickle=False)
+    assert y.tobytes() == lpm.dequantize(lpm.quantize(x, "nvfp4"), dtype="float32").tobytes()
     r = _sub("inspect", "x.safetensors", "--against", "x.npy", cwd=tmp_path)
     assert r.returncode == 0 and re.search(r"^x\s+nvfp4 \(row\)\s+32x64", r.stdout, re.M)
 

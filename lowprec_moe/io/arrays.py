@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 
 from ._common import CheckpointError, atomic_output, check_output_path, describe
+from ._safety import check_regular_file
 from .numpy_files import METADATA_KEY, NpyFile, NpzFile
 from .safetensors import SafetensorsFile, dtype_label, header_bytes, write_array_bytes
 
@@ -65,8 +66,7 @@ def open_arrays(path):
     """
     kind = file_kind(path)
     path = os.fspath(path)
-    if os.path.isdir(path):
-        raise IsADirectoryError(21, "is a directory", path)
+    check_regular_file(path)
     reader = {"npy": NpyFile, "npz": NpzFile, "safetensors": SafetensorsFile}[kind]
     try:
         return reader(path)
@@ -166,6 +166,7 @@ class ArrayWriter:
                 shutil.copyfileobj(self._body, f, 1 << 24)
         elif self.kind == "npz":
             if metadata:
+                check_metadata(metadata)
                 with self._zip.open(METADATA_KEY + ".npy", "w") as fh:
                     np.lib.format.write_array(fh, np.array(json.dumps(metadata)),
                                               allow_pickle=False)
@@ -204,6 +205,15 @@ class ArrayWriter:
 
     def __exit__(self, *exc):
         self.abort()
+
+
+def check_metadata(metadata) -> None:
+    """Metadata must map str to str (what both readers accept)."""
+    if not isinstance(metadata, dict):
+        raise TypeError(f"metadata must be a dict of str to str, got {describe(metadata)}")
+    for k, v in metadata.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise TypeError(f"metadata must map str to str, got {k!r}: {describe(v)}")
 
 
 def _is_fp8(dtype: np.dtype) -> bool:

@@ -45,9 +45,10 @@ from ..backend import asnumpy_explicit
 from ..grouped_tensor import GroupedTensor
 from ..quantized_tensor import QuantizedTensor
 from ._common import CheckpointError, describe
-from .arrays import ArrayWriter, file_kind, open_arrays
+from .arrays import ArrayWriter, check_metadata, file_kind, open_arrays
 from .layout import array_names, bad, build, check_entry, flatten, plan
 from .safetensors import SafetensorsFile
+from .serving import to_layout
 
 __all__ = ["save", "load", "open_checkpoint", "Checkpoint", "CheckpointWriter", "array_names",
            "META_KEY", "LAYOUT_VERSION"]
@@ -114,7 +115,7 @@ class Checkpoint:
             entries = self._modelopt()
         owner: dict[str, str] = {}
         for name, e in entries.items():
-            for key in e["arrays"].values():
+            for key in [*e["arrays"].values(), *e.get("aux_arrays", {}).values()]:
                 if owner.setdefault(key, name) != name:
                     raise bad(name, f"array {key!r} also belongs to tensor {owner[key]!r}")
         arrays_meta = own.get("tensors", {}) if isinstance(own, dict) else {}
@@ -130,7 +131,8 @@ class Checkpoint:
             else:
                 dtype, shape = self.arrays.info(key)
                 extra = arrays_meta.get(key) if isinstance(arrays_meta.get(key), dict) else {}
-                ordered[key] = {**extra, "type": "array", "dtype": _restored_dtype(dtype, extra),
+                ordered[key] = {**extra, "type": "array",
+                                "dtype": _restored_dtype(key, dtype, extra),
                                 "shape": list(shape)}
         self.entries = ordered
 
@@ -159,11 +161,14 @@ class Checkpoint:
     def get(self, name: str):
         """Tensor ``name``: a QuantizedTensor, a GroupedTensor or a read-only array."""
         e = self.entries[name]
-        if e["type"] == "array":
-            a = self.arrays.get(name)
-            want = _np_dtype(e["dtype"])
-            return a.view(want) if want is not None and want.name != a.dtype.name else a
-        return build(name, e, self.arrays)
+        try:
+            if e["type"] == "array":
+                a = self.arrays.get(name)
+                want = _np_dtype(e["dtype"])
+                return a.view(want) if want is not None and want.name != a.dtype.name else a
+            return build(name, e, self.arrays)
+        except CheckpointError as exc:
+            raise CheckpointError(f"{self.path}: {exc}") from None
 
     def close(self) -> None:
         self.arrays.close()
@@ -185,13 +190,21 @@ def _np_dtype(name) -> np.dtype | None:
         return None
 
 
-def _restored_dtype(dtype: np.dtype, extra: dict) -> str:
-    """The dtype an array had when saved: .npz stores fp8 bytes as uint8 and says so."""
+def _restored_dtype(key: str, dtype: np.dtype, extra: dict) -> str:
+    """The dtype an array had when saved: .npz stores fp8 bytes as uint8 and says so.
+
+    Any other disagreement between the array's own header and the metadata is refused rather
+    than resolved by reinterpreting bytes (E4M3 bytes must never be decoded as E5M2).
+    """
+    if "dtype" not in extra:
+        return dtype.name
     want = _np_dtype(extra.get("dtype"))
-    if (want is not None and want.name.startswith("float8_") and dtype.itemsize == 1
-            and dtype.kind in "uV"):
+    if want is not None and want.name == dtype.name:
+        return dtype.name
+    if want is not None and want.name.startswith("float8_") and dtype == np.uint8:
         return want.name
-    return dtype.name
+    raise CheckpointError(f"tensor {key!r}: the file stores it as {dtype.name}, the metadata "
+                          f"says dtype={extra.get('dtype')!r}")
 
 
 def open_checkpoint(path) -> Checkpoint:
@@ -213,9 +226,10 @@ class CheckpointWriter:
         self.kind = self._writer.kind
         self.entries: dict[str, dict] = {}
 
-    def add(self, name: str, obj, **info) -> None:
+    def add(self, name: str, obj, *, layout: str = "lowprec", **info) -> None:
         """Add a QuantizedTensor, GroupedTensor or array; ``info`` (JSON values) is kept in
-        the tensor's metadata entry (e.g. ``original_shape``)."""
+        the tensor's metadata entry (e.g. ``original_shape``). ``layout`` names the arrays of a
+        quantized tensor (see :mod:`lowprec_moe.io.serving`)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"tensor name {name!r} must be a non-empty string")
         if name in self.entries:
@@ -225,6 +239,12 @@ class CheckpointWriter:
                 raise ValueError(f"a .npy file cannot hold the quantized tensor {name!r}; "
                                  "write .safetensors or .npz")
             arrays, entry = flatten(name, obj)
+            arrays, entry = to_layout(name, arrays, entry, layout)
+            found = {key: (a.dtype, a.shape) for key, a in arrays}
+            try:  # what load() would check, so that save() never writes an unloadable file
+                plan(name, entry, lambda key: found[key])
+            except CheckpointError as exc:
+                raise ValueError(f"{exc}; it cannot be saved") from None
             for key, a in arrays:
                 self._writer.add(key, a)
         else:
@@ -244,6 +264,9 @@ class CheckpointWriter:
         from .. import __version__
 
         meta = dict(metadata or {})
+        check_metadata(meta)
+        if META_KEY in meta:
+            raise ValueError(f"metadata key {META_KEY!r} is reserved for the library")
         if self.kind == "safetensors":
             meta.setdefault("format", "pt")
         meta[META_KEY] = json.dumps({"version": __version__, "layout_version": LAYOUT_VERSION,

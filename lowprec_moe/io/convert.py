@@ -7,9 +7,7 @@ are published atomically (nothing is left at the destination on failure).
 
 from __future__ import annotations
 
-import fnmatch
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -19,10 +17,8 @@ import numpy as np
 from .. import _validate as V
 from .. import formats as F
 from ..grouped_tensor import GroupedTensor
-from ..quantized_tensor import QuantizedTensor, quantize
-from ._common import CheckpointError
-from .arrays import file_kind
-from .checkpoint import Checkpoint, CheckpointWriter, array_names, open_checkpoint
+from ..quantized_tensor import QuantizedTensor
+from .checkpoint import Checkpoint, open_checkpoint
 
 __all__ = ["ConvertReport", "quantize_options", "select_device", "quantize_file",
            "dequantize_file", "inspect_file"]
@@ -44,6 +40,16 @@ class ConvertReport:
     copied: list[tuple[str, str]] = field(default_factory=list)
     bytes_in: int = 0
     bytes_out: int = 0
+    #: ``(stack name, experts, per-expert name pattern)`` of expert stacks written per expert.
+    split: list[tuple[str, int, str]] = field(default_factory=list)
+    #: Expert stacks kept fused (one grouped tensor, one amax per expert).
+    fused: list[str] = field(default_factory=list)
+    #: Modules of float matrices left unquantized (the config's ``exclude_modules``).
+    excluded_modules: list[str] = field(default_factory=list)
+    #: Array layout of the quantized tensors (see :mod:`lowprec_moe.io.serving`).
+    layout: str = "lowprec"
+    #: Files of a directory output.
+    files: list[str] = field(default_factory=list)
 
 
 def select_device(device: str):
@@ -86,133 +92,69 @@ def quantize_options(format: str, *, columnwise: bool = False, row_scaled: bool 
     return opts
 
 
-def _why_not(dtype: np.dtype, shape: tuple, format: str, opts: dict, grouped: bool) -> str | None:
-    """Why a tensor cannot be quantized with these options (None: it can)."""
-    b = V.block_size(format)
-    if dtype.name not in _FLOATS:
-        return f"dtype {dtype.name} (only float32, float16 and bfloat16 are quantized)"
-    if len(shape) < 2:
-        return f"rank {len(shape)} (only matrices are quantized)"
-    if math.prod(shape) == 0:
-        return f"empty shape {list(shape)}"
-    if shape[-1] % b:
-        return f"K={shape[-1]} is not a multiple of {b} for {format}"
-    rows = shape[-2] if grouped and len(shape) == 3 else math.prod(shape[:-1])
-    if opts["block_2d"] and rows % b:
-        return f"M={rows} is not a multiple of {b} for 2-D blocks"
-    return None
-
-
-def _all_finite(x2, xp) -> bool:
-    step = max(1, (1 << 24) // max(1, x2.shape[1]))
-    return all(bool(xp.isfinite(x2[i:i + step].astype(xp.float32)).all())
-               for i in range(0, x2.shape[0], step))
-
-
 def quantize_file(src, dst, format: str, *, columnwise: bool = False, row_scaled: bool = False,
                   block_2d: bool = False, fp8_dtype: str | None = None,
-                  keys: Sequence[str] | None = None, grouped: bool = False,
-                  device: str = "cpu", allow_nonfinite: bool = False,
-                  progress: Progress = _no_progress) -> ConvertReport:
-    """Quantize the float matrices of ``src`` into ``dst`` (.safetensors or .npz).
+                  keys: Sequence[str] | None = None, exclude: Sequence[str] | None = None,
+                  experts: str = "split", grouped: bool = False, layout: str = "modelopt",
+                  device: str = "cpu", allow_nonfinite: bool = False, force: bool = False,
+                  progress=None) -> ConvertReport:
+    """Quantize the float matrices of a checkpoint: a file, a sharded index or a directory.
 
     Parameters
     ----------
     src : path
-        .npy, .npz or .safetensors input (memory-mapped).
+        A .npy, .npz or .safetensors file (memory-mapped), a ``*.safetensors.index.json`` or
+        a model directory (``model.safetensors`` or shards with their index, ``config.json``).
     dst : path
-        .safetensors or .npz output, written atomically (see :mod:`lowprec_moe.io.checkpoint`
-        for the names).
+        For a file input: a .safetensors or .npz file. Otherwise a directory with the input's
+        shards, index, ``config.json`` (with ``quantization_config``), ``hf_quant_config.json``
+        (ModelOpt layout) and the input directory's other files. Written atomically.
     format, columnwise, row_scaled, block_2d, fp8_dtype
         As in :func:`lowprec_moe.quantize` (a rowwise copy is always made).
     keys : sequence of str, optional
-        Shell-style patterns; only matching tensors are quantized. None: all.
-    grouped : bool
-        Quantize 3-D tensors ``[G, N, K]`` as a :class:`GroupedTensor` of G experts (one amax
-        each) instead of one ``[G*N, K]`` matrix.
+        Shell-style patterns; only matching tensors are quantized. A match also overrides
+        the default exclusions (embeddings, ``lm_head``, router gates, norms, biases).
+    exclude : sequence of str, optional
+        Patterns of tensors never quantized.
+    experts : {"split", "fused", "flat"}
+        3-D float tensors ``[G, N, K]``: one tensor per expert named as per-expert checkpoints
+        name them (default), one :class:`GroupedTensor` with one amax per expert, or one
+        ``[G*N, K]`` matrix. ``grouped=True`` is the same as ``experts="fused"``.
+    layout : {"modelopt", "compressed-tensors", "lowprec"}
+        Array names and configs; see :mod:`lowprec_moe.io.serving`.
     device : {"cpu", "gpu", "auto"}
     allow_nonfinite : bool
         Quantize tensors holding NaN / inf (by the hardware rules) instead of refusing them.
-    progress : callable, optional
-        ``progress(names, label)`` returns an iterable over ``names`` (e.g. a progress bar).
+    force : bool
+        Replace an existing output (never an input).
+    progress : object, optional
+        ``start(total_bytes, label)``, ``advance(nbytes, name)``, ``finish()``; see
+        :mod:`lowprec_moe.io.progress`.
 
     Returns
     -------
     ConvertReport
-        Tensors that were not selected or cannot be quantized (rank < 2, wrong K, integer
-        dtypes ...) are copied unchanged and listed in ``copied`` with the reason.
+        Tensors that were not selected or cannot be quantized are copied unchanged and listed
+        in ``copied`` with the reason; ``split`` / ``fused`` say what became of expert stacks.
 
     Raises
     ------
     ValueError
-        Bad options, a refused or inconsistent input (:class:`CheckpointError`), non-finite
-        values, no tensor matching ``keys``, name collisions.
+        Bad options, an output that is an input or exists without ``force``, a refused or
+        inconsistent input (:class:`CheckpointError`), non-finite values, no tensor matching
+        ``keys``, name collisions. Messages name the file and the tensor.
     OSError
         Unreadable input or unwritable output.
     NotImplementedError
         The GPU kernels are not available for this operation.
     """
-    opts = quantize_options(format, columnwise=columnwise, row_scaled=row_scaled,
-                            block_2d=block_2d, fp8_dtype=fp8_dtype)
-    if file_kind(dst) == "npy":
-        raise ValueError(f"output {os.fspath(dst)!r}: quantized tensors need .safetensors or .npz")
-    xp = select_device(device)
-    with open_checkpoint(src) as ck:
-        done = [n for n, e in ck.entries.items() if e["type"] != "array"]
-        if done:
-            raise CheckpointError(f"{os.fspath(src)!r} already holds quantized tensors "
-                                  f"({', '.join(done[:3])}); dequantize it first")
-        names = ck.names()
-        plan: dict[str, str | None] = {}
-        for name in names:
-            e = ck.entries[name]
-            if keys and not any(fnmatch.fnmatchcase(name, g) for g in keys):
-                plan[name] = "not selected by --keys"
-            else:
-                plan[name] = _why_not(np.dtype(ck.arrays.info(name)[0]), tuple(e["shape"]),
-                                      format, opts, grouped)
-        if keys and all(r == "not selected by --keys" for r in plan.values()):
-            raise ValueError(f"no tensor name matches keys={list(keys)} (names: "
-                             f"{', '.join(names[:8])}{' ...' if len(names) > 8 else ''})")
-        _check_collisions(plan, format, opts["columnwise"])
-        report = ConvertReport(output=os.fspath(dst))
-        with CheckpointWriter(dst) as w:
-            for name in progress(names, "quantizing"):
-                a = ck.get(name)
-                report.bytes_in += int(a.nbytes)
-                if plan[name] is not None:
-                    w.add(name, a, note=f"not quantized: {plan[name]}")
-                    report.copied.append((name, plan[name]))
-                    continue
-                w.add(name, _quantize_one(name, a, format, opts, grouped, xp, allow_nonfinite),
-                      original_shape=list(a.shape), original_dtype=a.dtype.name)
-                report.converted.append(name)
-            w.commit(ck.metadata)
-    report.bytes_out = os.path.getsize(dst)
-    return report
+    from .pipeline import quantize_model
 
-
-def _check_collisions(plan: dict, format: str, columnwise: bool) -> None:
-    owner: dict[str, str] = {}
-    for name, reason in plan.items():
-        outs = [name] if reason else array_names(name, format, columnwise=columnwise)
-        for out in outs:
-            if out in owner:
-                raise ValueError(f"name clash: output array {out!r} is needed by both tensor "
-                                 f"{owner[out]!r} and tensor {name!r} (a quantized tensor NAME "
-                                 "also writes NAME_scale, NAME_amax ...); exclude one with --keys")
-            owner[out] = name
-
-
-def _quantize_one(name, a, format, opts, grouped, xp, allow_nonfinite):
-    x = a if xp is np else xp.asarray(np.ascontiguousarray(a))
-    x2 = x.reshape(-1, x.shape[-1])
-    if not allow_nonfinite and not _all_finite(x2, xp):
-        raise ValueError(f"tensor {name!r} contains NaN or inf values; refusing to quantize it "
-                         "(allow them with --allow-nonfinite)")
-    if grouped and x.ndim == 3:
-        return GroupedTensor.quantize(x2, [x.shape[1]] * x.shape[0], format, **opts)
-    return quantize(x2, format, **opts)
+    return quantize_model(src, dst, format, layout=layout, columnwise=columnwise,
+                          row_scaled=row_scaled, block_2d=block_2d, fp8_dtype=fp8_dtype,
+                          keys=keys, exclude=exclude, experts="fused" if grouped else experts,
+                          device=device, allow_nonfinite=allow_nonfinite, force=force,
+                          progress=progress)
 
 
 def _original_shape(e: dict, size: int) -> tuple | None:
@@ -223,49 +165,28 @@ def _original_shape(e: dict, size: int) -> tuple | None:
     return None
 
 
-def dequantize_file(src, dst, *, dtype: str = "float32", direction: str = "rowwise",
-                    progress: Progress = _no_progress) -> ConvertReport:
-    """Dequantize every quantized tensor of ``src`` into ``dst`` (.safetensors, .npz or .npy).
+def dequantize_file(src, dst, *, dtype: str | None = None, direction: str = "rowwise",
+                    force: bool = False, progress=None) -> ConvertReport:
+    """Dequantize every quantized tensor of a checkpoint (file, index or directory).
 
-    Values equal :func:`lowprec_moe.dequantize` bit for bit; tensors quantized from rank > 2
-    inputs get their original shape back. Plain arrays are copied unchanged. A ``.npy``
-    output needs a file with exactly one tensor.
+    Values equal :func:`lowprec_moe.dequantize` bit for bit, in each tensor's original dtype
+    unless ``dtype`` is given; tensors get their original shape back and expert stacks split
+    by :func:`quantize_file` are stacked again. Plain arrays are copied unchanged. A ``.npy``
+    output needs a file with exactly one tensor and a dtype NumPy reads (not bfloat16).
 
     Raises
     ------
     ValueError
-        Bad ``dtype`` / ``direction``, a file without quantized tensors, a tensor without the
-        requested copy, an inconsistent input (:class:`CheckpointError`).
+        Bad ``dtype`` / ``direction``, an output that is an input or exists without ``force``,
+        a file without quantized tensors, a tensor without the requested copy, an inconsistent
+        input (:class:`CheckpointError`).
     OSError
         Unreadable input or unwritable output.
     """
-    dtype = V.check_dequant_dtype(dtype)
-    V.check_direction(direction)
-    with open_checkpoint(src) as ck:
-        names = ck.names()
-        quantized = [n for n in names if ck.entries[n]["type"] != "array"]
-        if not quantized:
-            raise CheckpointError(f"{os.fspath(src)!r} holds no quantized tensors")
-        if file_kind(dst) == "npy" and len(names) != 1:
-            raise ValueError(f"output {os.fspath(dst)!r}: a .npy file holds one array, the "
-                             f"input has {len(names)} tensors; write .safetensors or .npz")
-        report = ConvertReport(output=os.fspath(dst))
-        with CheckpointWriter(dst) as w:
-            for name in progress(names, "dequantizing"):
-                t = ck.get(name)
-                if not isinstance(t, (QuantizedTensor, GroupedTensor)):
-                    w.add(name, t)
-                    report.copied.append((name, "not quantized"))
-                    continue
-                if getattr(t, f"{direction}_data") is None:
-                    raise ValueError(f"tensor {name!r} has no {direction} copy")
-                x = t.dequantize(direction, dtype)
-                shape = _original_shape(ck.entries[name], x.size)
-                w.add(name, x.reshape(shape) if shape else x)
-                report.converted.append(name)
-            w.commit(ck.metadata)
-    report.bytes_out = os.path.getsize(dst)
-    return report
+    from .pipeline import dequantize_model
+
+    return dequantize_model(src, dst, dtype=dtype, direction=direction, force=force,
+                            progress=progress)
 
 
 # ---------------------------------------------------------------------------------- inspect

@@ -30,6 +30,9 @@ _BYTE_FIELDS = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_
 _OPTIONS = ("row_scaled", "block_2d", "rht", "stochastic_rounding")
 _E4M3, _E5M2 = np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)
 _FP8 = {"e4m3": _E4M3, "e5m2": _E5M2}
+#: Serving-layout arrays that carry no field of their own: compressed-tensors' global scale
+#: (``NVFP4_AMAX_DIVISOR / amax``, the reciprocal of ModelOpt's ``weight_scale_2``).
+_AUX = {"rowwise_global_scale": "amax_rowwise"}
 
 
 def array_names(name: str, format: str, *, rowwise: bool = True,
@@ -134,6 +137,19 @@ def check_entry(name: str, e: dict) -> None:
     if not isinstance(arrays, dict) or not arrays or not all(
             f in _SUFFIX and isinstance(k, str) for f, k in arrays.items()):
         raise bad(name, f"arrays={arrays!r} must map field names to array names")
+    exact = e.get("amax_values", {})
+    if not isinstance(exact, dict) or not all(
+            f in _AMAX_OF.values() and isinstance(v, list) and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                and x >= 0 for x in v) for f, v in exact.items()):
+        raise bad(name, f"amax_values={exact!r} must map amax fields to lists of finite "
+                         "non-negative numbers")
+    if exact and e["format"] != "nvfp4":
+        raise bad(name, "amax_values belong to nvfp4 tensors only")
+    aux = e.get("aux_arrays", {})
+    if not isinstance(aux, dict) or not all(
+            k in _AUX and isinstance(v, str) for k, v in aux.items()):
+        raise bad(name, f"aux_arrays={aux!r} must map {sorted(_AUX)} to array names")
     if e.get("type") == "GroupedTensor":
         splits = e.get("splits")
         if not (isinstance(splits, list) and splits and all(_int(s) and s >= 0 for s in splits)
@@ -193,6 +209,18 @@ def plan(name: str, e: dict, info) -> dict[str, str]:
             raise bad(name, f"array {key!r} has shape {tuple(shape)}, expected "
                              f"{shapes[field]} for {e['format']} {tuple(e['shape'])}")
         plan[field] = key
+    exact = e.get("amax_values", {})
+    for field, values in exact.items():
+        if (len(values),) != shapes[field]:
+            raise bad(name, f"amax_values[{field!r}] has {len(values)} values, expected "
+                             f"{shapes[field][0]}")
+        if field not in plan and any(f.startswith(field.split("_")[1]) for f in plan):
+            plan[field] = None  # exact values from the metadata, not an array
+    for field, key in e.get("aux_arrays", {}).items():
+        dtype, shape = info(key)
+        if dtype != np.float32 or math.prod(shape) != shapes[_AUX[field]][0]:
+            raise bad(name, f"array {key!r} has dtype {dtype} and shape {tuple(shape)}, "
+                             f"expected float32 with {shapes[_AUX[field]][0]} values")
     for direction in ("rowwise", "columnwise"):
         need = [f"{direction}_data", f"{direction}_scale"]
         if e["format"] == "nvfp4":
@@ -205,16 +233,38 @@ def plan(name: str, e: dict, info) -> dict[str, str]:
     return plan
 
 
+def _check_derived(name: str, key: str, stored: np.ndarray, want: np.ndarray) -> None:
+    """A stored scale must agree with the exact amax of the metadata (else: contradiction)."""
+    got = np.asarray(stored, np.float32).reshape(-1)
+    if got.shape != want.reshape(-1).shape or got.tobytes() != want.astype(np.float32).reshape(
+            -1).tobytes():
+        raise bad(name, f"array {key!r} ({got[:4].tolist()}) contradicts the amax recorded in "
+                         "the metadata")
+
+
 def build(name: str, e: dict, arrays) -> QuantizedTensor | GroupedTensor:
     """Rebuild one tensor from its metadata entry and the file's ``arrays`` reader."""
     fields: dict[str, Any] = {}
+    exact = e.get("amax_values", {})
     for field, key in plan(name, e, arrays.info).items():
-        a = arrays.get(key)
+        if field in exact:
+            a = np.array(exact[field], np.float32)
+            if key is not None:
+                _check_derived(name, key, arrays.get(key), a / np.float32(F.NVFP4_AMAX_DIVISOR))
+        else:
+            a = arrays.get(key)
         if field in _BYTE_FIELDS:
             a = a.view(np.uint8)
-        elif e["arrays"].get(field) != key:  # amax from scale_2 (a ModelOpt checkpoint)
+        elif field not in exact and e["arrays"].get(field) != key:
+            # amax from scale_2 (a ModelOpt checkpoint without the exact amax)
             a = (a * np.float32(F.NVFP4_AMAX_DIVISOR)).astype(np.float32).reshape(-1)
         fields[field] = a
+    for field, key in e.get("aux_arrays", {}).items():
+        amax = fields.get(_AUX[field])
+        if amax is not None:
+            with np.errstate(divide="ignore"):
+                want = np.float32(F.NVFP4_AMAX_DIVISOR) / amax.astype(np.float32)
+            _check_derived(name, key, arrays.get(key), want)
     common = dict(format=e["format"], shape=tuple(e["shape"]), fp8_dtype=e.get("fp8_dtype"),
                   seed=e.get("seed", 0), **{o: e.get(o, False) for o in _OPTIONS}, **fields)
     if e["type"] == "QuantizedTensor":

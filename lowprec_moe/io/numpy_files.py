@@ -31,6 +31,8 @@ from ._common import CheckpointError, empty_readonly
 __all__ = ["NpyFile", "NpzFile", "read_npy_header"]
 
 _MAX_HEADER = 1 << 20
+#: deflate's largest expansion (258-byte matches from 2-bit codes): about 1032 to 1.
+_DEFLATE_MAX_RATIO = 1032
 METADATA_KEY = "__metadata__"
 
 
@@ -76,6 +78,13 @@ def read_npy_header(fp: IO[bytes]) -> tuple[np.dtype, tuple, bool, int]:
 
 def _nbytes(dtype: np.dtype, shape: tuple) -> int:
     return math.prod(shape) * dtype.itemsize
+
+
+def _crc32(view: memoryview, chunk: int = 1 << 26) -> int:
+    crc = 0
+    for i in range(0, len(view), chunk):
+        crc = zlib.crc32(view[i:i + chunk], crc)
+    return crc
 
 
 def _view(buf, dtype, shape, fortran, offset) -> np.ndarray:
@@ -148,6 +157,7 @@ class NpzFile:
         self._members: dict[str, tuple] = {}
         self.metadata: dict[str, str] = {}
         self._map = None
+        self._crc_ok: set[str] = set()
         try:
             self._scan()
         except (zipfile.BadZipFile, zlib.error, EOFError, OSError, NotImplementedError,
@@ -160,6 +170,11 @@ class NpzFile:
 
     def _scan(self) -> None:
         size = os.path.getsize(self.path)
+        spans = sorted((*self._span(zi, size), zi.filename) for zi in self._zip.infolist())
+        for (_, end, a), (begin, _, b) in zip(spans, spans[1:]):
+            if begin < end:  # members sharing bytes: the classic non-recursive zip bomb
+                raise CheckpointError(f"members {a!r} and {b!r} overlap in the archive")
+        ends = {name: end for _, end, name in spans}
         for zi in self._zip.infolist():
             if not zi.filename.endswith(".npy"):
                 raise CheckpointError(f"member {zi.filename!r} is not a .npy file")
@@ -168,6 +183,20 @@ class NpzFile:
                 raise CheckpointError(f"member {zi.filename!r} appears twice")
             if zi.flag_bits & 0x1:
                 raise CheckpointError(f"member {zi.filename!r} is encrypted")
+            if zi.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+                raise CheckpointError(f"member {zi.filename!r}: compression method "
+                                      f"{zi.compress_type} is not supported (NumPy writes "
+                                      "stored or deflated members)")
+            end = ends[zi.filename]
+            # Bound what the member may expand to before anything is allocated: stored data
+            # is its own size, deflate cannot expand more than 1032:1.
+            bound = (zi.compress_size if zi.compress_type == zipfile.ZIP_STORED
+                     else zi.compress_size * _DEFLATE_MAX_RATIO + 64)
+            if zi.file_size > bound:
+                raise CheckpointError(f"member {zi.filename!r} claims {zi.file_size} bytes but "
+                                      f"holds {zi.compress_size} "
+                                      f"{'stored' if bound == zi.compress_size else 'compressed'}"
+                                      f" bytes, which cannot expand to that much")
             with self._zip.open(zi) as fh:
                 dtype, shape, fortran, hlen = read_npy_header(fh)
             need = hlen + _nbytes(dtype, shape)
@@ -177,12 +206,13 @@ class NpzFile:
                                       f"{zi.file_size - hlen}")
             start = None
             if zi.compress_type == zipfile.ZIP_STORED:
-                start = self._data_start(zi, size) + hlen
+                start = end - zi.compress_size + hlen
             self._members[name] = (zi, dtype, shape, fortran, hlen, start)
         if METADATA_KEY in self._members:
             self.metadata = self._read_metadata(self._members.pop(METADATA_KEY))
 
-    def _data_start(self, zi: zipfile.ZipInfo, size: int) -> int:
+    def _span(self, zi: zipfile.ZipInfo, size: int) -> tuple[int, int]:
+        """Byte range of a member (local header through its data) in the archive."""
         with open(self.path, "rb") as f:
             f.seek(zi.header_offset)
             local = f.read(30)
@@ -190,10 +220,10 @@ class NpzFile:
             raise CheckpointError(f"member {zi.filename!r}: bad local file header")
         name_len, extra_len = struct.unpack("<HH", local[26:30])
         start = zi.header_offset + 30 + name_len + extra_len
-        if start + zi.file_size > size:
+        if start + zi.compress_size > size:
             raise CheckpointError(f"truncated archive: member {zi.filename!r} ends past the "
                                   f"end of the file ({size} bytes)")
-        return start
+        return zi.header_offset, start + zi.compress_size
 
     def _read_metadata(self, member) -> dict[str, str]:
         zi, dtype, shape, fortran, hlen, start = member
@@ -228,6 +258,15 @@ class NpzFile:
             if self._map is None:
                 with open(self.path, "rb") as f:
                     self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            if zi.filename not in self._crc_ok:
+                # zipfile checks the CRC of what it decompresses; a memory-mapped stored
+                # member is checked here, once, over its header and data.
+                first = start - hlen
+                crc = _crc32(memoryview(self._map)[first:first + zi.file_size])
+                if crc != zi.CRC:
+                    raise CheckpointError(f"member {zi.filename!r} is corrupt (bad CRC-32: "
+                                          f"{crc:08x}, the archive says {zi.CRC:08x})")
+                self._crc_ok.add(zi.filename)
             return _view(self._map, dtype, shape, fortran, start)
         buf = bytearray(_nbytes(dtype, shape))
         try:
