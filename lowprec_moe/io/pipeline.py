@@ -203,8 +203,7 @@ def _quantize_shard(ck, plan, out, format, opts, layout, xp, allow_nonfinite, re
                               original_dtype=a.dtype.name,
                               split_from={"name": name, "index": i, "count": g})
                     report.converted.append(name)
-                    report.split.append((name, g, expert_name(name, 0).replace(".0", ".{i}",
-                                                                               1)))
+                    report.split.append((name, g, expert_name(name, "{i}")))
                 else:
                     x2 = a.reshape(-1, a.shape[-1])
                     if d.action == "fused":

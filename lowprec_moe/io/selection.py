@@ -100,7 +100,7 @@ def decide(name: str, dtype: np.dtype, shape: tuple, format: str, opts: dict, *,
 _EXPERTS = re.compile(r"(^|\.)experts(\.|$)")
 
 
-def expert_name(name: str, index: int) -> str:
+def expert_name(name: str, index: int | str) -> str:
     """The name of expert ``index`` of the stack ``name``.
 
     The index goes right after an ``experts`` component (``mlp.experts.w1.weight`` ->
