@@ -67,7 +67,9 @@ def plot_loss_curves(runs: Mapping[str, Mapping[str, Any]], path, *, title: str 
                     ms=3, label=f"{name} held-out")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy (nats / byte)")
-    ax.set_title(title or "loss per recipe")
+    ax.set_title("loss per recipe")
+    if title:
+        fig.suptitle(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     if with_gap:
