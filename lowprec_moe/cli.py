@@ -286,18 +286,24 @@ def dequantize(src, dst, dtype, direction, force, quiet) -> None:
 @click.argument("path", metavar="FILE", callback=_suffix_check(_ANY_FILE))
 @click.option("--against", metavar="ORIGINAL", callback=_suffix_check(_ANY_FILE),
               help="Unquantized file to compare with (tensors matched by name).")
-def inspect_cmd(path, against) -> None:
+@click.option("--plot", "plot_path", metavar="FILE.png",
+              help="Also draw per-tensor SNR and error bars into this image (needs --against "
+                   "and matplotlib).")
+def inspect_cmd(path, against, plot_path) -> None:
     """Print a table of the tensors in FILE: format, shape, bytes, amax and scale range.
 
     With --against, each tensor is dequantized and compared with the tensor of the same name
-    in ORIGINAL: signal-to-noise ratio in dB and the largest error relative to amax.
+    in ORIGINAL: signal-to-noise ratio in dB and the largest error relative to amax; --plot
+    draws both as bars per tensor.
 
     \b
     Example:
-      lowprec-moe inspect model-nvfp4.safetensors --against model.safetensors
+      lowprec-moe inspect model-nvfp4.safetensors --against model.safetensors --plot err.png
     """
     from lowprec_moe.io import convert
 
+    if plot_path is not None and against is None:
+        raise click.UsageError("--plot needs --against ORIGINAL (it draws the comparison)")
     _require_file(path, "file")
     if against is not None:
         _require_file(against, "original file")
@@ -323,6 +329,13 @@ def inspect_cmd(path, against) -> None:
         cells.append(c)
     click.echo(f"{path}: {len(rows)} tensors")
     _table(head, cells)
+    if plot_path is not None:
+        from lowprec_moe.plot import plot_inspect
+
+        with _errors():
+            drawn = plot_inspect(rows, plot_path, title=f"{os.path.basename(path)} vs "
+                                                        f"{os.path.basename(against)}")
+        click.echo(f"wrote {plot_path} ({drawn} tensors)")
 
 
 @main.command(short_help="Quantize / dequantize random data and print the errors.")

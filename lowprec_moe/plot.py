@@ -120,7 +120,9 @@ def plot_inspect(rows: Sequence[Mapping[str, Any]], path, *, title: str = "") ->
     finite = [r["snr_db"] for r in rows if not math.isinf(r["snr_db"])]
     cap = (max(finite) + 10.0) if finite else 100.0
     snr = [cap if math.isinf(r["snr_db"]) else r["snr_db"] for r in rows]
-    err = [max(float(r["max_rel_err"] or 0.0), 1e-12) for r in rows]
+    err = [float(r["max_rel_err"] or 0.0) for r in rows]
+    nonzero = [e for e in err if e > 0]
+    floor = min(nonzero) / 10 if nonzero else 1e-8
     height = 1.2 + 0.28 * len(rows)
     fig, (ax1, ax2) = _figure(11, height, 2)
     ypos = list(range(len(rows)))
@@ -134,8 +136,13 @@ def plot_inspect(rows: Sequence[Mapping[str, Any]], path, *, title: str = "") ->
     ax1.set_xlabel("SNR (dB, higher is better)")
     ax1.set_title(title or "quantized vs original")
     ax1.grid(axis="x", alpha=0.3)
-    ax2.barh(ypos, err, color="C3")
+    # a zero error has no bar on a log axis: mark it in words instead
+    ax2.barh(ypos, [e if e > 0 else floor for e in err], color="C3", left=0)
+    for y, e in zip(ypos, err):
+        if e == 0:
+            ax2.text(floor, y, " 0 (exact)", va="center", fontsize=7)
     ax2.set_xscale("log")
+    ax2.set_xlim(left=floor)
     ax2.set_yticks(ypos, [""] * len(rows))
     ax2.invert_yaxis()
     ax2.set_xlabel("max |error| / amax (log)")
