@@ -213,9 +213,11 @@ def main() -> None:
 @click.option("--allow-nonfinite", is_flag=True,
               help="Quantize tensors holding NaN / inf instead of refusing them.")
 @click.option("--force", is_flag=True, help="Replace an existing OUT (never an input).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Tensors quantized at once on the CPU  [default: the cores, at most 8]")
 @click.option("--quiet", "-q", is_flag=True, help="No progress lines on stderr.")
 def quantize(src, dst, fmt, row_scaled, block_2d, columnwise, fp8_dtype, keys, exclude, layout,
-             experts, grouped, device, allow_nonfinite, force, quiet) -> None:
+             experts, grouped, device, allow_nonfinite, force, jobs, quiet) -> None:
     """Quantize the matrices of IN to NVFP4 or MXFP8 and write OUT.
 
     IN is a .npy, .npz or .safetensors file, a *.safetensors.index.json or a model directory
@@ -247,7 +249,8 @@ def quantize(src, dst, fmt, row_scaled, block_2d, columnwise, fp8_dtype, keys, e
             src, dst, fmt, columnwise=columnwise, row_scaled=row_scaled, block_2d=block_2d,
             fp8_dtype=fp8_dtype, keys=list(keys) or None, exclude=list(exclude) or None,
             experts="fused" if grouped else experts, layout=layout, device=device,
-            allow_nonfinite=allow_nonfinite, force=force, progress=_byte_progress(quiet))
+            allow_nonfinite=allow_nonfinite, force=force, jobs=jobs,
+            progress=_byte_progress(quiet))
     _print_report(report, f"quantized ({fmt}, {layout} layout)")
 
 

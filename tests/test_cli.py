@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from lowprec_moe import cli
 import lowprec_moe as lpm
 from lowprec_moe import io as lio
-from lowprec_moe.io import convert, pipeline
+from lowprec_moe.io import _shard, convert
 
 from conftest import GPU_AVAILABLE, requires_gpu
 from test_io import _evil_object_array, assert_same_tensor
@@ -302,7 +302,7 @@ def test_other_errors_are_one_line(tmp_path, monkeypatch):
         raise NotImplementedError("the GPU kernel for quantize_nvfp4 is not available yet; "
                                   "move the input to the host explicitly")
 
-    monkeypatch.setattr(pipeline, "quantize", no_kernel)
+    monkeypatch.setattr(_shard, "quantize", no_kernel)
     assert_fails(run("quantize", tmp_path / "w.npy", tmp_path / "o.npz", "--format", "nvfp4"),
                  1, "not available yet", tmp_path, before)
 

@@ -259,6 +259,11 @@ class CheckpointWriter:
         json.dumps(entry)  # fail here, not at commit, on values JSON cannot hold
         self.entries[name] = entry
 
+    @property
+    def names(self) -> list[str]:
+        """Array names written so far, in order."""
+        return self._writer.names
+
     def commit(self, metadata: Mapping[str, str] | None = None) -> None:
         """Write the library metadata (plus ``metadata``) and publish the file."""
         from .. import __version__

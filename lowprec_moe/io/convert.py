@@ -97,7 +97,7 @@ def quantize_file(src, dst, format: str, *, columnwise: bool = False, row_scaled
                   keys: Sequence[str] | None = None, exclude: Sequence[str] | None = None,
                   experts: str = "split", grouped: bool = False, layout: str = "modelopt",
                   device: str = "cpu", allow_nonfinite: bool = False, force: bool = False,
-                  progress=None) -> ConvertReport:
+                  jobs: int | None = None, progress=None) -> ConvertReport:
     """Quantize the float matrices of a checkpoint: a file, a sharded index or a directory.
 
     Parameters
@@ -127,6 +127,9 @@ def quantize_file(src, dst, format: str, *, columnwise: bool = False, row_scaled
         Quantize tensors holding NaN / inf (by the hardware rules) instead of refusing them.
     force : bool
         Replace an existing output (never an input).
+    jobs : int, optional
+        Tensors quantized at once on the CPU (threads; default: the usable cores, at most 8).
+        The output does not depend on it.
     progress : object, optional
         ``start(total_bytes, label)``, ``advance(nbytes, name)``, ``finish()``; see
         :mod:`lowprec_moe.io.progress`.
@@ -154,7 +157,7 @@ def quantize_file(src, dst, format: str, *, columnwise: bool = False, row_scaled
                           row_scaled=row_scaled, block_2d=block_2d, fp8_dtype=fp8_dtype,
                           keys=keys, exclude=exclude, experts="fused" if grouped else experts,
                           device=device, allow_nonfinite=allow_nonfinite, force=force,
-                          progress=progress)
+                          jobs=jobs, progress=progress)
 
 
 def _original_shape(e: dict, size: int) -> tuple | None:

@@ -20,14 +20,15 @@ import numpy as np
 
 from .. import formats as F
 from ..grouped_tensor import GroupedTensor
-from ..quantized_tensor import QuantizedTensor, quantize
+from ..quantized_tensor import QuantizedTensor
 from ._common import CheckpointError, atomic_output, check_output_path
 from ._safety import check_output_target
 from .arrays import file_kind
 from .checkpoint import CheckpointWriter, array_names, open_checkpoint
 from .model_dir import INDEX_NAME, Source, open_source, output_directory
+from ._shard import default_jobs, quantize_shard
 from .progress import NoProgress
-from .selection import decide, expert_name, module_name
+from .selection import decide, expert_name
 from .serving import check_layout, hf_quant_config, quantization_config
 
 __all__ = ["quantize_model", "dequantize_model"]
@@ -45,20 +46,6 @@ def _out_names(name: str, format: str, layout: str, columnwise: bool) -> list[st
     if layout == "modelopt":
         return [name, name + "_scale"] + ([name + "_scale_2"] if format == "nvfp4" else [])
     return array_names(name, format, columnwise=columnwise)
-
-
-def _all_finite(x2, xp) -> bool:
-    step = max(1, (1 << 24) // max(1, x2.shape[1]))
-    return all(bool(xp.isfinite(x2[i:i + step].astype(xp.float32)).all())
-               for i in range(0, x2.shape[0], step))
-
-
-def _quantize_matrix(name, x2, format, opts, xp, allow_nonfinite):
-    x2 = x2 if xp is np else xp.asarray(np.ascontiguousarray(x2))
-    if not allow_nonfinite and not _all_finite(x2, xp):
-        raise ValueError(f"tensor {name!r} contains NaN or inf values; refusing to quantize it "
-                         "(allow them with --allow-nonfinite)")
-    return quantize(x2, format, **opts)
 
 
 def _check_shard(ck, src: Source, shard: str) -> None:
@@ -128,7 +115,7 @@ def quantize_model(src, dst, format: str, *, layout: str = "modelopt",
                    fp8_dtype: str | None = None, keys: Sequence[str] | None = None,
                    exclude: Sequence[str] | None = None, experts: str = "split",
                    device: str = "cpu", allow_nonfinite: bool = False, force: bool = False,
-                   progress=None):
+                   jobs: int | None = None, progress=None):
     """Quantize a checkpoint (file, index or directory); see :func:`convert.quantize_file`."""
     from .convert import ConvertReport, quantize_options, select_device
 
@@ -149,22 +136,26 @@ def quantize_model(src, dst, format: str, *, layout: str = "modelopt",
         check_output_path(dst)
     check_output_target(dst, source.inputs(), force=force)
     xp = select_device(device)
+    jobs = default_jobs() if jobs is None else jobs
+    if type(jobs) is not int or jobs < 1:
+        raise ValueError(f"jobs={jobs!r} must be a positive int")
     progress = progress or NoProgress()
     cks, plans, total = _plan(source, format, opts, layout, keys, exclude, experts)
     report = ConvertReport(output=os.fspath(dst), layout=layout)
     try:
         progress.start(total, "quantizing")
         if source.kind == "file":
-            _quantize_shard(cks[0], plans[0], dst, format, opts, layout, xp, allow_nonfinite,
-                            report, progress, extra_meta=_file_meta(format, layout, report))
+            quantize_shard(cks[0], plans[0], dst, format, opts, layout, xp, allow_nonfinite,
+                           report, progress, jobs=jobs,
+                           extra_meta=_file_meta(format, layout, report))
             report.bytes_out = os.path.getsize(dst)
         else:
             with output_directory(dst, force=force) as tmp:
                 weight_map = {}
                 for ck, plan, shard in zip(cks, plans, source.shards):
                     out = os.path.join(tmp, os.path.basename(shard))
-                    names = _quantize_shard(ck, plan, out, format, opts, layout, xp,
-                                            allow_nonfinite, report, progress)
+                    names = quantize_shard(ck, plan, out, format, opts, layout, xp,
+                                           allow_nonfinite, report, progress, jobs=jobs)
                     weight_map.update({n: os.path.basename(shard) for n in names})
                 _finish_directory(tmp, source, weight_map, report,
                                   quant=(format, layout))
@@ -179,64 +170,6 @@ def _file_meta(format, layout, report) -> dict[str, str]:
     if layout == "lowprec":
         return {}
     return {"quantization": json.dumps(hf_quant_config(format, [], _version())["quantization"])}
-
-
-def _quantize_shard(ck, plan, out, format, opts, layout, xp, allow_nonfinite, report, progress,
-                    extra_meta=None) -> list[str]:
-    """Convert one input file into ``out``; returns the array names written."""
-    with CheckpointWriter(out) as w:
-        for name in ck.names():
-            d = plan[name]
-            a = ck.get(name)
-            try:
-                if d.action == "copy":
-                    w.add(name, a, note=f"not quantized: {d.reason}")
-                    report.copied.append((name, d.reason))
-                    if a.ndim >= 2 and a.dtype.name in ("float32", "float16", "bfloat16"):
-                        report.excluded_modules.append(module_name(name))
-                elif d.action == "split":
-                    g = a.shape[0]
-                    for i in range(g):
-                        ename = expert_name(name, i)
-                        q = _quantize_matrix(ename, a[i], format, opts, xp, allow_nonfinite)
-                        w.add(ename, q, layout=layout, original_shape=list(a.shape[1:]),
-                              original_dtype=a.dtype.name,
-                              split_from={"name": name, "index": i, "count": g})
-                    report.converted.append(name)
-                    report.split.append((name, g, expert_name(name, "{i}")))
-                else:
-                    x2 = a.reshape(-1, a.shape[-1])
-                    if d.action == "fused":
-                        if not allow_nonfinite:
-                            _quantize_check_finite(name, x2, xp)
-                        x2 = x2 if xp is np else xp.asarray(np.ascontiguousarray(x2))
-                        q = GroupedTensor.quantize(x2, [a.shape[1]] * a.shape[0], format,
-                                                   **opts)
-                        report.fused.append(name)
-                    else:
-                        q = _quantize_matrix(name, x2, format, opts, xp, allow_nonfinite)
-                    w.add(name, q, layout=layout, original_shape=list(a.shape),
-                          original_dtype=a.dtype.name)
-                    report.converted.append(name)
-            except CheckpointError:
-                raise
-            except (ValueError, TypeError) as exc:
-                msg = str(exc)
-                raise type(exc)(f"{ck.path}: {msg if name in msg else f'tensor {name!r}: {msg}'}"
-                                ) from None
-            report.bytes_in += int(a.nbytes)
-            progress.advance(a.nbytes, name)
-        meta = dict(ck.metadata)
-        meta.update(extra_meta or {})
-        w.commit(meta)
-        return list(w._writer.names)
-
-
-def _quantize_check_finite(name, x2, xp) -> None:
-    x = x2 if xp is np else xp.asarray(np.ascontiguousarray(x2))
-    if not _all_finite(x, xp):
-        raise ValueError(f"tensor {name!r} contains NaN or inf values; refusing to quantize it "
-                         "(allow them with --allow-nonfinite)")
 
 
 def _write_json(path: str, obj) -> None:

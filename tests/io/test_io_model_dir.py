@@ -282,3 +282,29 @@ def test_quiet_and_progress_through_the_library(tmp_path):
     r = run("quantize", tmp_path / "m.safetensors", tmp_path / "q2.safetensors", "--format",
             "nvfp4", "--quiet")
     assert r.exit_code == 0 and r.stderr == ""
+
+
+def test_jobs_do_not_change_the_output(tmp_path):
+    src = _model_dir(tmp_path / "model")
+    outs = []
+    for jobs in (1, 3):
+        out = tmp_path / f"q{jobs}"
+        convert.quantize_file(src, out, "nvfp4", jobs=jobs)
+        outs.append({f: (out / f).read_bytes() for f in sorted(os.listdir(out))})
+    assert outs[0] == outs[1]
+    with pytest.raises(ValueError, match="jobs=0 must be a positive int"):
+        convert.quantize_file(src, tmp_path / "q0", "nvfp4", jobs=0)
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16, np.float32])
+def test_non_finite_check_on_raw_bits(dtype):
+    from lowprec_moe.io._shard import all_finite
+
+    x = _x((8, 32), 0, dtype)
+    assert all_finite(x)
+    for bad in (np.inf, -np.inf, np.nan):
+        y = x.copy()
+        y[7, 31] = bad
+        assert not all_finite(y)
+    big = np.full((3, 1 << 23), 65504 if dtype is np.float16 else 3e38, dtype)
+    assert all_finite(big)
