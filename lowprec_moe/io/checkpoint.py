@@ -97,6 +97,9 @@ class Checkpoint:
             except json.JSONDecodeError as exc:
                 raise CheckpointError(f"__metadata__[{META_KEY!r}] is not valid JSON "
                                       f"({exc.msg})") from None
+            except RecursionError:
+                raise CheckpointError(f"__metadata__[{META_KEY!r}] is nested too deeply"
+                                      ) from None
             tensors = own.get("tensors") if isinstance(own, dict) else None
             if not isinstance(tensors, dict):
                 raise CheckpointError(f"__metadata__[{META_KEY!r}] has no 'tensors' object")

@@ -233,6 +233,8 @@ class NpzFile:
             meta = json.loads(str(self._read(member)[()]))
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"__metadata__ is not valid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise CheckpointError("__metadata__ is nested too deeply") from None
         if not isinstance(meta, dict) or not all(
                 isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
             raise CheckpointError("__metadata__ must map strings to strings")

@@ -51,6 +51,8 @@ _LABELS = {dt: label for label, dt in DTYPES.items()}
 
 #: Refuse headers larger than this (the reference implementation uses the same bound).
 MAX_HEADER_BYTES = 100_000_000
+#: NumPy's limit on the number of dimensions.
+_MAX_DIMS = 32
 
 
 def dtype_label(dtype) -> str:
@@ -92,6 +94,8 @@ def _parse_header(raw: bytes, data_size: int) -> tuple[dict[str, tuple], dict[st
         raise CheckpointError("header is not valid UTF-8") from None
     except json.JSONDecodeError as exc:
         raise CheckpointError(f"header is not valid JSON ({exc.msg} at byte {exc.pos})") from None
+    except RecursionError:
+        raise CheckpointError("header is nested too deeply to be a safetensors header") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"header must be a JSON object, got {type(header).__name__}")
     metadata = header.pop("__metadata__", None) or {}
@@ -107,9 +111,10 @@ def _parse_header(raw: bytes, data_size: int) -> tuple[dict[str, tuple], dict[st
         if label not in DTYPES:
             raise CheckpointError(f"tensor {name!r}: dtype {label!r} is not supported; "
                                   f"supported: {', '.join(DTYPES)}")
-        if not isinstance(shape, list) or not all(_is_int(s) and s >= 0 for s in shape):
-            raise CheckpointError(f"tensor {name!r}: shape {shape!r} must be a list of "
-                                  "non-negative ints")
+        if (not isinstance(shape, list) or len(shape) > _MAX_DIMS
+                or not all(_is_int(s) and 0 <= s < 2**62 for s in shape)):
+            raise CheckpointError(f"tensor {name!r}: shape {str(shape)[:100]} must be a list of "
+                                  f"at most {_MAX_DIMS} ints in [0, 2**62)")
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(_is_int(o) for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
             raise CheckpointError(f"tensor {name!r}: data_offsets {offsets!r} must be "

@@ -261,3 +261,22 @@ def test_errors_name_the_file_and_the_tensor(tmp_path):
     with pytest.raises(ValueError, match=r"nan\.safetensors: tensor 'bad\.weight' contains NaN"):
         convert.quantize_file(tmp_path / "nan.safetensors", tmp_path / "o.safetensors", "nvfp4")
     assert sorted(os.listdir(tmp_path)) == ["nan.safetensors"]
+
+
+@pytest.mark.parametrize("header, match", [
+    (b"[" * 50000 + b"]" * 50000, "header is nested too deeply"),
+    (json.dumps({"x": {"dtype": "F32", "shape": [2**63, 0], "data_offsets": [0, 0]}}).encode(),
+     r"tensor 'x': shape \[9223372036854775808, 0\] must be a list of at most 32 ints"),
+    (json.dumps({"x": {"dtype": "F32", "shape": [1] * 70, "data_offsets": [0, 4]}}).encode(),
+     "must be a list of at most 32 ints"),
+    (json.dumps({"__metadata__": {"lowprec_moe": "[" * 50000 + "]" * 50000}}).encode(),
+     r"__metadata__\['lowprec_moe'\] is nested too deeply"),
+])
+def test_hostile_headers_give_clear_errors(tmp_path, header, match):
+    path = tmp_path / "x.safetensors"
+    body = b"\0" * 4 if b"[1, 1" in header else b""
+    path.write_bytes(struct.pack("<Q", len(header)) + header + body)
+    with pytest.raises(lio.CheckpointError, match=r"x\.safetensors: .*" + match):
+        lio.load(path)
+    r = run("inspect", path)
+    assert r.exit_code == 1 and "x.safetensors" in r.stderr and "Traceback" not in r.stderr
