@@ -405,6 +405,10 @@ def torch_stream(device=None):
     index = torch.cuda.current_device() if dev.index is None else dev.index
     stream = torch.cuda.current_stream(index)
     with cupy.cuda.Device(index):
-        ext = cupy.cuda.ExternalStream(stream.cuda_stream, index)
+        # CuPy 14 wraps foreign streams through the __cuda_stream__ protocol (ExternalStream is
+        # deprecated there); older CuPy only has ExternalStream. Both wrap the same handle.
+        from_external = getattr(cupy.cuda.Stream, "from_external", None)
+        ext = (from_external(stream) if from_external is not None
+               else cupy.cuda.ExternalStream(stream.cuda_stream, index))
         with ext:
             yield ext

@@ -214,8 +214,12 @@ def test_conversions_and_library_calls_do_not_wait_for_the_stream():
     torch, cupy = _cuda()
     side = torch.cuda.Stream()
     x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
-    with torch.cuda.stream(side), interop.torch_stream("cuda"):
-        lpm.quantize(interop.to_cupy(x), "nvfp4")       # compile and warm the memory pool
+    # once untimed: loading torch's and the library's kernels waits for the device, and the
+    # memory pools fill
+    with torch.cuda.stream(side):
+        y = x * 2
+        with interop.torch_stream("cuda"):
+            interop.to_torch(lpm.quantize(interop.to_cupy(y), "nvfp4").rowwise_data)
     side.synchronize()
     with torch.cuda.stream(side):
         torch.cuda._sleep(2_000_000_000)                 # ~1 s of GPU time on this stream
