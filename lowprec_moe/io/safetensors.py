@@ -114,7 +114,7 @@ def _parse_header(raw: bytes, data_size: int) -> tuple[dict[str, tuple], dict[st
         if (not isinstance(shape, list) or len(shape) > _MAX_DIMS
                 or not all(_is_int(s) and 0 <= s < 2**62 for s in shape)):
             raise CheckpointError(f"tensor {name!r}: shape {str(shape)[:100]} must be a list of "
-                                  f"at most {_MAX_DIMS} ints in [0, 2**62)")
+                                  f"at most {_MAX_DIMS} non-negative ints below 2**62")
         if (not isinstance(offsets, list) or len(offsets) != 2
                 or not all(_is_int(o) for o in offsets) or not 0 <= offsets[0] <= offsets[1]):
             raise CheckpointError(f"tensor {name!r}: data_offsets {offsets!r} must be "

@@ -266,9 +266,10 @@ def test_errors_name_the_file_and_the_tensor(tmp_path):
 @pytest.mark.parametrize("header, match", [
     (b"[" * 50000 + b"]" * 50000, "header is nested too deeply"),
     (json.dumps({"x": {"dtype": "F32", "shape": [2**63, 0], "data_offsets": [0, 0]}}).encode(),
-     r"tensor 'x': shape \[9223372036854775808, 0\] must be a list of at most 32 ints"),
+     r"tensor 'x': shape \[9223372036854775808, 0\] must be a list of at most 32 "
+     "non-negative ints"),
     (json.dumps({"x": {"dtype": "F32", "shape": [1] * 70, "data_offsets": [0, 4]}}).encode(),
-     "must be a list of at most 32 ints"),
+     "must be a list of at most 32 non-negative ints"),
     (json.dumps({"__metadata__": {"lowprec_moe": "[" * 50000 + "]" * 50000}}).encode(),
      r"__metadata__\['lowprec_moe'\] is nested too deeply"),
 ])
