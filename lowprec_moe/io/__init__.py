@@ -9,9 +9,11 @@ QuantizedTensor(format='nvfp4', ...)
 
 Files are validated before their data is touched (headers, dtypes, shapes, byte counts; pickled
 objects are refused, never unpickled) and read through memory maps; outputs are written to a
-temporary file in the destination directory and renamed into place. See
-:mod:`lowprec_moe.io.checkpoint` for the array names (compatible with ModelOpt NVFP4
-checkpoints) and :mod:`lowprec_moe.io.convert` for the file-to-file operations behind the CLI.
+temporary file in the destination directory and renamed into place; an output is never an
+input. See :mod:`lowprec_moe.io.checkpoint` for the library's array names,
+:mod:`lowprec_moe.io.serving` for the ModelOpt and compressed-tensors layouts serving stacks
+load, :mod:`lowprec_moe.io.model_dir` for sharded checkpoints and model directories, and
+:mod:`lowprec_moe.io.convert` for the file-to-file operations behind the CLI.
 """
 
 from ._common import CheckpointError
