@@ -291,7 +291,7 @@ def _compute_capability(device_id: int) -> tuple[int, int]:
     return int(cc[:-1]), int(cc[-1])
 
 
-def get_module(name: str) -> Any:
+def get_module(name: str, source: str | None = None) -> Any:
     """The compiled ``cupy.RawModule`` of ``raw_kernels/<name>.cu`` for the current device.
 
     Compiled once per (device id, name, source hash) and memoized.
@@ -300,6 +300,10 @@ def get_module(name: str) -> Any:
     ----------
     name : str
         File stem of the source, e.g. ``"smoke"`` for ``raw_kernels/smoke.cu``.
+    source : str, optional
+        The module's CUDA text when it is generated rather than a file (the grouped-GEMM
+        instantiations, :mod:`lowprec_moe.backends.cupy.gemm.configs`); it includes the
+        headers of the kernel directory, and its own digest joins the cache key.
 
     Returns
     -------
@@ -318,20 +322,24 @@ def get_module(name: str) -> Any:
     device_id = _current_device_id()
     path = kernel_dir()
     digest = source_hash()
-    key = (device_id, name, digest)
+    own = None if source is None else hashlib.sha256(source.encode("utf-8")).hexdigest()
+    key = (device_id, name, digest, own)
     with _lock:
         mod = _modules.get(key)
     if mod is not None:
         return mod
 
     src_path = path / f"{name}.cu"
-    if not src_path.is_file():
+    if source is not None:
+        pass
+    elif not src_path.is_file():
         available = sorted(p.stem for p in path.glob("*.cu"))
         raise FileNotFoundError(
             f"kernel source name={name!r} not found: no {src_path.name} in the kernel directory "
             f"(available: {available})"
         )
-    source = src_path.read_text(encoding="utf-8")
+    if source is None:
+        source = src_path.read_text(encoding="utf-8")
     cc = _compute_capability(device_id)
     options = build_options(cc, path)
 
@@ -355,7 +363,7 @@ def get_module(name: str) -> Any:
     return mod
 
 
-def get_function(module_name: str, kernel_name: str) -> Any:
+def get_function(module_name: str, kernel_name: str, source: str | None = None) -> Any:
     """An ``extern "C"`` kernel of ``raw_kernels/<module_name>.cu`` for the current device.
 
     Parameters
@@ -364,6 +372,8 @@ def get_function(module_name: str, kernel_name: str) -> Any:
         File stem of the source.
     kernel_name : str
         Name of the ``extern "C" __global__`` function.
+    source : str, optional
+        Generated module text (:func:`get_module`).
 
     Returns
     -------
@@ -378,12 +388,13 @@ def get_function(module_name: str, kernel_name: str) -> Any:
     _check_name(module_name, "module_name")
     _check_name(kernel_name, "kernel_name")
     device_id = _current_device_id()
-    key = (device_id, module_name, source_hash(), kernel_name)
+    own = None if source is None else hash(source)
+    key = (device_id, module_name, source_hash(), kernel_name, own)
     with _lock:
         fn = _functions.get(key)
     if fn is not None:
         return fn
-    mod = get_module(module_name)
+    mod = get_module(module_name, source)
     try:
         fn = mod.get_function(kernel_name)
     except Exception as exc:  # cupy raises CUDADriverError (CUDA_ERROR_NOT_FOUND)

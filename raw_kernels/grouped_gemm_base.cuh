@@ -245,27 +245,21 @@ __host__ __device__ constexpr int ws_mx_smem_bytes() {
     const int epi = epi_bytes(128, 256);
     return (main > epi ? main : epi) + 1024;
 }
-// Its persistent forms (grouped_gemm_ws_mx_persist.cuh, and the ragged one for experts of
-// different contraction lengths, grouped_gemm_ws_mx_ragged.cuh) request their data copies
-// kWmxPAhead k-tiles ahead, one B stage fewer, and spend the space on the consumer warps' own
+// Its persistent form (grouped_gemm_ws_mx_persist.cuh) requests its data copies kWmxPAhead k-tiles ahead, one B stage fewer, and spend the space on the consumer warps' own
 // epilogue staging buffers (kWmxEpiStaging: 8 warps x 16 rows x 64 columns of 16-bit values,
 // rows padded by 16 bytes, reg_epi_bytes<64>), so that a tile's last canonical buffer goes
 // back to the producers before its epilogue. A's ring keeps its kWmxAStages stages (one spare).
 // Then the window slots (a tile's rows' and columns' largest block codes and their range over
 // the tile: the producers write the next tile's while the consumers finish this one): two,
-// or for the ragged form kWmxGWinSlots, each with a full and an empty mbarrier.
+// each with a full and an empty mbarrier.
 constexpr int kWmxPAhead = 2;
 constexpr int kWmxEpiStaging = 8 * 16 * (2 * 64 + 16);
 constexpr int kWmxWinSlot = 128 + 256 + 32;  // codes, range (4 words), padding
-constexpr int kWmxGWinSlots = 4;
 __host__ __device__ constexpr int ws_mx_p_smem_bytes(int win_slots = 2) {
     return kWmxAStages * raw_data_bytes(KIND_FP8_K, 128) +
            (kWmxPAhead + 1) * raw_data_bytes(KIND_FP8_K, 256) +
            kWmxCanonBuffers * canon_bytes(256) + kWmxScaleSlots * ws_mx_scale_slot_bytes() +
            kWmxEpiStaging + win_slots * kWmxWinSlot + 1024;
-}
-__host__ __device__ constexpr int ws_mx_g_smem_bytes() {
-    return ws_mx_p_smem_bytes(kWmxGWinSlots);
 }
 
 }  // namespace lpm_gg

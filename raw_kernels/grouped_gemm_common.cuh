@@ -103,19 +103,17 @@
 //   grouped_gemm_ws_n256.cuh  the 384-thread form of gemm_ws's TMA build, gemm_ws_n256 (one
 //                             producer warpgroup, consumers on m64n256k16), and
 //                             LPM_GG_DEFINE_WS_N256
-//   grouped_gemm_ws_persist.cuh  the persistent forms of gemm_ws's TMA build, gemm_ws_p (one
-//                             CTA per SM over many tiles; epilogue from registers), in 512
-//                             threads (LPM_GG_DEFINE_WS_P) or gemm_ws_n256's 384
-//                             (LPM_GG_DEFINE_WS_NP)
+//   grouped_gemm_ws_persist.cuh  the persistent form of gemm_ws_n256, gemm_ws_p (one CTA per
+//                             SM over many tiles; epilogue from registers;
+//                             LPM_GG_DEFINE_WS_NP)
 //   grouped_gemm_ws_mx_persist.cuh  the persistent form of gemm_ws_mx, gemm_ws_mx_p (the
 //                             producers check the next tile's window; copies 2 k-tiles
 //                             ahead; epilogue from registers through each consumer warp's
 //                             own staging buffer), and LPM_GG_DEFINE_WS_MX_P
-//   grouped_gemm_ws_mx_ragged.cuh  its ragged form for wgrad of uneven experts, gemm_ws_mx_g
-//                             (a balanced tile list; LPM_GG_DEFINE_WS_MX_G)
-//   grouped_gemm_ws_ragged.cuh  the ragged persistent form of gemm_ws's cp.async build,
-//                             gemm_ws_g (NVFP4 wgrad of uneven experts; LPM_GG_DEFINE_WS_G),
-//                             and its TMA build (LPM_GG_DEFINE_WS_H)
+//   grouped_gemm_ragged_list.cuh  an entry of a ragged kernel's balanced tile list
+//   grouped_gemm_ws_ragged.cuh  the ragged persistent NVFP4 kernel gemm_ws_g for wgrad of
+//                             uneven experts, data through row-pair tensor maps
+//                             (LPM_GG_DEFINE_WS_H)
 //   grouped_gemm_ws_ragged_tma.cuh  that TMA build's stage layout (WsgTmaLayout) and the
 //                             builder of its per-expert tensor maps (LPM_GG_DEFINE_WS_H_MAPS)
 //   grouped_gemm_tma.cuh      TMA tile loads: the tensor-map parameter type, mbarrier and
@@ -145,7 +143,7 @@
 #include "grouped_gemm_ws_n256.cuh"
 #include "grouped_gemm_ws_persist.cuh"
 #include "grouped_gemm_ws_mx_persist.cuh"
-#include "grouped_gemm_ws_mx_ragged.cuh"
+#include "grouped_gemm_ragged_list.cuh"
 #include "grouped_gemm_ws_ragged.cuh"
 #include "grouped_gemm_tma.cuh"
 #include "grouped_gemm_swap.cuh"

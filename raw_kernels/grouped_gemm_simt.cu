@@ -54,7 +54,7 @@ __device__ __forceinline__ float fetch(int kind, int mn, const unsigned char* __
 
 }  // namespace lpm_ggs
 
-extern "C" __global__ void __launch_bounds__(256) lpm_gg_simt(
+extern "C" __global__ void __launch_bounds__(256) grouped_gemm_simt_64x64(
     const int* __restrict__ tiles, int n_col_tiles, const long long* __restrict__ desc,
     long long n_cols, const unsigned char* __restrict__ a_data,
     const unsigned char* __restrict__ a_scale, int a_kind, int a_mn,

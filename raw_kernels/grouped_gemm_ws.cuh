@@ -224,12 +224,4 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
         lpm_gg::gemm_ws<AKIND, BKIND, F16, CH, false>(LPM_GG_ARGS, nullptr, nullptr, nullptr,  \
                                                       nullptr);                               \
     }
-// The same with TMA loads (NVFP4, 16-byte rows): four more parameters, the tensor maps of A's and
-// B's data and block scales, passed by value.
-#define LPM_GG_DEFINE_WS_TMA(NAME, AKIND, BKIND, F16)                                          \
-    extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
-        NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS) {                                            \
-        lpm_gg::gemm_ws<AKIND, BKIND, F16, 16, true>(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS);          \
-    }
-
 #endif  // LPM_GROUPED_GEMM_WS_CUH

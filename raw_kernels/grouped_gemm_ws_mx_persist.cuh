@@ -239,8 +239,7 @@ __device__ __forceinline__ void gemm_ws_mx_p(LPM_GG_PARAMS, const TmaMap* tm_a, 
 // BMN as in LPM_GG_DEFINE_WS_MX): gemm_ws_mx's four tensor maps, then the number of output tiles,
 // which the CTAs share (tile blockIdx.x, + gridDim.x, ...). On other architectures the wgmma
 // compile to traps; the launcher never selects it there.
-// (LPM_GG_WS_MX_PERSISTENT_ENTRY: the entry point of persistent body FN; also the ragged
-// form's, grouped_gemm_ws_mx_ragged.cuh.)
+// (LPM_GG_WS_MX_PERSISTENT_ENTRY: the entry point of persistent body FN.)
 #define LPM_GG_WS_MX_PERSISTENT_ENTRY(NAME, FN, AMN, BMN)                                      \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
         NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS, LPM_GG_MX_RANGE_PARAMS, int num_tiles) {     \

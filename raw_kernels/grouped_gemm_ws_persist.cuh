@@ -212,17 +212,10 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
 
 }  // namespace lpm_gg
 
-// extern "C" entry point NAME of the persistent warp-specialised NVFP4 kernel (sm_90a): the
-// four tensor maps of the TMA build, then the number of output tiles, which the CTAs share
-// (tile blockIdx.x, + gridDim.x, ...). On other architectures the wgmma compile to traps; the
-// launcher never selects it there.
-#define LPM_GG_DEFINE_WS_P(NAME, AKIND, BKIND)                                                 \
-    extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
-        NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS, int num_tiles) {                             \
-        lpm_gg::gemm_ws_p<AKIND, BKIND>(LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS, num_tiles);           \
-    }
-
-// ... and of its 384-thread form (gemm_ws_n256's roles).
+// extern "C" entry point NAME of the persistent warp-specialised NVFP4 kernel (sm_90a, gemm_ws_n256's
+// 384-thread roles): the four tensor maps of the TMA build, then the number of output tiles,
+// which the CTAs share (tile blockIdx.x, + gridDim.x, ...). On other architectures the wgmma
+// compile to traps; the launcher never selects it there.
 #define LPM_GG_DEFINE_WS_NP(NAME)                                                              \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWnThreads, 1)                        \
         NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS, int num_tiles) {                             \

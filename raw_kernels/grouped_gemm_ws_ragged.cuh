@@ -23,7 +23,7 @@
 //   * The consumers run each tile's k-tiles as gemm_ws does, then (once every consumer's wgmma
 //     retired) their warps' register epilogue, 64 columns at a time, through staging buffers
 //     and column tables in the tile's last canonical buffer, which goes back to the producers
-//     after the epilogue (gemm_ws_mx_g's scheme): the shared memory stays gemm_ws's. Staging
+//     after the epilogue (as the persistent MXFP8 kernel does): the shared memory stays gemm_ws's. Staging
 //     buffers past the pipeline's (as gemm_ws_p has) measured 25 % slower per k-tile on the
 //     H200: 38 KiB more shared memory leaves the L1 too small for the block-scale lines the
 //     producers read a few bytes of per k-tile. An expert without tokens gets +0
@@ -49,7 +49,7 @@
 #define LPM_GROUPED_GEMM_WS_RAGGED_CUH
 
 #include "grouped_gemm_ws.cuh"
-#include "grouped_gemm_ws_mx_ragged.cuh"
+#include "grouped_gemm_ragged_list.cuh"
 #include "grouped_gemm_ws_ragged_tma.cuh"
 
 namespace lpm_gg {
@@ -399,16 +399,8 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
 
 }  // namespace lpm_gg
 
-// extern "C" entry point NAME of the ragged persistent NVFP4 kernel (sm_90a; CH: the cp.async
-// chunk, 16 or 8 bytes): gemm_ws's parameters, then the number of entries of the tile list,
-// which the CTAs share (entry blockIdx.x, + gridDim.x, ...). On other architectures the wgmma
-// compile to traps; the launcher never selects it there.
-#define LPM_GG_DEFINE_WS_G(NAME, CH)                                                           \
-    extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
-        NAME(LPM_GG_PARAMS, int num_entries) {                                                 \
-        lpm_gg::gemm_ws_g<CH, false>(LPM_GG_ARGS, nullptr, num_entries);                       \
-    }
-// The TMA build (data tiles through the experts' row-pair tensor maps, four per expert in
+// extern "C" entry point NAME of the ragged persistent NVFP4 kernel (sm_90a), its TMA build:
+// data tiles through the experts' row-pair tensor maps, four per expert in
 // `maps`, a device array: A's even and odd rows, then B's; see WsgTmaLayout). CH: the
 // launcher's copy chunk, checked only (the block scales are loaded as in the cp.async build).
 #define LPM_GG_DEFINE_WS_H(NAME, CH)                                                           \

@@ -125,3 +125,31 @@ def assert_source_has(name: str, *texts: str) -> None:
     src = (kernels.kernel_dir() / name).read_text()
     for text in texts:
         assert text in src, f"{name} no longer contains: {text}"
+
+
+def set_gemm_options(monkeypatch, **options):
+    """Set :class:`lowprec_moe.config.GemmOptions` (``kernel=``, ``mxfp8_mma=``) for the rest of
+    a test, undone by ``monkeypatch`` at its end (the ``with lowprec_moe.config.gemm(...)``
+    block for tests that switch options mid-way)."""
+    import contextvars
+
+    from lowprec_moe import config
+
+    opts = config.GemmOptions(**options)
+    monkeypatch.setattr(config, "_gemm", contextvars.ContextVar("test_gemm_options", default=opts))
+    return opts
+
+
+def gemm_internals():
+    """One namespace over the grouped-GEMM launcher's host modules (plan, smem, TMA rules,
+    selection rules, launch), for tests that check their constants and tables."""
+    import types
+
+    from lowprec_moe.backends.cupy.gemm import launch, plan, rules, select, smem, tma_rules
+
+    ns = types.SimpleNamespace()
+    for mod in (plan, smem, tma_rules, rules, select, launch):
+        for k, v in vars(mod).items():
+            if not k.startswith("__"):
+                setattr(ns, k, v)
+    return ns

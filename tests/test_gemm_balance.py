@@ -139,5 +139,5 @@ def test_scale_tiles_mirror_kernel():
 
     assert B.SCALE_TILES == WMX_SCALE_TILES
     src = (Path(__file__).resolve().parents[1] / "raw_kernels"
-           / "grouped_gemm_ws_mx_ragged.cuh").read_text()
+           / "grouped_gemm_ragged_list.cuh").read_text()
     assert re.search(rf"constexpr int kWmxGEntryWords = {B.ENTRY_WORDS};", src)

@@ -25,7 +25,8 @@ from test_gemm import (E2M1, HP_DTYPES, MODES, _expected, _quantize,
 def _emulate_fetch(op, g, rr, kk):
     """Exact values of operand elements (rr, kk) of expert g through the descriptor fields, the
     way the kernels address them (byte offsets, leading dimensions, scale layouts)."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from conftest import gemm_internals
+    C = gemm_internals()
 
     raw = np.ascontiguousarray(op.data).reshape(-1).view(np.uint8)
     off, ld = int(op.off[g]), int(op.ld[g])
@@ -52,7 +53,8 @@ def _emulate_fetch(op, g, rr, kk):
 def _emulate(p, bm, bn):
     """Run the launch plan of a NumPy problem the way the kernels do: tile table x column tiles,
     descriptor fields, zero fill past the valid region, epilogue via the amax / bias bases."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from conftest import gemm_internals
+    C = gemm_internals()
     from lowprec_moe.reference import gemm as R
 
     pl = C.plan(p)
@@ -145,14 +147,15 @@ def test_kernel_parameter_order_matches_sources():
     import re
 
     from lowprec_moe import kernels
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from conftest import gemm_internals
+    C = gemm_internals()
 
     src = (kernels.kernel_dir() / "grouped_gemm_base.cuh").read_text()
     m = re.search(r"#define LPM_GG_PARAMS\s*\\\n(.*?)\n\n", src, re.S)
     body = m.group(1).replace("\\\n", " ")
     assert tuple(_c_param_names(body)) == C.MMA_PARAMS
     simt = (kernels.kernel_dir() / "grouped_gemm_simt.cu").read_text()
-    m = re.search(r"lpm_gg_simt\((.*?)\)\s*\{", simt, re.S)
+    m = re.search(r"grouped_gemm_simt_64x64\((.*?)\)\s*\{", simt, re.S)
     assert tuple(_c_param_names(m.group(1))) == C.SIMT_PARAMS
 
 
@@ -160,7 +163,8 @@ def test_kernel_constants_match_sources():
     import re
 
     from lowprec_moe import kernels
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from conftest import gemm_internals
+    C = gemm_internals()
 
     ws = (kernels.kernel_dir() / "grouped_gemm_ws_roles.cuh").read_text()
     assert "kWsThreads = kWsConsumers + kWsProducers;" in ws
@@ -198,42 +202,14 @@ def test_kernel_constants_match_sources():
     simt = (kernels.kernel_dir() / "grouped_gemm_simt.cu").read_text()
     for name in ("EK_F32", "EK_BF16", "EK_F16", "EK_FP4", "EK_E4M3", "EK_E5M2"):
         assert int(re.search(rf"\b{name} = (\d+)", simt).group(1)) == getattr(C, name), name
-    # every kernel name the launcher can pick is defined (in the module kernel_module names:
-    # test_gemm_choice.test_every_kernel_in_its_module)
-    from test_gemm_choice import _defined_kernels
-
-    all_defined = set(_defined_kernels())
-    for prefix in ("bf16", "fp16", "nvfp4", "mxfp8"):
-        defined = {n for n in all_defined if n.startswith(f"lpm_gg_{prefix}_")}
-        layouts = {"nvfp4": ["kk"]}.get(prefix, ["kk", "kn", "nn"])
-        quantized = prefix == "nvfp4"  # the warp-specialised kernel
-        for lay in layouts:
-            for cfg in ("l", "w") + (("s", "v") if lay != "nn" else ()) + (
-                    ("x",) if quantized else ()):
-                for suf in ("", "8") if prefix == "nvfp4" else ("",):
-                    assert f"lpm_gg_{prefix}_{lay}_{cfg}{suf}" in defined, (prefix, lay, cfg)
-        if prefix in ("nvfp4", "mxfp8"):  # the swapped-operand kernel (K-major quantized operands)
-            for suf in ("", "8") if prefix == "nvfp4" else ("",):
-                assert f"lpm_gg_{prefix}_kk_t{suf}" in defined, prefix
-        if prefix == "nvfp4":  # the TMA builds (swapped-operand, warp-specialised)
-            assert {"lpm_gg_nvfp4_kk_u", "lpm_gg_nvfp4_kk_r", "lpm_gg_nvfp4_kk_y",
-                    "lpm_gg_nvfp4_kk_z", "lpm_gg_nvfp4_kk_q", "lpm_gg_nvfp4_kk_o"} <= defined
-        if prefix == "mxfp8":  # the warp-specialised MXFP8 kernel (TMA builds only), persistent
-            assert {f"lpm_gg_mxfp8_{lay}_{form}" for lay in ("kk", "kn", "nn")
-                    for form in ("y", "o")} <= defined
-    # the swapped-operand kernel's tile and stage counts
-    for name, value in (("kSwapTokens", C.CONFIGS["t"][0]), ("kSwapCols", C.CONFIGS["t"][1])):
-        assert int(re.search(rf"constexpr int {name} = (\d+);", src).group(1)) == value, name
-    stages = re.search(r"swap_rs\(xkind, wkind\) \? (\d+) : (\d+);", src)
-    assert (int(stages.group(1)), int(stages.group(2))) == (C.SWAP_STAGES["nvfp4"],
-                                                            C.SWAP_STAGES["mxfp8"])
 
 
 def test_tile_table_longest_contraction_first():
     """With the experts' contraction lengths (K-grouped wgrad), the tile table lists the same
     entries, longest contraction first and in expert order among equal lengths; without them,
     in expert order. Experts not included (no rows, or excluded) get no entries."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from conftest import gemm_internals
+    C = gemm_internals()
 
     rows = np.array([256, 0, 130, 128, 128])
     include = rows > 0

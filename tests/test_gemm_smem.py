@@ -14,7 +14,8 @@ def test_ws_smem_formula():
     of a 128-row A and a 256-row B tile, 3 canonical B buffers (no canonical A: it is decoded
     into registers), 1 KiB alignment; the fp32 epilogue tile fits in it, and so does the whole
     under the 227 KiB opt-in limit."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from conftest import gemm_internals
+    C = gemm_internals()
 
     nv = C._ws_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K)
     stage = (128 * 32 + 128 * 4) + (256 * 32 + 256 * 4)  # nibbles + E4M3 scale bytes
@@ -29,7 +30,8 @@ def test_ws_tma_smem_formula():
     rows), 3 A-fragment buffers (2 steps x 256 consumer threads x 16 bytes), 1 KiB alignment;
     under the opt-in limit with the 1 KiB of static mbarrier space; the step count agrees with
     the kernel header."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from conftest import gemm_internals
+    C = gemm_internals()
     from lowprec_moe.backends.cupy.gemm import smem as S
 
     src = (Path(__file__).resolve().parents[1] / "raw_kernels"
@@ -48,7 +50,8 @@ def test_ws_p_smem_formula():
     128-float column tables, 1 KiB
     alignment; under the opt-in limit with the 1 KiB of static mbarrier space; the padding
     constant agrees with the kernel header."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from conftest import gemm_internals
+    C = gemm_internals()
 
     src = (Path(__file__).resolve().parents[1] / "raw_kernels"
            / "grouped_gemm_base.cuh").read_text()
@@ -66,7 +69,8 @@ def test_ws_mx_smem_formula():
     64 bytes) and 4 raw B stages (256 rows), 3 canonical B buffers, 2 scale slots of 16 bytes
     (8 k-tiles) per row, the rows' and columns' largest codes, 1 KiB alignment; under the opt-in
     limit with the 1 KiB of static shared memory that ptxas reports for the kernel."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from conftest import gemm_internals
+    C = gemm_internals()
 
     mx = C._ws_mx_smem_bytes()
     assert mx == (6 * 128 * 64 + 4 * 256 * 64 + 3 * 256 * 128 + 2 * (128 + 256) * 16 + 384
@@ -81,7 +85,8 @@ def test_ws_mx_p_smem_formula():
     144 bytes), two window slots (128 + 256 codes and their range, padded to 416 bytes), 1 KiB
     alignment; the slot size and the new constants agree with the kernel
     header; under the opt-in limit with the 1 KiB of static shared memory."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from conftest import gemm_internals
+    C = gemm_internals()
     from lowprec_moe.backends.cupy.gemm import smem as S
 
     src = (Path(__file__).resolve().parents[1] / "raw_kernels"
@@ -101,7 +106,8 @@ def test_swap_smem_formula():
     """The swapped-operand kernel's shared memory (mirrors swap_smem_bytes): NVFP4 leaves room
     for four CTAs per SM (1 KiB reserved per CTA; its 80-register bound allows three), MXFP8
     two."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from conftest import gemm_internals
+    C = gemm_internals()
 
     nv = C._swap_smem_bytes(C.KIND_FP4_K, C.KIND_FP4_K)
     mx = C._swap_smem_bytes(C.KIND_FP8_K, C.KIND_FP8_K)
@@ -119,7 +125,8 @@ def test_swap_smem_formula():
 def test_mxfp8_wgmma_smem_has_exponent_bytes():
     """The MXFP8 wgmma kernels keep one byte per tile row and column (the fp16 window's largest
     block codes) after their canonical buffers; NVFP4 and mma.sync kernels do not."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from conftest import gemm_internals
+    C = gemm_internals()
 
     def formula(ak, bk, bm, wg, extra):
         ring = C._raw_ring_bytes(ak, bk, bm, 256)
@@ -133,21 +140,6 @@ def test_mxfp8_wgmma_smem_has_exponent_bytes():
             assert C._smem_bytes(fp8k, bk, bm, 256, True) == formula(fp8k, bk, bm, True, bm + 256)
             assert C._smem_bytes(fp8k, bk, bm, 256, False) == formula(fp8k, bk, bm, False, 0)
         assert C._smem_bytes(fp4, fp4, bm, 256, True) == formula(fp4, fp4, bm, True, 0)
-
-
-def test_ws_mx_g_smem_formula():
-    """The ragged persistent MXFP8 kernel (mirrors ws_mx_g_smem_bytes): the persistent kernel's
-    shared memory with four window slots; the slot count agrees with the kernel header; under
-    the opt-in limit with the 1 KiB of static shared memory."""
-    from lowprec_moe.backends.cupy.gemm import smem as S
-
-    src = (Path(__file__).resolve().parents[1] / "raw_kernels"
-           / "grouped_gemm_base.cuh").read_text()
-    assert re.search(r"constexpr int kWmxGWinSlots = 4;", src)
-    assert S.WMX_G_WIN_SLOTS == 4
-    mx = S._ws_mx_g_smem_bytes()
-    assert mx == S._ws_mx_p_smem_bytes() + 2 * 416
-    assert mx + 1024 <= S.MAX_SMEM
 
 
 def test_ws_g_tma_smem_formula():

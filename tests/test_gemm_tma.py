@@ -8,14 +8,19 @@ from __future__ import annotations
 
 import pytest
 
-from test_gemm_choice import _policy_problem
+from test_gemm_select import _policy_problem
 
 
 def test_tma_eligibility():
     """The TMA build needs one tensor map per operand: a uniform row stride that is a multiple
     of 16 bytes, experts starting at whole rows, int32 row coordinates, one contraction length
     that is a multiple of the k-tile."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from lowprec_moe.backends.cupy.gemm import plan as P, tma_rules as T
+
+    class C:  # the names the checks use
+        plan, BK = P.plan, P.BK
+        _use_tma, _tma_rows_ok = T._use_tma, T._tma_rows_ok
+        _tma_scale_rows_ok, _use_ws_tma = T._tma_scale_rows_ok, T._use_ws_tma
 
     p = _policy_problem("fprop", "nvfp4", [16, 0, 32, 3, 16])
     pl = C.plan(p)
@@ -42,7 +47,12 @@ def test_tma_eligibility():
 def test_ws_tma_scale_eligibility():
     """The scale maps of the ``_kk_y`` build: one scale row stride (a multiple of 16 bytes),
     experts starting at whole scale rows, int32 row coordinates."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from lowprec_moe.backends.cupy.gemm import plan as P, tma_rules as T
+
+    class C:  # the names the checks use
+        plan, BK = P.plan, P.BK
+        _use_tma, _tma_rows_ok = T._use_tma, T._tma_rows_ok
+        _tma_scale_rows_ok, _use_ws_tma = T._tma_scale_rows_ok, T._use_ws_tma
 
     p = _policy_problem("fprop", "nvfp4", [0, 300, 37, 260, 5, 129], n=512, k=768)
     pl = C.plan(p)
@@ -85,11 +95,22 @@ class _FakeArr:
         self.nbytes = nbytes
 
 
-@pytest.mark.parametrize("kernel", ["lpm_gg_nvfp4_kk_y", "lpm_gg_nvfp4_kk_z", "lpm_gg_nvfp4_kk_q",
-                                    "lpm_gg_nvfp4_kk_o", "lpm_gg_mxfp8_kk_y",
-                                    "lpm_gg_mxfp8_kn_y", "lpm_gg_mxfp8_nn_y", "lpm_gg_nvfp4_kk_u",
-                                    "lpm_gg_nvfp4_kk_p"])
-def test_tma_map_geometry(kernel, monkeypatch):
+#: TMA configs and the rows of their A and B data boxes.
+_TMA_KERNELS = [
+    ("grouped_gemm_sm90_nvfp4_wgmma_ws_tma_128x256_kk", 128, 256),
+    ("grouped_gemm_sm90_nvfp4_wgmma_ws_tma_persistent_128x256_kk", 128, 256),
+    ("grouped_gemm_sm90_mxfp8_wgmma_ws_tma_128x256_kk", 128, 256),
+    ("grouped_gemm_sm90_mxfp8_wgmma_ws_tma_128x256_kn", 128, 256),
+    ("grouped_gemm_sm90_mxfp8_wgmma_ws_tma_128x256_nn", 128, 256),
+    ("grouped_gemm_sm90_mxfp8_wgmma_ws_tma_persistent_128x256_nn", 128, 256),
+    ("grouped_gemm_sm90_nvfp4_wgmma_swap_tma_32x128_kk", 32, 128),
+    ("grouped_gemm_sm90_nvfp4_wgmma_swap_tma_32x256_kk", 32, 256),
+    ("grouped_gemm_sm90_nvfp4_wgmma_swap_tma_16x256_kk", 16, 256),
+]
+
+
+@pytest.mark.parametrize("kernel,a_box,b_box", _TMA_KERNELS)
+def test_tma_map_geometry(kernel, a_box, b_box, monkeypatch):
     """The tensor maps each TMA build gets (extents, strides, boxes, swizzle), recorded through
     a stand-in encoder: data boxes one k-tile deep (NVFP4 32 bytes, MXFP8 64 with the 64-byte
     swizzle), MN-major MXFP8 B (dgrad, wgrad) as 128-column x 64-line panels with the 128-byte
@@ -101,25 +122,26 @@ def test_tma_map_geometry(kernel, monkeypatch):
     calls = []
     monkeypatch.setattr(tma, "map_2d_u8", lambda *a: calls.append(a) or len(calls))
     k, n_cols, m_rows = 2048, 320, 192  # contraction, B rows (output columns), A rows
-    mx = "_mxfp8_" in kernel
+    from lowprec_moe.backends.cupy.gemm.select import config
+
+    cfg = config(kernel)
+    mx = cfg.fmt == "mxfp8"
     inner = k if mx else k // 2  # contraction bytes of a K-major row
-    a_mn = kernel.endswith("_nn_y")
+    a_mn = cfg.a_mn
     a_ld, a_sld = (m_rows, m_rows) if a_mn else (inner, k // (32 if mx else 16))
-    b_mn = kernel.endswith(("_kn_y", "_nn_y"))
+    b_mn = cfg.b_mn
     b_ld, b_sld = (n_cols, n_cols) if b_mn else (inner, a_sld)
     arrs = [_FakeArr(4096 * (i + 1), 1 << 20) for i in range(4)]  # a, a_scale, b, b_scale
-    maps = gemm_tma._tma_maps(kernel, (a_ld, b_ld, inner, a_sld, b_sld, n_cols, m_rows),
+    maps = gemm_tma._tma_maps(cfg, (a_ld, b_ld, inner, a_sld, b_sld, n_cols, m_rows),
                               arrs[0], arrs[1], arrs[2], arrs[3])
     assert maps == tuple(range(1, len(calls) + 1))
     rows = lambda ld: (1 << 20) // ld  # noqa: E731
-    a_box = {"y": 128, "z": 128, "q": 128, "o": 128, "u": 32, "p": 16}[kernel[-1]]
-    b_box = {"y": 256, "z": 256, "q": 256, "o": 256, "u": 128, "p": 256}[kernel[-1]]
     d_box, swz = (64, 64) if mx else (32, 0)
     want = [(4096, m_rows, rows(a_ld), a_ld, 128, 64, 128) if a_mn else
             (4096, inner, rows(a_ld), a_ld, d_box, a_box, swz)]
     want.append((3 * 4096, n_cols, rows(b_ld), b_ld, 128, 64, 128) if b_mn else
                 (3 * 4096, inner, rows(b_ld), b_ld, d_box, b_box, swz))
-    if kernel.endswith(("_y", "_z", "_q", "_o")):
+    if cfg.role == "ws":
         want.append((2 * 4096, m_rows, rows(a_sld), a_sld, 128, 16, 0) if a_mn else
                     (2 * 4096, a_sld, rows(a_sld), a_sld, 16, a_box, 0))
         want.append((4 * 4096, n_cols, rows(b_sld), b_sld, 256, 16, 0) if b_mn else

@@ -24,7 +24,8 @@ import pytest
 
 from conftest import assert_source_has
 
-from lowprec_moe.backends.cupy.gemm import launch as C
+from conftest import gemm_internals
+C = gemm_internals()
 
 
 def _nvfp4_group(kt, sgt, nsg, ncb, ng):

@@ -40,42 +40,16 @@ from collections import OrderedDict
 
 import numpy as np
 
-from lowprec_moe import kernels
-from . import choice  # noqa: F401 - tests patch the policy helpers (_chunk, ...) there
-from .choice import (  # noqa: F401 - re-exported (tests read launch.<name>)
-    KERNEL_ENV, MXFP8_MMA_ENV, MXFP8_WS_AUTO, MXFP8_WS_ENV, PERSIST_ENV, PERSIST_MAX_KTILES,
-    PERSIST_MX_MAX_KTILES,
-    PERSIST_N256_MAX_KTILES, SWAP_N16_ENV, SWAP_WIDE_ENV, SWAP_WIDE_MIN_CTAS_PER_SM, TMA_ENV,
-    WS_N256_ENV, Launch, _chunk,
-    _device_caps, _env_mode, _mx_bf16, _cupy, _persist, _persist_mx, _pick_bm, _swap_wide,
-    _use_swap,
-    choose_kernel, kernel_info, num_tiles)
-from .plan import (  # noqa: F401 - re-exported (tests read launch.<name>)
-    BK, CONFIGS, DESC_WORDS, SWAP_STAGES, D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD,
-    D_B_SOFF, D_B_SLD, D_ROWS, D_LEN, D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS, EK_F32,
-    EK_BF16, EK_F16, EK_FP4, EK_E4M3, EK_E5M2, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K,
-    KIND_HP_MN, MMA_PARAMS, OUT_TYPES, Operand, Plan, SIMT_PARAMS, SIMT_TILE, THREADS,
-    WS_AHEAD, WS_CANON_BUFFERS, WS_N256_THREADS, WS_THREADS, _cdiv,
-    _flat_amax, descriptors, kernel_module, plan, tile_table)
-from .smem import (  # noqa: F401 - re-exported (tests read launch.<name>)
-    EPI_COL_TABLE, EPI_WARP_LD, MAX_SMEM, WMX_A_STAGES, WMX_AHEAD, WMX_B_STAGES,
-    WMX_CANON_BUFFERS, WMX_EPI_STAGING, WMX_G_WIN_SLOTS, WMX_P_AHEAD, WMX_SCALE_SLOTS,
-    WMX_SCALE_TILES,
-    WS_SCALE_SLOTS, WS_SCALE_TILES, _canon, _epi_bytes, _raw_bytes, _raw_ring_bytes, _smem_bytes,
-    _swap_smem_bytes, _ws_g_tma_smem_bytes, _ws_mx_g_smem_bytes, _ws_mx_p_smem_bytes,
-    _ws_mx_smem_bytes,
-    _ws_p_smem_bytes, _ws_smem_bytes,
-    _ws_tma_smem_bytes)
-
+from lowprec_moe import config, kernels
 from .balance import ragged_tile_list, ragged_tile_table
+from .compile import kernel_function
+from .plan import MMA_PARAMS, OUT_TYPES, SIMT_PARAMS, _cdiv, _flat_amax, descriptors, plan, tile_table
 from .ranges import mx_range_words
-from .tma_rules import (  # noqa: F401 - re-exported (tests read launch.<name>)
-    _pair_geom, _pair_maps, _ptr, _scales_word_aligned, _tma_maps, _tma_rows_ok,
-    _tma_scale_rows_ok, _use_pair_tma, _use_tma, _use_ws_tma)
+from .rules import Facts
+from .select import choose_kernel, device_caps
+from .tma_rules import _pair_geom, _pair_maps, _ptr, _tma_maps
 
-__all__ = ["grouped_gemm", "plan", "choose_kernel", "kernel_info", "KERNEL_ENV", "MXFP8_MMA_ENV",
-           "MXFP8_WS_ENV", "PERSIST_ENV", "TMA_ENV", "SWAP_WIDE_ENV", "SWAP_N16_ENV",
-           "WS_N256_ENV"]
+__all__ = ["grouped_gemm", "kernel_info"]
 
 _MAX_CACHED = 64
 _lock = threading.Lock()
@@ -90,7 +64,8 @@ _smem_set: set = set()
 
 def _device_tables(tiles: np.ndarray, desc: np.ndarray):
     """Device copies of the tile and descriptor tables, cached by content (LRU)."""
-    cp = _cupy()
+    import cupy as cp
+
     dev = int(cp.cuda.runtime.getDevice())
     h = hashlib.blake2b(digest_size=16)
     h.update(np.int64(tiles.shape[0]).tobytes())
@@ -111,7 +86,8 @@ def _device_tables(tiles: np.ndarray, desc: np.ndarray):
 
 
 def _dummy():
-    cp = _cupy()
+    import cupy as cp
+
     dev = int(cp.cuda.runtime.getDevice())
     d = _dummies.get(dev)
     if d is None:
@@ -143,7 +119,7 @@ def _operand_arrays(p) -> tuple:
     return tuple(out)
 
 
-def _signature(p, arrays) -> tuple:
+def _signature(p, arrays, kernel: str) -> tuple:
     """Everything the launch configuration depends on, apart from the array contents: the cache
     key of the prepared tables (pointer alignment residues included, pointers themselves not)."""
     def gt_sig(x):
@@ -154,11 +130,10 @@ def _signature(p, arrays) -> tuple:
                 None if cw is None else (int(cw[-1]), len(cw)))
 
     residues = tuple(None if arr is None else int(arr.data.ptr) % 16 for arr in arrays)
-    return (int(_cupy().cuda.runtime.getDevice()), p.mode, p.fmt, p.hp_dtype, p.splits, p.n, p.k,
-            bool(p.accumulate), os.environ.get(KERNEL_ENV, "auto"), os.environ.get(TMA_ENV, "auto"),
-            os.environ.get(SWAP_WIDE_ENV, "auto"), os.environ.get(SWAP_N16_ENV, "auto"),
-            os.environ.get(MXFP8_WS_ENV, "auto"), os.environ.get(PERSIST_ENV, "auto"),
-            os.environ.get(WS_N256_ENV, "auto"), p.out_dtype, p.bias is not None,
+    import cupy as cp
+
+    return (int(cp.cuda.runtime.getDevice()), p.mode, p.fmt, p.hp_dtype, p.splits, p.n, p.k,
+            bool(p.accumulate), kernel, p.out_dtype, p.bias is not None,
             None if p.out is None else _ptr(p.out) % 16,
             gt_sig(p.a), gt_sig(p.b), residues)
 
@@ -166,16 +141,17 @@ def _signature(p, arrays) -> tuple:
 _prepared: OrderedDict = OrderedDict()
 
 
-def _prepare(p, arrays):
+def _prepare(p, arrays, kernel: str):
     """Launch configuration and device tables of a problem, cached by its signature."""
-    key = _signature(p, arrays)
+    key = _signature(p, arrays, kernel)
     with _lock:
         hit = _prepared.get(key)
         if hit is not None:
             _prepared.move_to_end(key)
             return hit
     pl = plan(p)
-    launch = choose_kernel(p, pl)
+    choice = choose_kernel(p, pl, kernel=kernel)
+    launch = choice.config
     include = pl.rows > 0
     if pl.zero_if_empty and p.accumulate:
         include &= pl.length > 0
@@ -184,8 +160,8 @@ def _prepare(p, arrays):
     if launch.ragged:  # a balanced list of single tiles (entries of CTA b: b, b + cap, ...)
         tiles = ragged_tile_table(
             ragged_tile_list(pl.rows, pl.length, include, launch.bm, n_col_tiles,
-                             launch.grid_cap),
-            launch.grid_cap, desc, launch.bm, launch.bn, pl.n_cols, n_col_tiles)
+                             choice.grid_cap),
+            choice.grid_cap, desc, launch.bm, launch.bn, pl.n_cols, n_col_tiles)
         grid = tiles.shape[0]
     else:
         tiles = tile_table(pl.rows, include, launch.bm, pl.length)
@@ -197,12 +173,12 @@ def _prepare(p, arrays):
     if launch.simt:
         modes = ((a.ek, int(a.mn)), (b.ek, int(b.mn)))
     else:
-        modes = ((launch.ch, int(a.e5m2)), (launch.ch, int(b.e5m2)))
+        modes = ((launch.chunk, int(a.e5m2)), (launch.chunk, int(b.e5m2)))
     tma_geom = ((int(a.ld[0]), int(b.ld[0]), int(pl.length[0]) * a.es_num // a.es_den,
                  int(a.sld[0]), int(b.sld[0]), int(pl.n_cols), int(pl.rows.max()))
                 if launch.tma else None)
-    pair = launch.kernel.endswith(("_h", "_h8"))  # the ragged NVFP4 TMA build's maps
-    val = dict(launch=launch, tiles=tables[0], desc=tables[1], n_col_tiles=n_col_tiles,
+    pair = launch.loader == "rowpair_tma"
+    val = dict(launch=launch, grid_cap=choice.grid_cap, tiles=tables[0], desc=tables[1], n_col_tiles=n_col_tiles,
                tma_geom=tma_geom, pair_geom=_pair_geom(pl) if pair else None,
                rows_max=int(pl.rows.max()) if len(pl.rows) else 0,
                mn=(bool(a.mn), bool(b.mn)), num_experts=len(pl.rows),
@@ -220,7 +196,7 @@ def _range_words(prep, a_scale, b_scale):
     launch (:func:`~lowprec_moe.backends.cupy.gemm.ranges.mx_range_words`; tests read the flag to tell
     which staging mode the persistent form takes)."""
     if not prep["launch"].mx_ranges:
-        raise ValueError(f"{prep['launch'].kernel} reads no range words")
+        raise ValueError(f"{prep['launch'].name} reads no range words")
     (_, a_e5m2), (_, b_e5m2) = prep["modes"]
     return mx_range_words(prep["desc"], a_scale, b_scale, prep["mn"][0], prep["mn"][1],
                           bool(a_e5m2), bool(b_e5m2), prep["n_cols"], prep["rows_max"],
@@ -229,7 +205,8 @@ def _range_words(prep, a_scale, b_scale):
 
 def grouped_gemm(p):
     """Run a validated CuPy :class:`~lowprec_moe.gemm.GemmProblem`; return ``out``."""
-    cp = _cupy()
+    import cupy as cp
+
     out = p.out if p.out is not None else cp.empty(p.out_shape, dtype=_out_dtype(p.out_dtype))
     arrays = _operand_arrays(p)
     prep = _prepare(p, arrays)
@@ -253,7 +230,8 @@ def grouped_gemm(p):
         probs=p.probs if p.probs is not None else dummy,
         has_bias=np.int32(p.bias is not None), has_probs=np.int32(p.probs is not None),
         out=out, out_type=np.int32(OUT_TYPES[p.out_dtype]), accumulate=np.int32(p.accumulate),
-        zero_if_empty=np.int32(prep["zero_if_empty"]), mx_bf16=np.int32(_mx_bf16()))
+        zero_if_empty=np.int32(prep["zero_if_empty"]),
+        mx_bf16=np.int32(opts.mxfp8_mma == "bf16"))
     if launch.simt:
         arg.update(a_kind=np.int32(am0), a_mn=np.int32(am1), b_kind=np.int32(bm0),
                    b_mn=np.int32(bm1))
@@ -265,21 +243,49 @@ def grouped_gemm(p):
         if prep["pair_geom"] is not None:
             args += (_pair_maps(prep["pair_geom"], prep["desc"], a_data, b_data),)
         elif launch.tma:
-            args += _tma_maps(launch.kernel, prep["tma_geom"], a_data, a_scale, b_data,
-                              b_scale)
+            args += _tma_maps(launch, prep["tma_geom"], a_data, a_scale, b_data, b_scale)
         if launch.mx_ranges:  # the warp-specialised MXFP8 kernels: rows' block-code ranges
             words, out_of_window = _range_words(prep, a_scale, b_scale)
             args += (words, np.int32(prep["rows_max"]), np.int32(prep["n_cols"]),
                      out_of_window)
-        if launch.grid_cap:  # persistent: the CTAs share the tiles
+        if prep["grid_cap"]:  # persistent: the CTAs share the tiles
             args += (np.int32(grid),)
-            grid = min(grid, launch.grid_cap)
-    fn = kernels.get_function(launch.module, launch.kernel)
+            grid = min(grid, prep["grid_cap"])
+    fn = kernel_function(launch.module, launch.name)
     if launch.smem > 48 * 1024:
-        key = (int(cp.cuda.runtime.getDevice()), launch.module, launch.kernel,
+        key = (int(cp.cuda.runtime.getDevice()), launch.module, launch.name,
                kernels.source_hash())
         if key not in _smem_set:
             fn.max_dynamic_shared_size_bytes = launch.smem
             _smem_set.add(key)
     fn((grid,), (launch.threads,), args, shared_mem=launch.smem)
     return out
+
+
+def kernel_info(p, kernel: str = "auto") -> dict:
+    """Which kernel config (and MMA instruction) a validated CuPy problem runs on: for
+    benchmarks."""
+    if kernel == "auto":
+        kernel = config.gemm_options().kernel
+    c = choose_kernel(p, plan(p), kernel=kernel).config
+    if c.simt:
+        instr = "fma.rn.f32 (SIMT)"
+    else:
+        mma_type = "f16" if p.fmt == "nvfp4" or p.hp_dtype == "float16" else "bf16"
+        # the 512-thread warp-specialised kernels issue m64n128k16 with A from registers (the
+        # 384-thread NVFP4 ones m64n256k16); the swapped-operand kernels multiply 64 weight
+        # rows by their token tile
+        shape = (f"m64n{c.bm}k16" if c.role == "swap" else
+                 "m64n128k16" if c.threads == 512 or c.bm != 128 else "m64n256k16")
+        instr = (f"wgmma.{shape}.{mma_type}" if c.wgmma else f"mma.sync.m16n8k16.{mma_type}")
+        if (p.fmt == "mxfp8" and c.wgmma and c.role != "swap"
+                and config.gemm_options().mxfp8_mma == "auto"):
+            instr = f"wgmma.{shape}.f16|bf16"  # fp16 for tiles inside the fp16 window
+        if c.role == "ws":
+            instr += " ws"
+        if c.tma:
+            instr += " tma"
+        if c.persistent:
+            instr += " persistent" + (" ragged" if c.ragged else "")
+    return dict(module=c.module, kernel=c.name, instruction=instr, tile=(c.bm, c.bn),
+                smem=c.smem)

@@ -38,16 +38,14 @@ WS_N256_THREADS = 384
 #: warp-specialised kernel (kWsAhead / kWsCanonBuffers in grouped_gemm_base.cuh)
 WS_AHEAD = 3
 WS_CANON_BUFFERS = 3
-#: CTA tiles of the tensor-core kernels: name suffix -> (BM, BN). mma.sync: l, s; wgmma (sm_90):
-#: w, v, x (the warp-specialised NVFP4 kernel, the tile of w), t (the
-#: swapped-operand kernel for few tokens per expert: 32 token rows x 128 output columns;
-#: kSwapTokens / kSwapCols in grouped_gemm_base.cuh), r (its wide NVFP4 TMA build: 32 token
-#: rows x 256 output columns, two CTAs per SM) and p (the same with 16 token rows, m64n16k16).
-#: Within a family every tile uses the same MMA instruction on the same canonical values, so the
-#: choice (made from the splits) never changes the arithmetic: grouped calls equal per-expert
-#: calls bit for bit.
-CONFIGS = {"l": (128, 256), "s": (32, 256), "w": (128, 256), "v": (64, 256), "x": (128, 256),
-           "t": (32, 128), "r": (32, 256), "p": (16, 256)}
+#: CTA tiles (output rows x output columns) of the kernels whose tile is fixed in CUDA: the
+#: warp-specialised kernels (kWs* in grouped_gemm_ws_roles.cuh), the swapped-operand kernel
+#: (32 token rows x 128 output columns; kSwapTokens / kSwapCols in grouped_gemm_base.cuh), its
+#: wide NVFP4 TMA build (two 128-column halves) and that build's 16-token form (m64n16k16).
+WS_TILE = (128, 256)
+SWAP_TILE = (32, 128)
+SWAP_WIDE_TILE = (32, 256)
+SWAP_WIDE16_TILE = (16, 256)
 #: raw stages of the swapped-operand kernel per format (swap_stages in grouped_gemm_base.cuh)
 SWAP_STAGES = {"nvfp4": 6, "mxfp8": 4}
 #: Parameter names, in order, of the tensor-core kernels (LPM_GG_PARAMS in
@@ -255,21 +253,3 @@ def tile_table(rows: np.ndarray, include: np.ndarray, bm: int,
         order = np.argsort(-np.asarray(length, np.int64)[g], kind="stable")
         g, t = g[order], t[order]
     return np.stack([g, t], axis=1).astype(np.int32).reshape(-1, 2)
-
-
-#: The modules (``raw_kernels/<module>.cu``) of the warp-specialised kernel families, by format
-#: prefix and kernel suffix; every other grouped-GEMM kernel of a format is in
-#: ``grouped_gemm_<prefix>``. Each family compiles separately, on its first use: a call compiles
-#: only the family it runs (and a warm-up may compile the modules in parallel).
-_FAMILY_MODULES = {
-    ("mxfp8", "y"): "grouped_gemm_mxfp8_ws", ("mxfp8", "o"): "grouped_gemm_mxfp8_wsp",
-    ("mxfp8", "g"): "grouped_gemm_mxfp8_wsg", ("nvfp4", "g"): "grouped_gemm_nvfp4_wsg",
-    ("nvfp4", "h"): "grouped_gemm_nvfp4_wsg",
-    **{("nvfp4", s): "grouped_gemm_nvfp4_ws" for s in ("x", "y", "q", "z", "o")}}
-#: The module of the MXFP8 range kernel (``lpm_gg_mx_ranges``).
-RANGES_MODULE = "grouped_gemm_mx_ranges"
-
-
-def kernel_module(prefix: str, suffix: str) -> str:
-    """The module of grouped-GEMM kernel ``lpm_gg_<prefix>_<layout>_<suffix>[8]``."""
-    return _FAMILY_MODULES.get((prefix, suffix), f"grouped_gemm_{prefix}")

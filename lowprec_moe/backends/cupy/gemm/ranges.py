@@ -1,5 +1,5 @@
-"""Block-code ranges of MXFP8 GEMM operand rows on the GPU (``lpm_gg_mx_ranges``,
-raw_kernels/grouped_gemm_mx_ranges.cuh), which the warp-specialised MXFP8 kernels check their
+"""Block-code ranges of MXFP8 GEMM operand rows on the GPU (``RANGES_KERNEL`` of
+:mod:`.sm90`, raw_kernels/grouped_gemm_mx_ranges.cuh), which the warp-specialised MXFP8 kernels check their
 tiles against the fp16 window with.
 
 Per expert ``g`` the words are ``ra`` entries for A's rows (the expert's output rows), then
@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowprec_moe import kernels
-from .plan import RANGES_MODULE
+from .sm90 import RANGES_KERNEL, RANGES_MODULE
 
 #: rows per CTA of the range kernel (kMxRangeThreads)
 RANGE_THREADS = 256
@@ -58,7 +57,9 @@ def mx_range_words(desc, a_scale, b_scale, a_mn: bool, b_mn: bool, a_e5m2: bool,
     flag = cp.zeros(1, dtype=cp.uint32)
     if words.size == 0:
         return words, flag
-    fn = kernels.get_function(RANGES_MODULE, "lpm_gg_mx_ranges")
+    from .compile import kernel_function
+
+    fn = kernel_function(RANGES_MODULE, RANGES_KERNEL)
     grid = (-(-max(ra, rb) // RANGE_THREADS), num_experts, 2)
     fn(grid, (RANGE_THREADS,), (desc, a_scale, b_scale, np.int32(a_mn), np.int32(b_mn),
                                 np.int32(a_e5m2), np.int32(b_e5m2), np.int64(n_cols),

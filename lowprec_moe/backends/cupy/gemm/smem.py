@@ -6,7 +6,7 @@ launcher requests exactly what a kernel checks for (it traps when given less).
 from __future__ import annotations
 
 from lowprec_moe import formats as F
-from .plan import (BK, CONFIGS, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K, KIND_HP_MN,
+from .plan import (BK, SWAP_TILE, SWAP_WIDE_TILE, WS_TILE, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K, KIND_HP_MN,
                         SWAP_STAGES, WS_AHEAD, WS_CANON_BUFFERS, _cdiv)
 
 # opt-in shared memory per block on sm_90 (kMaxSmem in raw_kernels/grouped_gemm_base.cuh)
@@ -66,7 +66,7 @@ def _ws_smem_bytes(a_kind: int, b_kind: int) -> int:
     raw_kernels/grouped_gemm_base.cuh): WS_AHEAD + WS_CANON_BUFFERS raw stages, canonical
     buffers of the B tile only (A goes from the raw stage to wgmma registers), alignment; the
     fp32 epilogue tile reuses it."""
-    bm, bn = CONFIGS["x"]
+    bm, bn = WS_TILE
     ring = _raw_ring_bytes(a_kind, b_kind, bm, bn, WS_AHEAD + WS_CANON_BUFFERS)
     return max(ring + WS_CANON_BUFFERS * _canon(bn), _epi_bytes(bm, bn)) + 1024
 
@@ -82,7 +82,7 @@ def _ws_g_tma_smem_bytes() -> int:
     WS_CANON_BUFFERS stages -- per operand its even rows' k-tile boxes (32 bytes a row), its odd
     rows' (48) and its block scales -- rounded up to 1 KiB, the canonical B buffers (the
     epilogue is staged in one), alignment."""
-    bm, bn = CONFIGS["x"]
+    bm, bn = WS_TILE
     row = BK // 2
     stage = sum(r // 2 * (2 * row + 16) + r * BK // F.NVFP4_BLOCK for r in (bm, bn))
     ring = _cdiv((WS_G_TMA_AHEAD + WS_CANON_BUFFERS) * stage, 1024) * 1024
@@ -102,7 +102,7 @@ def _ws_tma_smem_bytes() -> int:
     buffers, then WS_SCALE_SLOTS slots of WS_SCALE_TILES k-tiles of block scales (16 bytes per
     row of A and B), one A-fragment buffer per canonical buffer (WS_FRAG_STEPS steps x 256
     consumer threads x 16 bytes), alignment; the fp32 epilogue tile reuses it."""
-    bm, bn = CONFIGS["x"]
+    bm, bn = WS_TILE
     stages = (WS_AHEAD + WS_CANON_BUFFERS) * (bm + bn) * BK // 2
     slots = WS_SCALE_SLOTS * (bm + bn) * WS_SCALE_TILES * BK // F.NVFP4_BLOCK
     frags = WS_CANON_BUFFERS * WS_FRAG_STEPS * 16 * 256  # 16 bytes per consumer thread
@@ -121,7 +121,7 @@ def _ws_p_smem_bytes() -> int:
     raw_kernels/grouped_gemm_base.cuh): the TMA build's stages, canonical buffers and scale
     slots, then a 16-row staging buffer and a column-amax table per consumer warp (8) for the
     epilogue, alignment."""
-    bm, bn = CONFIGS["x"]
+    bm, bn = WS_TILE
     stages = (WS_AHEAD + WS_CANON_BUFFERS) * (bm + bn) * BK // 2
     slots = WS_SCALE_SLOTS * (bm + bn) * WS_SCALE_TILES * BK // F.NVFP4_BLOCK
     return (stages + WS_CANON_BUFFERS * _canon(bn) + slots
@@ -146,7 +146,7 @@ def _ws_mx_smem_bytes() -> int:
     fp8 data, the canonical B buffers, WMX_SCALE_SLOTS slots of WMX_SCALE_TILES k-tiles of E8M0
     codes (16 bytes per row of A and B), the rows' and columns' largest codes (one byte each),
     alignment; the fp32 epilogue tile reuses the front."""
-    bm, bn = CONFIGS["x"]
+    bm, bn = WS_TILE
     stages = (WMX_A_STAGES * bm + WMX_B_STAGES * bn) * BK
     slots = WMX_SCALE_SLOTS * (bm + bn) * WMX_SCALE_TILES * BK // F.MXFP8_BLOCK
     main = stages + WMX_CANON_BUFFERS * _canon(bn) + slots + bm + bn
@@ -157,7 +157,6 @@ def _ws_mx_smem_bytes() -> int:
 #: and their range; kWmxWinSlot): two, or kWmxGWinSlots in the ragged form (a ring with full /
 #: empty mbarriers)
 WMX_WIN_SLOT = 128 + 256 + 32
-WMX_G_WIN_SLOTS = 4
 #: the persistent MXFP8 kernels request copies kWmxPAhead k-tiles ahead (B's ring: one stage
 #: more) and give each consumer warp its own epilogue staging buffer (kWmxEpiStaging: 8 warps x
 #: 16 rows x 64 16-bit columns, rows padded by 16 bytes)
@@ -170,17 +169,11 @@ def _ws_mx_p_smem_bytes(win_slots: int = 2) -> int:
     in raw_kernels/grouped_gemm_base.cuh): WMX_A_STAGES raw A tiles, WMX_P_AHEAD + 1 raw B tiles,
     the canonical buffers and scale slots of the per-tile kernel, the consumer warps' staging
     buffers, `win_slots` window slots, alignment."""
-    bm, bn = CONFIGS["x"]
+    bm, bn = WS_TILE
     stages = (WMX_A_STAGES * bm + (WMX_P_AHEAD + 1) * bn) * BK
     slots = WMX_SCALE_SLOTS * (bm + bn) * WMX_SCALE_TILES * BK // F.MXFP8_BLOCK
     return (stages + WMX_CANON_BUFFERS * _canon(bn) + slots + WMX_EPI_STAGING
             + win_slots * WMX_WIN_SLOT + 1024)
-
-
-def _ws_mx_g_smem_bytes() -> int:
-    """Dynamic shared memory of the ragged persistent MXFP8 wgrad kernel (ws_mx_g_smem_bytes):
-    the persistent kernel's, with ``WMX_G_WIN_SLOTS`` window slots instead of two."""
-    return _ws_mx_p_smem_bytes(WMX_G_WIN_SLOTS)
 
 
 def _swap_smem_bytes(x_kind: int, w_kind: int, wide: bool = False) -> int:
@@ -188,7 +181,7 @@ def _swap_smem_bytes(x_kind: int, w_kind: int, wide: bool = False) -> int:
     raw_kernels/grouped_gemm_base.cuh): raw ring, two canonical buffers (NVFP4: the token tile
     only), alignment. ``wide``: the 256-column NVFP4 TMA builds (``_kk_r``, and ``_kk_p``,
     whose 16-token tiles keep the 32-row layout)."""
-    tokens, cols = CONFIGS["r" if wide else "t"]
+    tokens, cols = SWAP_WIDE_TILE if wide else SWAP_TILE
     rs = x_kind == w_kind == KIND_FP4_K  # NVFP4: weights decoded into registers
     nst = SWAP_STAGES["nvfp4" if rs else "mxfp8"]
     ring = _raw_ring_bytes(w_kind, x_kind, cols, tokens, nst)

@@ -14,9 +14,8 @@ from collections import OrderedDict
 import numpy as np
 
 from lowprec_moe import formats as F
-from lowprec_moe import kernels
 from lowprec_moe.backends.cupy import tensor_map as tma
-from .plan import BK, CONFIGS, KIND_FP4_K, Operand, Plan
+from .plan import BK, KIND_FP4_K, SWAP_TILE, SWAP_WIDE_TILE, WS_TILE, Operand, Plan
 from .smem import WMX_SCALE_TILES, WS_SCALE_TILES
 
 
@@ -62,7 +61,7 @@ def _use_tma(pl: Plan, wide: bool = False) -> bool:
     """Whether the NVFP4 swapped-operand kernel can load its data tiles with TMA (the
     ``_kk_u`` build; ``wide``: the 256-column ``_kk_r`` build): both operands mapped by
     :func:`_tma_rows_ok` and :func:`_one_length`."""
-    bt, bw = CONFIGS["r" if wide else "t"]
+    bt, bw = SWAP_WIDE_TILE if wide else SWAP_TILE
     return _one_length(pl) and _tma_rows_ok(pl.a, bt) and _tma_rows_ok(pl.b, bw)
 
 
@@ -89,34 +88,29 @@ def _use_ws_tma(pl: Plan, ragged: bool = False) -> bool:
     scales with TMA (the ``_kk_y`` builds): data and scales of both operands mapped by
     :func:`_tma_rows_ok` / :func:`_tma_scale_rows_ok` and :func:`_one_length`
     (``ragged``, the MXFP8 wgrad build: :func:`_ragged_lengths`)."""
-    bm, bn = CONFIGS["x"]
+    bm, bn = WS_TILE
     lengths_ok = _ragged_lengths(pl) if ragged else _one_length(pl)
     return (lengths_ok and _tma_rows_ok(pl.a, bm) and _tma_rows_ok(pl.b, bn)
             and _tma_scale_rows_ok(pl.a, bm) and _tma_scale_rows_ok(pl.b, bn))
 
 
-def _tma_maps(kernel: str, geom: tuple, a_data, a_scale, b_data, b_scale) -> tuple:
-    """The tensor maps of a TMA build, each data box one k-tile deep (``BK / 2`` bytes of
-    NVFP4, ``BK`` of MXFP8): ``_kk_u`` A (tokens) in boxes of 32 rows, B (weights) of 128 rows
-    (``_kk_r``: 256 rows; ``_kk_p``: 16 and 256); ``_kk_y`` A in boxes of 128 rows, B of 256,
-    then the two block-scale maps, 16 bytes per box row (NVFP4: ``WS_SCALE_TILES`` k-tiles,
-    MXFP8: ``WMX_SCALE_TILES``); ``_kk_z`` (NVFP4, persistent), ``_kk_q`` (its 384-thread
-    form) and ``_kk_o`` (that form persistent) take ``_kk_y``'s maps, the persistent MXFP8
-    builds ``_kk_o`` / ``_kn_o`` / ``_nn_o`` (and the ragged ``_nn_g``) those of ``_kk_y`` /
-    ``_kn_y`` / ``_nn_y``. The MXFP8 K-major data
-    boxes (64-byte rows) are stored with the 64-byte swizzle, the raw layout of the cp.async
-    kernels. ``_kn_y`` (MXFP8 dgrad, B
-    MN-major: lines of ``n_cols`` bytes along the contraction) loads B as two panels of 128 columns x one
-    k-tile of lines (128-byte swizzle) and B's scales as ``2 * WMX_SCALE_TILES`` block lines of
-    256 columns. ``_nn_y`` (MXFP8 wgrad, A MN-major too: lines of ``m_rows`` bytes) loads A as one
-    panel of 128 columns x one k-tile of lines and A's scales as ``2 * WMX_SCALE_TILES`` block
-    lines of 128 columns."""
+def _tma_maps(cfg, geom: tuple, a_data, a_scale, b_data, b_scale) -> tuple:
+    """The tensor maps of a TMA config's launch, each data box one k-tile deep (``BK / 2``
+    bytes of NVFP4, ``BK`` of MXFP8), the box rows the config's tile: the swapped-operand builds
+    map A (tokens) and B (weights) data only; the warp-specialised builds also the two
+    block-scale maps, 16 bytes per box row (NVFP4: ``WS_SCALE_TILES`` k-tiles, MXFP8:
+    ``WMX_SCALE_TILES``). MXFP8 K-major data boxes (64-byte rows) are stored with the 64-byte
+    swizzle, the raw layout of the cp.async kernels. An MN-major B (MXFP8 dgrad / wgrad: lines
+    of ``n_cols`` bytes along the contraction) loads as two panels of 128 columns x one k-tile
+    of lines (128-byte swizzle) and its scales as ``2 * WMX_SCALE_TILES`` block lines of 256
+    columns; an MN-major A (MXFP8 wgrad: lines of ``m_rows`` bytes) as one panel of 128
+    columns x one k-tile of lines and its scales as ``2 * WMX_SCALE_TILES`` block lines of 128
+    columns."""
     a_ld, b_ld, inner, a_sld, b_sld, n_cols, m_rows = geom
-    ws = kernel.endswith(("_y", "_z", "_q", "_o", "_g"))
-    mx = "_mxfp8_" in kernel
-    a_mn = kernel.endswith(("_nn_y", "_nn_o", "_nn_g"))
-    b_mn = kernel.endswith(("_kn_y", "_nn_y", "_kn_o", "_nn_o", "_nn_g"))
-    box_a, box_b = CONFIGS["x" if ws else kernel[-1] if kernel.endswith(("_r", "_p")) else "t"]
+    ws = cfg.role == "ws"
+    mx = cfg.fmt == "mxfp8"
+    a_mn, b_mn = cfg.a_mn, cfg.b_mn
+    box_a, box_b = cfg.bm, cfg.bn
     d_box, swz = (BK, 64) if mx else (BK // 2, 0)
     parts = [(a_data, a_ld, m_rows, box_a, BK, 128) if a_mn else
              (a_data, a_ld, inner, d_box, box_a, swz)]
@@ -186,8 +180,6 @@ def _pair_geom(pl: Plan) -> tuple:
             int(pl.n_cols))
 
 
-#: The ragged TMA build's map builder (raw_kernels/grouped_gemm_ws_ragged_tma.cuh).
-PAIR_MAPS_MODULE, PAIR_MAPS_KERNEL = "grouped_gemm_nvfp4_wsg", "lpm_gg_nvfp4_kk_h_maps"
 _templates: dict = {}
 
 
@@ -200,7 +192,7 @@ def _pair_templates():
     dev = int(cp.cuda.runtime.getDevice())
     hit = _templates.get(dev)
     if hit is None:
-        bm, bn = CONFIGS["x"]
+        bm, bn = WS_TILE
         anchor = cp.zeros(256, np.uint8)  # a real, aligned device address to encode against
         words = np.stack([np.frombuffer(tma.map_2d_u8(int(anchor.data.ptr), 64, 256, 64,
                                                       BK // 2 + 16 * odd, rows // 2).tobytes(),
@@ -232,7 +224,10 @@ def _pair_maps(geom: tuple, desc, a_data, b_data):
             return hit
     val = cp.zeros((num_experts, 4, tma.MAP_BYTES // 8), np.uint64)
     n = 4 * num_experts
-    fn = kernels.get_function(PAIR_MAPS_MODULE, PAIR_MAPS_KERNEL)
+    from .compile import kernel_function
+    from .sm90 import PAIR_MAPS_KERNEL, PAIR_MAPS_MODULE
+
+    fn = kernel_function(PAIR_MAPS_MODULE, PAIR_MAPS_KERNEL)
     fn(((n + 127) // 128,), (128,), (_pair_templates(), desc, a_data, b_data,
                                      np.int64(n_cols), np.int32(num_experts), val))
     with _pair_lock:

@@ -1,0 +1,53 @@
+"""Compiling the grouped-GEMM modules: the generated ones from the config tables
+(:func:`.configs.module_source`), the SIMT kernel and the MXFP8 range kernel from their files in
+``raw_kernels/``, all through the one kernel loader (:mod:`lowprec_moe.kernels`).
+
+``python -m lowprec_moe.backends.cupy.gemm.compile DIR`` writes the generated modules to
+``DIR/<module>.cu``, for an offline ``nvcc`` check (CI compiles them with ``-I raw_kernels``).
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from lowprec_moe import kernels
+from .configs import module_source, modules
+from .select import ALL_CONFIGS
+
+#: Modules generated from the tables.
+GENERATED = tuple(modules(ALL_CONFIGS))
+
+
+@lru_cache(maxsize=None)
+def source(module: str) -> str:
+    """The generated CUDA text of a module."""
+    return module_source(module, ALL_CONFIGS)
+
+
+def kernel_function(module: str, name: str):
+    """The compiled kernel ``name`` of ``module`` on the current device (memoized by the
+    loader)."""
+    if module in GENERATED:
+        return kernels.get_function(module, name, source(module))
+    return kernels.get_function(module, name)
+
+
+def write_sources(directory: str | Path) -> list[Path]:
+    """Write every generated module to ``directory/<module>.cu``; return the paths."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for m in GENERATED:
+        p = out / f"{m}.cu"
+        p.write_text(source(m), encoding="utf-8")
+        paths.append(p)
+    return paths
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m lowprec_moe.backends.cupy.gemm.compile DIR")
+    for path in write_sources(sys.argv[1]):
+        print(path)
