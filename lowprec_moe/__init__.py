@@ -12,7 +12,7 @@ Public API (SPEC section 6)::
     grads = lpm.grouped_mlp_backward(dy, ctx)
 """
 
-from . import formats
+from . import config, formats
 from .grouped_tensor import GroupedTensor
 from .quantized_tensor import QuantizedTensor, dequantize, quantize
 from .swizzle import swizzle_scales, unswizzle_scales
@@ -35,6 +35,7 @@ __all__ = [
     "GroupedTensor",
     "QuantizedTensor",
     "Recipe",
+    "config",
     "dequantize",
     "formats",
     "grouped_linear_backward",

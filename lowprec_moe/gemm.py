@@ -156,7 +156,7 @@ class GemmProblem:
 
 
 def grouped_gemm_fprop(x, weight, splits=None, *, bias=None, probs=None, out_dtype=None,
-                       out=None, accumulate: bool = False):
+                       out=None, accumulate: bool = False, kernel: str = "auto"):
     """Forward GEMM ``y_g = x_g W_g^T`` for every expert (M-grouped).
 
     Parameters
@@ -177,6 +177,10 @@ def grouped_gemm_fprop(x, weight, splits=None, *, bias=None, probs=None, out_dty
         Written in place (and returned).
     accumulate : bool
         Add into ``out`` (float32) instead of overwriting it.
+    kernel : str
+        GPU only: ``"auto"`` (the kernel config the selector ranks first, or the one set with
+        :func:`lowprec_moe.config.gemm`) or the name of one config (for cross-checks and
+        A/B runs; ``ValueError`` when it cannot compute the call). Ignored on the CPU.
 
     Returns
     -------
@@ -184,11 +188,11 @@ def grouped_gemm_fprop(x, weight, splits=None, *, bias=None, probs=None, out_dty
     """
     p = _validate("fprop", x, weight, splits, bias=bias, probs=probs, out_dtype=out_dtype,
                   out=out, accumulate=accumulate)
-    return _run(p)
+    return _run(p, kernel)
 
 
 def grouped_gemm_dgrad(dy, weight, splits=None, *, out_dtype=None, out=None,
-                       accumulate: bool = False):
+                       accumulate: bool = False, kernel: str = "auto"):
     """Data-gradient GEMM ``dx_g = dy_g W_g`` for every expert (M-grouped).
 
     Parameters
@@ -196,7 +200,7 @@ def grouped_gemm_dgrad(dy, weight, splits=None, *, out_dtype=None, out=None,
     dy : array ``[M_total, N]`` or GroupedTensor (rowwise copy)
     weight : array ``[G, N, K]`` or GroupedTensor of ``[G*N, K]`` (columnwise copy, not
         Hadamard-transformed)
-    splits, out_dtype, out, accumulate
+    splits, out_dtype, out, accumulate, kernel
         As in :func:`grouped_gemm_fprop`.
 
     Returns
@@ -205,11 +209,11 @@ def grouped_gemm_dgrad(dy, weight, splits=None, *, out_dtype=None, out=None,
     """
     p = _validate("dgrad", dy, weight, splits, bias=None, probs=None, out_dtype=out_dtype,
                   out=out, accumulate=accumulate)
-    return _run(p)
+    return _run(p, kernel)
 
 
 def grouped_gemm_wgrad(dy, x, splits=None, *, out_dtype=None, out=None,
-                       accumulate: bool = False):
+                       accumulate: bool = False, kernel: str = "auto"):
     """Weight-gradient GEMM ``dW_g = dy_g^T x_g`` for every expert (K-grouped).
 
     The contraction runs over each expert's tokens; an expert without tokens gets ``dW_g = 0``
@@ -220,7 +224,7 @@ def grouped_gemm_wgrad(dy, x, splits=None, *, out_dtype=None, out=None,
     dy : array ``[M_total, N]`` or GroupedTensor (columnwise copy)
     x : array ``[M_total, K]`` or GroupedTensor (columnwise copy)
         Quantized: both or neither Hadamard-transformed (the transform cancels in ``dy^T x``).
-    splits, out_dtype, out, accumulate
+    splits, out_dtype, out, accumulate, kernel
         As in :func:`grouped_gemm_fprop`.
 
     Returns
@@ -229,7 +233,7 @@ def grouped_gemm_wgrad(dy, x, splits=None, *, out_dtype=None, out=None,
     """
     p = _validate("wgrad", dy, x, splits, bias=None, probs=None, out_dtype=out_dtype, out=out,
                   accumulate=accumulate)
-    return _run(p)
+    return _run(p, kernel)
 
 
 def grouped_gemm(a, b, splits=None, *, mode: str, **kwargs):
@@ -240,12 +244,16 @@ def grouped_gemm(a, b, splits=None, *, mode: str, **kwargs):
     return fns[mode](a, b, splits, **kwargs)
 
 
-def _run(p: GemmProblem):
+def _run(p: GemmProblem, kernel: str):
+    if not isinstance(kernel, str):
+        raise TypeError(f"kernel must be a str, got {type(kernel).__name__}")
     if p.on_gpu:
-        from .backends.cupy.gemm import launch as backend
-    else:
-        from .reference import gemm as backend
-    return backend.grouped_gemm(p)
+        from .backends.cupy.gemm import launch
+
+        return launch.grouped_gemm(p, kernel)
+    from .reference import gemm as reference
+
+    return reference.grouped_gemm(p)
 
 
 # ============================================================================================
