@@ -9,7 +9,10 @@ Operands are quantized on the host with the NumPy reference and uploaded with ``
 * grouped == one call per expert, bit for bit; run-to-run bitwise determinism;
 * sizes that are not multiples of the tile, skewed splits with empty experts (zero dW), few
   tokens per expert (the 32-row tile), row-scaled NVFP4 for fprop and wgrad, 8-byte NVFP4 rows,
-  the fp32 SIMT path and the SIMT fallback.
+  the fp32 SIMT path and the SIMT fallback;
+* kernel configs named through ``lowprec_moe.config.gemm(kernel=...)`` (names as
+  ``lowprec_moe.backends.cupy.gemm.select.config_names()`` lists them) against float64 and bit
+  for bit against each other.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ import numpy as np
 import pytest
 
 import lowprec_moe as lpm
+from lowprec_moe import config as lpm_config
 from lowprec_moe.gemm import (_validate, grouped_gemm, grouped_gemm_dgrad, grouped_gemm_fprop,
                               grouped_gemm_wgrad)
 
-from conftest import assert_bytes_equal, requires_gpu, to_host
+from conftest import assert_bytes_equal, requires_gpu, set_gemm_options, to_host
 from test_gemm import (HP_DTYPES, _data, _expected, _member_operands, _quantize,
                        assert_gemm_close)
 
@@ -50,7 +54,7 @@ def gpu(obj):
     cp = _cp()
     if obj is None:
         return None
-    if isinstance(obj, np.ndarray):
+    if isinstance(obj, np.ndarray) or hasattr(obj, "__cuda_array_interface__"):
         return cp.asarray(obj)
     fields = {}
     for f in ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale",
@@ -73,9 +77,59 @@ def _host_operands(mode, fmt, seed=0, splits=SPLITS, n=N, k=K):
     return {"fprop": (xq, wq), "dgrad": (dq, wq), "wgrad": (dq, xq)}[mode]
 
 
-def _run(mode, a, b, splits, **kw):
+def _problem(mode, a, b, splits, **kw):
+    """The validated problem of (host or device) operands; kw: bias, probs, out_dtype, out,
+    accumulate (arrays uploaded)."""
     kw = {k: gpu(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
-    return to_host(grouped_gemm(gpu(a), gpu(b), splits, mode=mode, **kw))
+    return _validate(mode, gpu(a), gpu(b), splits, bias=kw.get("bias"), probs=kw.get("probs"),
+                     out_dtype=kw.get("out_dtype"), out=kw.get("out"),
+                     accumulate=kw.get("accumulate", False))
+
+
+def _choose(mode, a, b, splits, kernel=None, out_dtype="float32"):
+    """The kernel config the launcher runs for a problem: ``kernel`` (a config name) or, by
+    default, the GEMM options in force."""
+    from lowprec_moe.backends.cupy.gemm import launch as C
+
+    p = _problem(mode, a, b, splits, out_dtype=out_dtype)
+    kernel = kernel if kernel is not None else lpm_config.gemm_options().kernel
+    return C.choose_kernel(p, C.plan(p), kernel=kernel).config
+
+
+def _facts(mode, a, b, splits):
+    """What kernel selection knows about a problem (format, layout, copy chunk, ...)."""
+    from lowprec_moe.backends.cupy.gemm.plan import plan
+    from lowprec_moe.backends.cupy.gemm.rules import Facts
+    from lowprec_moe.backends.cupy.gemm.select import device_caps
+
+    p = _problem(mode, a, b, splits, out_dtype="float32")
+    cc, optin, sms = device_caps()
+    return Facts(p, plan(p), tuple(cc), optin, sms)
+
+
+def _plain_kernel(family, bm, mode, a, b, splits):
+    """The name of the plain cp.async tensor-core config of ``family`` ("wgmma": sm_90,
+    "mma": mma.sync) with a ``bm`` x 256 tile for the problem's format, layout and copy chunk;
+    None where the table has no such config."""
+    from lowprec_moe.backends.cupy.gemm.select import config_names
+
+    f = _facts(mode, a, b, splits)
+    arch = "sm90" if family == "wgmma" else "sm80"
+    name = (f"grouped_gemm_{arch}_{f.fmt}_{family}_cpasync_{bm}x256_{f.layout}"
+            + ("_chunk8" if f.chunk == 8 else ""))
+    return name if name in config_names() else None
+
+
+def _run(mode, a, b, splits, kernel=None, **kw):
+    """One call on the GPU, result on the host. ``kernel``: a config name, or a function
+    ``(mode, a, b, splits) -> name`` (per problem: per-expert calls), run with
+    ``lowprec_moe.config.gemm(kernel=...)``; None: the options in force."""
+    kw = {k: gpu(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+    if callable(kernel):
+        kernel = kernel(mode, a, b, splits)
+        assert kernel is not None
+    with lpm_config.gemm(kernel=kernel):
+        return to_host(grouped_gemm(gpu(a), gpu(b), splits, mode=mode, **kw))
 
 
 # ============================================================================================
@@ -165,17 +219,18 @@ def test_gpu_wgrad_empty_experts_overwrite(fmt, n, k, shift, out_dtype):
     assert_bytes_equal(got, fresh, f"overwrite {out_dtype} shift {shift}")
 
 
-def _assert_grouped_equals_members(mode, fmt, seed, what):
-    """One grouped call == one call per expert (operands quantized per expert), bitwise."""
+def _assert_grouped_equals_members(mode, fmt, seed, what, kernel=None):
+    """One grouped call == one call per expert (operands quantized per expert), bitwise;
+    ``kernel`` as in :func:`_run`."""
     dtype = HP_DTYPES.get(fmt, np.float32)
     x, w, dy = _data(seed, M, N, K, dtype=dtype)
     a, b = _host_operands(mode, fmt, seed=seed)
-    full = _run(mode, a, b, SPLITS, out_dtype="float32")
+    full = _run(mode, a, b, SPLITS, kernel=kernel, out_dtype="float32")
     offs = np.concatenate([[0], np.cumsum(SPLITS)])
     for g in range(G):
         lo, hi = int(offs[g]), int(offs[g + 1])
         ag, bg = _member_operands(mode, fmt, x, w, dy, g, lo, hi)
-        one = _run(mode, ag, bg, [hi - lo], out_dtype="float32")
+        one = _run(mode, ag, bg, [hi - lo], kernel=kernel, out_dtype="float32")
         ref = full[g:g + 1] if mode == "wgrad" else full[lo:hi]
         assert_bytes_equal(one, ref, f"{what} expert {g}")
 
@@ -200,17 +255,13 @@ def test_gpu_deterministic(mode, fmt):
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4", "mxfp8-e4m3"])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_few_tokens_per_expert(mode, fmt):
-    """16 tokens per expert: the M-grouped GEMMs take the small tile (32 rows with mma.sync,
-    64 with wgmma)."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
-
+    """16 tokens per expert: the M-grouped GEMMs take a small tile (32 rows with mma.sync,
+    64 with wgmma, the 32-token swapped-operand tile for quantized K-major operands)."""
     splits = [16] * 12 + [0, 3, 40]
     a, b = _host_operands(mode, fmt, seed=8, splits=splits, n=64, k=128)
-    p = _validate(mode, gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="float32",
-                  out=None, accumulate=False)
-    launch = C.choose_kernel(p, C.plan(p))
+    launch = _choose(mode, a, b, splits)
     if mode != "wgrad":
-        assert launch.bm < 128, launch
+        assert launch.bm < 128, launch.name
     got = _run(mode, a, b, splits, out_dtype="float32")
     exp, mag = _expected(mode, a, b, splits)
     assert_gemm_close(got, exp, mag, f"few tokens {mode} {fmt}")
@@ -228,16 +279,12 @@ def test_gpu_skewed_splits(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_nvfp4_8byte_rows(mode):
-    """K = 48: NVFP4 rows of 24 bytes need the 8-byte-copy kernels; wgrad members with a padded
-    token count of 16 (mod 32) too."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
-
+    """K = 48: NVFP4 rows of 24 bytes need the 8-byte-copy kernels (``..._chunk8``); wgrad
+    members with a padded token count of 16 (mod 32) too."""
     splits = [5, 0, 37, 16]
     a, b = _host_operands(mode, "nvfp4", seed=10, splits=splits, n=48, k=48)
-    p = _validate(mode, gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="float32",
-                  out=None, accumulate=False)
-    launch = C.choose_kernel(p, C.plan(p))
-    assert not launch.simt and launch.ch == 8, launch
+    launch = _choose(mode, a, b, splits)
+    assert not launch.simt and launch.chunk == 8, launch.name
     got = _run(mode, a, b, splits, out_dtype="float32")
     exp, mag = _expected(mode, a, b, splits)
     assert_gemm_close(got, exp, mag, f"8-byte rows {mode}")
@@ -245,174 +292,185 @@ def test_gpu_nvfp4_8byte_rows(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_bf16_odd_k_uses_simt_fallback(mode):
-    from lowprec_moe.backends.cupy.gemm import launch as C
-
     splits = [3, 0, 40]
     a, b = _host_operands(mode, "bf16", seed=11, splits=splits, n=36, k=50)
-    p = _validate(mode, gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="float32",
-                  out=None, accumulate=False)
-    assert C.choose_kernel(p, C.plan(p)).simt
+    assert _choose(mode, a, b, splits).simt
     got = _run(mode, a, b, splits, out_dtype="float32")
     exp, mag = _expected(mode, a, b, splits)
     assert_gemm_close(got, exp, mag, f"bf16 odd K {mode}")
 
 
 def _families():
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from lowprec_moe.backends.cupy.gemm.select import device_caps
 
     fams = ["mma", "simt"]
-    if C._device_caps()[0] == (9, 0):
+    if device_caps()[0] == (9, 0):
         fams.insert(0, "wgmma")
     return fams
+
+
+#: The row tiles of the plain tensor-core configs of each family (the first is wgrad's).
+FAMILY_TILES = {"wgmma": (128, 64), "mma": (128, 32)}
 
 
 @pytest.mark.parametrize("family", ["wgmma", "mma"])
 @pytest.mark.parametrize("fmt", ["bf16", "fp16", "nvfp4", "nvfp4-row-scaled", "mxfp8-e4m3",
                                  "mxfp8-hybrid"])
 @pytest.mark.parametrize("mode", MODES)
-def test_gpu_kernel_families(mode, fmt, family, monkeypatch):
-    """Each tensor-core family (wgmma on sm_90, mma.sync everywhere), forced, against float64,
-    with the large and the small tile, and grouped == per expert within the family."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
-
+def test_gpu_kernel_families(mode, fmt, family):
+    """Each tensor-core family's plain cp.async configs (``grouped_gemm_sm90_*_wgmma_cpasync_*``
+    on sm_90, ``grouped_gemm_sm80_*_mma_cpasync_*`` everywhere), named, with each row tile the
+    table has for the format and layout (wgrad: the first; NVFP4 has no 128-row plain wgmma
+    config), against float64, and grouped == per expert on each tile."""
     if family not in _families():
         pytest.skip(f"{family} needs an sm_90 GPU")
-    monkeypatch.setenv(C.KERNEL_ENV, family)
-    for splits in (SPLITS, [16, 0, 3, 40, 16, 16, 9]):
-        a, b = _host_operands(mode, fmt, seed=14, splits=splits)
-        p = _validate(mode, gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="float32",
-                      out=None, accumulate=False)
-        launch = C.choose_kernel(p, C.plan(p))
-        assert not launch.simt and launch.wgmma == (family == "wgmma"), launch
-        got = _run(mode, a, b, splits, out_dtype="float32")
-        exp, mag = _expected(mode, a, b, splits)
-        assert_gemm_close(got, exp, mag, f"{family} {mode} {fmt} {launch.kernel}")
-    # the tile choice follows the splits; the arithmetic must not
-    _assert_grouped_equals_members(mode, fmt, 14, f"{family} {mode} {fmt}")
+    ran = 0
+    for bm in FAMILY_TILES[family]:
+        def kernel(mode_, a_, b_, splits_, bm=bm):
+            return _plain_kernel(family, bm, mode_, a_, b_, splits_)
+
+        tile_ran = 0
+        for splits in (SPLITS, [16, 0, 3, 40, 16, 16, 9]):
+            a, b = _host_operands(mode, fmt, seed=14, splits=splits)
+            name = kernel(mode, a, b, splits)
+            if name is None:
+                continue
+            launch = _choose(mode, a, b, splits, kernel=name)
+            assert launch.name == name and launch.mma == family, launch.name
+            got = _run(mode, a, b, splits, kernel=name, out_dtype="float32")
+            exp, mag = _expected(mode, a, b, splits)
+            assert_gemm_close(got, exp, mag, f"{family} {mode} {fmt} {name}")
+            tile_ran += 1
+        if tile_ran:
+            # the tile choice follows the splits; the arithmetic must not
+            _assert_grouped_equals_members(mode, fmt, 14, f"{family} {bm} {mode} {fmt}",
+                                           kernel=kernel)
+            ran += 1
+            if mode == "wgrad":
+                break
+    assert ran, f"no plain {family} config for {mode} {fmt}"
+
+
+#: The plain wgmma NVFP4 config, bitwise peer of every NVFP4 kernel (no 128-row form).
+NVFP4_PLAIN = "grouped_gemm_sm90_nvfp4_wgmma_cpasync_64x256_kk"
+NVFP4_WS = "grouped_gemm_sm90_nvfp4_wgmma_ws_cpasync_128x256_kk"
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
 @pytest.mark.parametrize("mode", MODES)
-def test_gpu_warp_specialised_equals_wgmma_bitwise(mode, fmt, monkeypatch):
-    """The default sm_90 kernel for NVFP4 (two producer warpgroups copy and expand B, two
+def test_gpu_warp_specialised_equals_wgmma_bitwise(mode, fmt):
+    """The warp-specialised cp.async NVFP4 kernel (``grouped_gemm_sm90_nvfp4_wgmma_ws_cpasync_
+    128x256_kk``, ``_chunk8`` for 8-byte rows: two producer warpgroups copy and expand B, two
     consumer warpgroups decode A into wgmma registers and multiply; named-barrier handshake
-    over 3 canonical buffers and 6 raw stages) against the plain wgmma kernel,
-    bit for bit, with enough k-tiles (13 in every mode) to refill every raw stage and
-    canonical buffer at least once."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    over 3 canonical buffers and 6 raw stages) against the plain wgmma kernel
+    (``..._wgmma_cpasync_64x256_kk``), bit for bit, with enough k-tiles (13 in every mode) to
+    refill every raw stage and canonical buffer at least once."""
+    from lowprec_moe.backends.cupy.gemm.plan import THREADS, WS_THREADS
 
-    if C._device_caps()[0] != (9, 0):
+    if "wgmma" not in _families():
         pytest.skip("the warp-specialised kernel needs an sm_90 GPU")
     splits = [0, 800, 37, 260, 5, 129]  # wgrad: 13 k-tiles for expert 1
     a, b = _host_operands(mode, fmt, seed=21, splits=splits, n=832, k=832)
-    p = _validate(mode, gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="float32",
-                  out=None, accumulate=False)
-    launch = C.choose_kernel(p, C.plan(p))
-    if launch.bm == 128:
-        assert launch.threads == C.WS_THREADS and launch.kernel.endswith(("_x", "_x8")), launch
-    ws = _run(mode, a, b, splits, out_dtype="float32")
+    chunk8 = "_chunk8" if _facts(mode, a, b, splits).chunk == 8 else ""
+    ws_name, plain_name = NVFP4_WS + chunk8, NVFP4_PLAIN + chunk8
+    launch = _choose(mode, a, b, splits, kernel=ws_name)
+    assert launch.threads == WS_THREADS and launch.role == "ws", launch.name
+    ws = _run(mode, a, b, splits, kernel=ws_name, out_dtype="float32")
     exp, mag = _expected(mode, a, b, splits)
-    assert_gemm_close(ws, exp, mag, f"ws {mode} {fmt} {launch.kernel}")
-    monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
-    plain = C.choose_kernel(p, C.plan(p))
-    assert plain.threads == C.THREADS, plain
-    assert_bytes_equal(ws, _run(mode, a, b, splits, out_dtype="float32"),
+    assert_gemm_close(ws, exp, mag, f"ws {mode} {fmt} {ws_name}")
+    plain = _choose(mode, a, b, splits, kernel=plain_name)
+    assert plain.threads == THREADS and plain.role == "plain", plain.name
+    assert_bytes_equal(ws, _run(mode, a, b, splits, kernel=plain_name, out_dtype="float32"),
                        f"ws vs wgmma {mode} {fmt}")
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp16", "nvfp4", "mxfp8-e4m3", "mxfp8-hybrid"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "mxfp8-e4m3", "mxfp8-hybrid"])
 @pytest.mark.parametrize("mode", ["fprop", "dgrad"])
-def test_gpu_wgmma_tiles_equal_bitwise(mode, fmt, monkeypatch):
-    """The two wgmma tiles of an M-grouped GEMM -- 128 rows (one m64n256k16 per warpgroup and
-    16-deep step) and 64 rows (m64n128k16) -- give the same bits, a partial column tile
-    included: the split-dependent tile choice must not change results."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
-
+def test_gpu_wgmma_tiles_equal_bitwise(mode, fmt):
+    """The two plain wgmma tiles of an M-grouped GEMM -- 128 rows (one m64n256k16 per
+    warpgroup and 16-deep step) and 64 rows (m64n128k16) -- give the same bits, a partial
+    column tile included: the split-dependent tile choice must not change results. (NVFP4 has
+    only the 64-row plain config; its 128-row kernels are compared with it in
+    test_gpu_warp_specialised_equals_wgmma_bitwise and the TMA / persistent tests.)"""
     if "wgmma" not in _families():
         pytest.skip("wgmma needs an sm_90 GPU")
-    monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
     splits = [0, 300, 37, 260, 5, 129]
     a, b = _host_operands(mode, fmt, seed=23, splits=splits, n=352, k=704)
-    ga, gb = gpu(a), gpu(b)
-
-    def launch():
-        p = _validate(mode, ga, gb, splits, bias=None, probs=None, out_dtype="float32",
-                      out=None, accumulate=False)
-        return C.choose_kernel(p, C.plan(p))
-
-    assert launch().bm == 128
-    big = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
-    monkeypatch.setattr(C.choice, "_pick_bm", lambda rows, small: small)
-    assert launch().bm == 64
-    small = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
+    big_name = _plain_kernel("wgmma", 128, mode, a, b, splits)
+    small_name = _plain_kernel("wgmma", 64, mode, a, b, splits)
+    assert _choose(mode, a, b, splits, kernel=big_name).bm == 128
+    big = _run(mode, a, b, splits, kernel=big_name, out_dtype="float32")
+    assert _choose(mode, a, b, splits, kernel=small_name).bm == 64
+    small = _run(mode, a, b, splits, kernel=small_name, out_dtype="float32")
     assert_bytes_equal(small, big, f"64-row vs 128-row wgmma tile {mode} {fmt}")
+
+
+#: At most 32 tokens per expert (the swapped-operand kernels' limit), empty experts, partial
+#: token tiles.
+SWAP_SPLITS = [0, 32, 17, 5, 0, 30, 16]
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled", "mxfp8-e4m3", "mxfp8-e5m2",
                                  "mxfp8-hybrid"])
 @pytest.mark.parametrize("mode", ["fprop", "dgrad"])
-def test_gpu_swap_equals_wgmma_bitwise(mode, fmt, monkeypatch):
-    """The swapped-operand kernel (weights on the wgmma M side, 32 tokens x 128 columns per CTA),
-    forced for every split -- 300 tokens span ten token tiles, partial column tiles, for MXFP8
-    a partial k-tile (K = 160) -- against float64, and bit for bit against the plain wgmma kernel,
-    with a bf16 output (and for fprop bias and probs) through its transposed staging. NVFP4 runs
-    the TMA build by default (token tiles past an expert read the next expert's rows, the last
-    one rows past the array) and must equal the cp.async build of the ``wgmma`` family too."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
-
+def test_gpu_swap_equals_wgmma_bitwise(mode, fmt):
+    """The swapped-operand kernel (weights on the wgmma M side, 32 tokens x 128 columns per CTA;
+    ``grouped_gemm_sm90_{nvfp4,mxfp8}_wgmma_swap_*_32x128_kk``), named, over experts of up to
+    32 tokens -- partial column tiles, for MXFP8 a partial k-tile (K = 160) -- against float64,
+    and bit for bit against the plain wgmma kernel, with a bf16 output (and for fprop bias and
+    probs) through its transposed staging. NVFP4 runs the TMA build (token tiles past an expert
+    read the next expert's rows, the last one rows past the array) and must equal the cp.async
+    build too."""
     if "wgmma" not in _families():
         pytest.skip("wgmma needs an sm_90 GPU")
     if mode == "dgrad" and fmt.startswith("mxfp8"):
         pytest.skip("MXFP8 dgrad reads W MN-major: no swapped-operand kernel")
-    # NVFP4 needs 4-byte aligned k-tile scale words: contraction a multiple of 64
-    n, k = (192, 256) if fmt.startswith("nvfp4") else (N, K)
-    a, b = _host_operands(mode, fmt, seed=24, n=n, k=k)
-    ga, gb = gpu(a), gpu(b)
-    rng = np.random.default_rng(25)
-    kw = dict(bias=rng.standard_normal((G, n)).astype(np.float32),
-              probs=rng.random(M).astype(np.float32)) if mode == "fprop" else {}
-
-    def launch():
-        p = _validate(mode, ga, gb, SPLITS, bias=None, probs=None, out_dtype="float32",
-                      out=None, accumulate=False)
-        return C.choose_kernel(p, C.plan(p))
-
-    monkeypatch.setattr(C.choice, "_use_swap", lambda rows: True)
     nvfp4 = fmt.startswith("nvfp4")
-    assert launch().kernel.endswith("_kk_u" if nvfp4 else "_kk_t"), launch()
-    swap = _run(mode, a, b, SPLITS, out_dtype="float32")
-    exp, mag = _expected(mode, a, b, SPLITS)
-    assert_gemm_close(swap, exp, mag, f"swap {mode} {fmt}")
-    swap_epi = _run(mode, a, b, SPLITS, out_dtype="bfloat16", **kw)
+    # NVFP4 needs 4-byte aligned k-tile scale words: contraction a multiple of 64
+    n, k = (192, 256) if nvfp4 else (N, K)
+    splits = SWAP_SPLITS
+    a, b = _host_operands(mode, fmt, seed=24, splits=splits, n=n, k=k)
+    rng = np.random.default_rng(25)
+    kw = dict(bias=rng.standard_normal((len(splits), n)).astype(np.float32),
+              probs=rng.random(sum(splits)).astype(np.float32)) if mode == "fprop" else {}
     if nvfp4:
-        monkeypatch.setenv(C.KERNEL_ENV, "wgmma")
-        assert launch().kernel.endswith("_kk_t"), launch()
-        assert_bytes_equal(swap, _run(mode, a, b, SPLITS, out_dtype="float32"),
+        swap_name = "grouped_gemm_sm90_nvfp4_wgmma_swap_tma_32x128_kk"
+        plain_name = NVFP4_PLAIN
+    else:
+        swap_name = "grouped_gemm_sm90_mxfp8_wgmma_swap_cpasync_32x128_kk"
+        plain_name = "grouped_gemm_sm90_mxfp8_wgmma_cpasync_128x256_kk"
+    assert _choose(mode, a, b, splits, kernel=swap_name).role == "swap"
+    swap = _run(mode, a, b, splits, kernel=swap_name, out_dtype="float32")
+    exp, mag = _expected(mode, a, b, splits)
+    assert_gemm_close(swap, exp, mag, f"swap {mode} {fmt}")
+    swap_epi = _run(mode, a, b, splits, kernel=swap_name, out_dtype="bfloat16", **kw)
+    if nvfp4:
+        cp_name = "grouped_gemm_sm90_nvfp4_wgmma_swap_cpasync_32x128_kk"
+        assert not _choose(mode, a, b, splits, kernel=cp_name).tma
+        assert_bytes_equal(swap, _run(mode, a, b, splits, kernel=cp_name, out_dtype="float32"),
                            f"TMA vs cp.async swap {mode} {fmt}")
-        assert_bytes_equal(swap_epi, _run(mode, a, b, SPLITS, out_dtype="bfloat16", **kw),
+        assert_bytes_equal(swap_epi, _run(mode, a, b, splits, kernel=cp_name,
+                                          out_dtype="bfloat16", **kw),
                            f"TMA vs cp.async swap, bf16 epilogue {mode} {fmt}")
-    monkeypatch.setattr(C.choice, "_use_swap", lambda rows: False)
-    assert not launch().kernel.endswith("_t"), launch()
-    assert_bytes_equal(swap, _run(mode, a, b, SPLITS, out_dtype="float32"),
+    assert _choose(mode, a, b, splits, kernel=plain_name).role == "plain"
+    assert_bytes_equal(swap, _run(mode, a, b, splits, kernel=plain_name, out_dtype="float32"),
                        f"swap vs wgmma {mode} {fmt}")
-    assert_bytes_equal(swap_epi, _run(mode, a, b, SPLITS, out_dtype="bfloat16", **kw),
+    assert_bytes_equal(swap_epi, _run(mode, a, b, splits, kernel=plain_name,
+                                      out_dtype="bfloat16", **kw),
                        f"swap vs wgmma, bf16 epilogue {mode} {fmt}")
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled", "mxfp8-e4m3"])
 def test_gpu_swap_chosen_for_few_tokens(fmt):
     """At most 32 tokens per expert (empty experts included): fprop takes the swapped-operand
-    kernel by default (NVFP4: its TMA build)."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
-
+    kernel by default (NVFP4: its 32 x 128 TMA build)."""
     if "wgmma" not in _families():
         pytest.skip("wgmma needs an sm_90 GPU")
     splits = [16] * 9 + [0, 3, 32, 1]
     a, b = _host_operands("fprop", fmt, seed=26, splits=splits, n=224, k=192)
-    p = _validate("fprop", gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="float32",
-                  out=None, accumulate=False)
-    assert C.choose_kernel(p, C.plan(p)).kernel.endswith(
-        "_kk_u" if fmt.startswith("nvfp4") else "_kk_t")
+    assert _choose("fprop", a, b, splits).name == (
+        "grouped_gemm_sm90_nvfp4_wgmma_swap_tma_32x128_kk" if fmt.startswith("nvfp4")
+        else "grouped_gemm_sm90_mxfp8_wgmma_swap_cpasync_32x128_kk")
     got = _run("fprop", a, b, splits, out_dtype="float32")
     exp, mag = _expected("fprop", a, b, splits)
     assert_gemm_close(got, exp, mag, f"few tokens swap {fmt}")
@@ -421,11 +479,11 @@ def test_gpu_swap_chosen_for_few_tokens(fmt):
 @pytest.mark.parametrize("fmt", ["bf16", "nvfp4-row-scaled", "mxfp8-hybrid"])
 @pytest.mark.parametrize("mode", MODES)
 def test_gpu_simt_forced_matches(mode, fmt, monkeypatch):
-    """The SIMT kernel (forced) reads the same plan: independent cross-check of the tables."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
-
+    """The SIMT kernel (named: ``grouped_gemm_simt_64x64``) reads the same plan: independent
+    cross-check of the tables."""
     a, b = _host_operands(mode, fmt, seed=12)
-    monkeypatch.setenv(C.KERNEL_ENV, "simt")
+    set_gemm_options(monkeypatch, kernel="grouped_gemm_simt_64x64")
+    assert _choose(mode, a, b, SPLITS).simt
     got = _run(mode, a, b, SPLITS, out_dtype="float32")
     exp, mag = _expected(mode, a, b, SPLITS)
     assert_gemm_close(got, exp, mag, f"simt {mode} {fmt}")

@@ -1,5 +1,6 @@
-"""The persistent form of the warp-specialised MXFP8 kernel (``lpm_gg_mxfp8_kk_o`` / ``_kn_o`` /
-``_nn_o``, raw_kernels/grouped_gemm_ws_mx_persist.cuh) on the GPU: each CTA runs many tiles as
+"""The persistent form of the warp-specialised MXFP8 kernel
+(``grouped_gemm_sm90_mxfp8_wgmma_ws_tma_persistent_128x256_kk`` / ``_kn`` / ``_nn``,
+raw_kernels/grouped_gemm_ws_mx_persist.cuh) on the GPU: each CTA runs many tiles as
 one sequence of k-tiles in the launch's staging mode (fp16 window when every row is in it, from
 the range kernel's verdict), its producers write each next tile's window exponents while the
 consumers finish the current one, and the epilogue runs from registers through a canonical
@@ -7,8 +8,8 @@ buffer.
 
 The grid is capped at 3 CTAs (the launcher sees 3 multiprocessors), so every CTA runs 6-7
 tiles and the rings, window slots and barrier phases wrap across tile boundaries. Checks, bit
-for bit against the one-CTA-per-tile kernel (``_kk_y`` / ``_kn_y`` / ``_nn_y``, itself bitwise
-the plain wgmma kernel) and within tolerance of float64, for fprop, dgrad and wgrad:
+for bit against the one-CTA-per-tile kernel (``..._ws_tma_128x256_kk`` / ``_kn`` / ``_nn``,
+itself bitwise the plain wgmma kernel) and within tolerance of float64, for fprop, dgrad and wgrad:
 
 * 8, 16 and 32 k-tiles on the fp16 window (the range kernel's flag asserted clear), E4M3 and
   hybrid (E5M2 gradients), bf16 and fp16 output, ragged experts with partial row and column
@@ -16,7 +17,7 @@ the plain wgmma kernel) and within tolerance of float64, for fprop, dgrad and wg
 * rows spanning more than the window in some tiles (the flag asserted set: the per-tile kernel
   stages the others on fp16, the persistent one the whole launch on bf16: the same bits on
   such data);
-* the bf16 path forced (``LOWPREC_MOE_MXFP8_MMA=bf16``);
+* the bf16 path forced (``mxfp8_mma="bf16"``);
 * with the real multiprocessor count, "auto" choosing the persistent form for many tiles.
 """
 
@@ -25,18 +26,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lowprec_moe import config
 from lowprec_moe.gemm import _validate, grouped_gemm
 
-from conftest import assert_bytes_equal, requires_gpu, to_host
+from conftest import assert_bytes_equal, requires_gpu, set_gemm_options, to_host
 from test_gemm import _data, _expected, _quantize, assert_gemm_close
 from test_gpu_gemm import gpu
-from test_gpu_gemm_mxfp8_ws import SPLITS, W_IN, W_OUT, _require_wgmma
+from test_gpu_gemm_mxfp8_ws import SPLITS, W_IN, W_OUT, _require_wgmma, ws_kernel
 from test_gpu_gemm_persist import NUM_CTAS, few_ctas  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
-
-LAYOUT = {"fprop": "kk", "dgrad": "kn", "wgrad": "nn"}
-
 
 def _operands(mode, fmt, length, seed, *, wide=False):
     """(A, B, splits): fprop (contraction K = length, 320 output columns), dgrad (contraction N
@@ -72,19 +71,18 @@ def _operands(mode, fmt, length, seed, *, wide=False):
     return dq, xq, splits
 
 
-def _run(mode, a, b, splits, monkeypatch, *, persist, out_dtype="bfloat16"):
-    """One call with the persistent form on or off; checks which kernel ran."""
+def _run(mode, a, b, splits, *, persist, out_dtype="bfloat16"):
+    """One call on the persistent form or the per-tile kernel (named); checks which kernel
+    ran."""
     from lowprec_moe.backends.cupy.gemm import launch as C
 
-    monkeypatch.setenv(C.PERSIST_ENV, "on" if persist else "off")
+    want = ws_kernel(mode, persistent=persist)
     ga, gb = gpu(a), gpu(b)
-    info = C.kernel_info(_validate(mode, ga, gb, splits, bias=None, probs=None,
-                                   out_dtype=out_dtype, out=None, accumulate=False))
-    want = f"lpm_gg_mxfp8_{LAYOUT[mode]}_" + ("o" if persist else "y")
-    assert info["kernel"] == want, info
-    out = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype=out_dtype))
-    monkeypatch.delenv(C.PERSIST_ENV)
-    return out
+    with config.gemm(kernel=want):
+        info = C.kernel_info(_validate(mode, ga, gb, splits, bias=None, probs=None,
+                                       out_dtype=out_dtype, out=None, accumulate=False))
+        assert info["kernel"] == want, info
+        return to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype=out_dtype))
 
 
 def _out_of_window(mode, a, b, splits) -> int:
@@ -95,15 +93,15 @@ def _out_of_window(mode, a, b, splits) -> int:
     p = _validate(mode, gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="bfloat16",
                   out=None, accumulate=False)
     arrays = C._operand_arrays(p)
-    _, flag = C._range_words(C._prepare(p, arrays), arrays[1], arrays[4])
+    _, flag = C._range_words(C._prepare(p, arrays, ws_kernel(mode)), arrays[1], arrays[4])
     return int(to_host(flag)[0])
 
 
-def _check(mode, a, b, splits, monkeypatch, what, out_dtype="bfloat16"):
-    got = _run(mode, a, b, splits, monkeypatch, persist=True, out_dtype=out_dtype)
-    assert_bytes_equal(got, _run(mode, a, b, splits, monkeypatch, persist=True,
+def _check(mode, a, b, splits, what, out_dtype="bfloat16"):
+    got = _run(mode, a, b, splits, persist=True, out_dtype=out_dtype)
+    assert_bytes_equal(got, _run(mode, a, b, splits, persist=True,
                                  out_dtype=out_dtype), f"{what}, run to run")
-    per_tile = _run(mode, a, b, splits, monkeypatch, persist=False, out_dtype=out_dtype)
+    per_tile = _run(mode, a, b, splits, persist=False, out_dtype=out_dtype)
     assert_bytes_equal(got, per_tile, f"{what} vs the per-tile kernel")
     exp, mag = _expected(mode, a, b, splits)
     assert_gemm_close(got, exp, mag, what)
@@ -112,15 +110,15 @@ def _check(mode, a, b, splits, monkeypatch, what, out_dtype="bfloat16"):
 @pytest.mark.parametrize("length", [512, 1024, 2048])
 @pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-hybrid"])
 @pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
-def test_gpu_mxfp8_persistent_equals_per_tile(mode, fmt, length, monkeypatch, few_ctas):
+def test_gpu_mxfp8_persistent_equals_per_tile(mode, fmt, length, few_ctas):
     """8, 16 and 32 k-tiles per tile, every row in the fp16 window (so the launch stages on
     fp16), bf16 output; fp16 output at 16."""
     _require_wgmma()
     a, b, splits = _operands(mode, fmt, length, 80 + length)
     assert _out_of_window(mode, a, b, splits) == 0
-    _check(mode, a, b, splits, monkeypatch, f"persistent {mode} {fmt} {length}")
+    _check(mode, a, b, splits, f"persistent {mode} {fmt} {length}")
     if length == 1024:
-        _check(mode, a, b, splits, monkeypatch, f"persistent {mode} {fmt} {length} fp16 out",
+        _check(mode, a, b, splits, f"persistent {mode} {fmt} {length} fp16 out",
                out_dtype="float16")
 
 
@@ -130,12 +128,10 @@ def test_gpu_mxfp8_persistent_mixed_modes(mode, mma, monkeypatch, few_ctas):
     """Some rows beyond the window (the launch on bf16, the per-tile kernel's other tiles on
     fp16), and every tile on bf16 when forced."""
     _require_wgmma()
-    from lowprec_moe.backends.cupy.gemm import launch as C
-
-    monkeypatch.setenv(C.MXFP8_MMA_ENV, mma)
+    set_gemm_options(monkeypatch, mxfp8_mma=mma)
     a, b, splits = _operands(mode, "mxfp8-e4m3", 2048, 90, wide=True)
     assert _out_of_window(mode, a, b, splits) == 1
-    _check(mode, a, b, splits, monkeypatch, f"persistent {mode} wide rows {mma}")
+    _check(mode, a, b, splits, f"persistent {mode} wide rows {mma}")
 
 
 @pytest.mark.parametrize("mode", ["fprop", "dgrad"])
@@ -146,25 +142,25 @@ def test_gpu_mxfp8_persistent_many_tiles_default(monkeypatch, mode):
     two agree bit for bit on bf16 output."""
     _require_wgmma()
     from lowprec_moe.backends.cupy.gemm import launch as C
+    from lowprec_moe.backends.cupy.gemm.plan import BK
+    from lowprec_moe.backends.cupy.gemm.rules import PERSIST_MX_MAX_KTILES
 
     splits = [512, 0, 1000, 384, 130, 700] * 6  # ~165 row tiles x 2 column tiles
-    length = C.PERSIST_MX_MAX_KTILES * C.BK * (1 if mode == "fprop" else 2)
+    length = PERSIST_MX_MAX_KTILES * BK * (1 if mode == "fprop" else 2)
     n, k = (512, length) if mode == "fprop" else (length, 512)
     x, _, dy = _data(91, sum(splits), n, k)
     w = np.random.default_rng(92).standard_normal((len(splits), n, k)).astype(np.float32)
     xq, wq, dq = _quantize("mxfp8-e4m3", x, w, dy, splits)
     ga, gb = gpu(xq if mode == "fprop" else dq), gpu(wq)
-    lay = LAYOUT[mode]
-
     def kernel(out_dtype):
         return C.kernel_info(_validate(mode, ga, gb, splits, bias=None, probs=None,
                                        out_dtype=out_dtype, out=None, accumulate=False))["kernel"]
 
-    assert kernel("bfloat16") == f"lpm_gg_mxfp8_{lay}_o"
-    assert kernel("float32") == f"lpm_gg_mxfp8_{lay}_y"
+    assert kernel("bfloat16") == ws_kernel(mode, persistent=True)
+    assert kernel("float32") == ws_kernel(mode)
     got = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="bfloat16"))
-    monkeypatch.setenv(C.PERSIST_ENV, "off")
-    assert kernel("bfloat16") == f"lpm_gg_mxfp8_{lay}_y"
+    set_gemm_options(monkeypatch, kernel=ws_kernel(mode))
+    assert kernel("bfloat16") == ws_kernel(mode)
     assert_bytes_equal(got, to_host(grouped_gemm(ga, gb, splits, mode=mode,
                                                  out_dtype="bfloat16")),
                        f"persistent (auto) vs per-tile, {mode}")

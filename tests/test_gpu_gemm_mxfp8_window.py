@@ -5,8 +5,9 @@ row and column of the tile keeps its block codes within the fp16 window (E4M3: 2
 its scale rows are 16-byte aligned and its contraction has at least 32 k-tiles (2048); otherwise
 the tile takes the bf16 path. The problems below mix both kinds of tile. Checks:
 
-* in-window data: the fp16 path gives the bf16 path's bits (``LOWPREC_MOE_MXFP8_MMA=bf16``), in
-  every mode and fp8 mix, and both agree with the float64 product;
+* in-window data: the fp16 path gives the bf16 path's bits
+  (``lowprec_moe.config.gemm(mxfp8_mma="bf16")``), in every mode and fp8 mix, and both agree
+  with the float64 product;
 * tiny blocks (codes near 0, which the bf16 path truncates onto bf16's subnormal grid): the fp16
   path is exact -- within the float64 tolerance where the bf16 path is not (so the fp16 path ran);
 * rows spanning more than the window, and the NaN scale: the tile falls back to bf16, same
@@ -23,9 +24,10 @@ import dataclasses
 import numpy as np
 import pytest
 
+from lowprec_moe import config
 from lowprec_moe.gemm import grouped_gemm
 
-from conftest import assert_bytes_equal, requires_gpu, to_host
+from conftest import assert_bytes_equal, requires_gpu, set_gemm_options, to_host
 from test_gemm import _data, _expected, _member_operands, _quantize, assert_gemm_close
 from test_gpu_gemm import gpu
 
@@ -55,47 +57,44 @@ def _operands(mode, fmt, seed, *, x_scale=None, w_scale=None, dy_scale=None):
     return ops, (x, w, dy)
 
 
-def _both(mode, a, b, monkeypatch):
+def _both(mode, a, b):
     """(auto, bf16-forced) float32 results of one problem."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
-
     splits = SPLITS[mode]
     ga, gb = gpu(a), gpu(b)
-    monkeypatch.setenv(C.MXFP8_MMA_ENV, "auto")
-    auto = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
-    monkeypatch.setenv(C.MXFP8_MMA_ENV, "bf16")
-    bf = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
-    monkeypatch.delenv(C.MXFP8_MMA_ENV)
+    with config.gemm(mxfp8_mma="auto"):
+        auto = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
+    with config.gemm(mxfp8_mma="bf16"):
+        bf = to_host(grouped_gemm(ga, gb, splits, mode=mode, out_dtype="float32"))
     return auto, bf
 
 
 def _require_wgmma():
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from lowprec_moe.backends.cupy.gemm.select import device_caps
 
-    if C._device_caps()[0] != (9, 0):
+    if device_caps()[0] != (9, 0):
         pytest.skip("the MXFP8 fp16 window is a wgmma (sm_90a) kernel path")
 
 
 @pytest.mark.parametrize("fmt", FP8)
 @pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
-def test_gpu_fp16_window_equals_bf16_bitwise(mode, fmt, monkeypatch):
+def test_gpu_fp16_window_equals_bf16_bitwise(mode, fmt):
     _require_wgmma()
     (a, b), _ = _operands(mode, fmt, 31)
-    auto, bf = _both(mode, a, b, monkeypatch)
+    auto, bf = _both(mode, a, b)
     exp, mag = _expected(mode, a, b, SPLITS[mode])
     assert_gemm_close(auto, exp, mag, f"fp16 window {mode} {fmt}")
     assert_bytes_equal(auto, bf, f"fp16 window vs bf16 {mode} {fmt}")
 
 
 @pytest.mark.parametrize("mode", ["fprop", "wgrad"])
-def test_gpu_fp16_window_exact_for_tiny_blocks(mode, monkeypatch):
+def test_gpu_fp16_window_exact_for_tiny_blocks(mode):
     """x scaled by 2^-128 (block code 0: most elements below bf16's normal range) and the
     other operand by 2^100, so every product is an fp32 normal: the fp16 path matches float64,
     the bf16 path (truncated subnormals) does not."""
     _require_wgmma()
     (a, b), _ = _operands(mode, "mxfp8-e4m3", 32, x_scale=np.float32(2.0 ** -128),
                           w_scale=np.float32(2.0 ** 100), dy_scale=np.float32(2.0 ** 100))
-    auto, bf = _both(mode, a, b, monkeypatch)
+    auto, bf = _both(mode, a, b)
     exp, mag = _expected(mode, a, b, SPLITS[mode])
     if mode == "wgrad":  # the experts long enough for the fp16 window
         long = [g for g, t in enumerate(SPLITS[mode]) if t >= 2048]
@@ -106,7 +105,7 @@ def test_gpu_fp16_window_exact_for_tiny_blocks(mode, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
-def test_gpu_wide_rows_fall_back_to_bf16(mode, monkeypatch):
+def test_gpu_wide_rows_fall_back_to_bf16(mode):
     """Every 7th contraction block of the operands scaled by 2^40 (rows span ~40 codes, beyond
     the E4M3 window): those tiles take the bf16 path -- same bits as forcing it, and correct."""
     _require_wgmma()
@@ -122,7 +121,7 @@ def test_gpu_wide_rows_fall_back_to_bf16(mode, monkeypatch):
     else:
         kw = dict(x_scale=wide[:, None], dy_scale=wide[:, None])
     (a, b), _ = _operands(mode, "mxfp8-e4m3", 33, **kw)
-    auto, bf = _both(mode, a, b, monkeypatch)
+    auto, bf = _both(mode, a, b)
     exp, mag = _expected(mode, a, b, SPLITS[mode])
     assert_gemm_close(auto, exp, mag, f"wide rows {mode}")
     assert_bytes_equal(auto, bf, f"wide rows: fallback vs bf16 {mode}")
@@ -144,7 +143,7 @@ def _fp16_window(e5m2):
 
 @pytest.mark.parametrize("extra", [0, 1])
 @pytest.mark.parametrize("fmt", ["mxfp8-e4m3", "mxfp8-e5m2"])
-def test_gpu_window_edge(fmt, extra, monkeypatch):
+def test_gpu_window_edge(fmt, extra):
     """Every row of x spans exactly the window (extra=0: fp16 path) or one code more (extra=1:
     bf16 path). x is tiny (scaled by 2^-128: block codes near 0, which the bf16 path truncates)
     except contraction elements 0 and 32 (blocks 0 and 1), set to 2^t with t chosen so that those
@@ -177,7 +176,7 @@ def test_gpu_window_edge(fmt, extra, monkeypatch):
     x[:, 32] = big
     xq, wq, _ = _quantize(fmt, x, w, dy, splits)
     assert (xq.rowwise_scale[:, 0].astype(np.int64) == e_min + window + extra).all()
-    auto, bf = _both("fprop", xq, wq, monkeypatch)
+    auto, bf = _both("fprop", xq, wq)
     tiny = dataclasses.replace(xq, rowwise_data=xq.rowwise_data.copy())
     tiny.rowwise_data[:, [0, 32]] = 0
     exp, mag = _expected("fprop", tiny, wq, splits)
@@ -191,27 +190,27 @@ def test_gpu_window_edge(fmt, extra, monkeypatch):
             assert_gemm_close(auto, exp, mag, f"one code past the window {fmt}")
 
 
-def test_gpu_nan_data_propagates(monkeypatch):
+def test_gpu_nan_data_propagates():
     """A NaN input (its block: scale code 0, NaN data codes; the tile spans ~120 codes and takes
     the bf16 path) gives a NaN row on both paths, the other rows the same bits."""
     _require_wgmma()
     x_scale = np.ones((sum(SPLITS["fprop"]), 1), np.float32)
     x_scale[310] = np.nan
     (a, b), _ = _operands("fprop", "mxfp8-e4m3", 34, x_scale=x_scale)
-    auto, bf = _both("fprop", a, b, monkeypatch)
+    auto, bf = _both("fprop", a, b)
     assert np.isnan(auto[310]).all() and np.isnan(bf[310]).all()
     keep = np.ones(auto.shape[0], bool)
     keep[310] = False
     assert_bytes_equal(auto[keep], bf[keep], "NaN data: other rows")
 
 
-def test_gpu_nan_scale_falls_back(monkeypatch):
+def test_gpu_nan_scale_falls_back():
     """The NaN scale code (255) on one block of row 310 keeps its tile off the fp16 window:
     row 310 is NaN on both paths, every other row the same bits."""
     _require_wgmma()
     (a, b), _ = _operands("fprop", "mxfp8-e4m3", 37)
     a.rowwise_scale[310, 3] = 255
-    auto, bf = _both("fprop", a, b, monkeypatch)
+    auto, bf = _both("fprop", a, b)
     assert np.isnan(auto[310]).all() and np.isnan(bf[310]).all()
     keep = np.ones(auto.shape[0], bool)
     keep[310] = False
@@ -223,9 +222,7 @@ def test_gpu_fp16_window_grouped_equals_per_expert(mode, monkeypatch):
     """Experts 1 and 3 tiny-scaled (in the window), expert 5 wide (out of it): one grouped call
     == one call per expert, bitwise."""
     _require_wgmma()
-    from lowprec_moe.backends.cupy.gemm import launch as C
-
-    monkeypatch.delenv(C.MXFP8_MMA_ENV, raising=False)
+    set_gemm_options(monkeypatch)  # auto kernel choice and MMA type
     n, k = SHAPES[mode]
     splits = SPLITS[mode]
     offs = np.concatenate([[0], np.cumsum(splits)])

@@ -1,5 +1,5 @@
-"""The persistent forms of the warp-specialised NVFP4 kernel (``lpm_gg_nvfp4_kk_o`` of the
-384-thread form, ``lpm_gg_nvfp4_kk_z`` of the 512-thread one; raw_kernels/
+"""The persistent form of the warp-specialised NVFP4 TMA kernel
+(``grouped_gemm_sm90_nvfp4_wgmma_ws_tma_persistent_128x256_kk``; raw_kernels/
 grouped_gemm_ws_persist.cuh) on the GPU: each CTA runs many tiles as one flattened pipeline,
 and the epilogue works straight from the accumulators.
 
@@ -7,8 +7,8 @@ The grid is capped at 3 CTAs here (the launcher sees 3 multiprocessors), so ever
 tiles and the raw stages, canonical buffers, scale slots and mbarrier phases wrap across tile
 boundaries at different k-tiles. Checks, in every mode, NVFP4 and row-scaled NVFP4, over 4, 12
 and 20 k-tiles: against float64 (fp32 output, with bias and probs in fprop), bit for bit against
-the one-CTA-per-tile build (its 384-thread form ``_kk_q``, itself bitwise ``_kk_y``: fp32 and
-bf16 outputs, accumulation into fp32), and run to run.
+the one-CTA-per-tile build (``grouped_gemm_sm90_nvfp4_wgmma_ws_tma_128x256_kk``: fp32 and bf16
+outputs, accumulation into fp32), and run to run.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 from lowprec_moe.gemm import _validate
 
-from conftest import assert_bytes_equal, requires_gpu
+from conftest import assert_bytes_equal, requires_gpu, set_gemm_options
 from test_gemm import _expected, assert_gemm_close
 from test_gpu_gemm import MODES, _host_operands, _run, gpu
 from test_gpu_gemm_tma import ws_case_dims
@@ -34,12 +34,17 @@ NUM_CTAS = 3
 def few_ctas(monkeypatch):
     """The launcher sees NUM_CTAS multiprocessors (and starts from an empty launch cache)."""
     from lowprec_moe.backends.cupy.gemm import launch as C
+    from lowprec_moe.backends.cupy.gemm import select
 
-    cc, optin, _ = C._device_caps()
+    cc, optin, _ = select.device_caps()
     if cc != (9, 0):
         pytest.skip("the warp-specialised kernel needs an sm_90 GPU")
-    monkeypatch.setattr(C.choice, "_device_caps", lambda: (cc, optin, NUM_CTAS))
+    monkeypatch.setattr(select, "device_caps", lambda: (cc, optin, NUM_CTAS))
     monkeypatch.setattr(C, "_prepared", OrderedDict())
+
+
+PERSISTENT = "grouped_gemm_sm90_nvfp4_wgmma_ws_tma_persistent_128x256_kk"
+PER_TILE = "grouped_gemm_sm90_nvfp4_wgmma_ws_tma_128x256_kk"
 
 
 def _case(mode, fmt, tiles, seed):
@@ -54,28 +59,26 @@ def _case(mode, fmt, tiles, seed):
     return a, b, splits, kw
 
 
-def _kernel(mode, a, b, splits):
+def _kernel(mode, a, b, splits, kernel=None):
+    """The launcher's :class:`~lowprec_moe.backends.cupy.gemm.select.Choice` for a problem:
+    config ``kernel``, or by default the GEMM options in force."""
+    from lowprec_moe import config
     from lowprec_moe.backends.cupy.gemm import launch as C
 
     p = _validate(mode, gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="float32",
                   out=None, accumulate=False)
-    return C.choose_kernel(p, C.plan(p))
+    return C.choose_kernel(p, C.plan(p), kernel=kernel or config.gemm_options().kernel)
 
 
-@pytest.mark.parametrize("form", ["o", "z"])
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
 @pytest.mark.parametrize("tiles", [4, 12, 20])
 @pytest.mark.parametrize("mode", MODES)
-def test_gpu_persistent_equals_per_tile(mode, tiles, fmt, form, monkeypatch, few_ctas):
-    from lowprec_moe.backends.cupy.gemm import launch as C
-
+def test_gpu_persistent_equals_per_tile(mode, tiles, fmt, monkeypatch, few_ctas):
     a, b, splits, kw = _case(mode, fmt, tiles, 61 + tiles)
-    what = f"persistent _kk_{form} {mode} {fmt} {tiles} k-tiles"
-    monkeypatch.setenv(C.PERSIST_ENV, "on")
-    if form == "z":
-        monkeypatch.setenv(C.WS_N256_ENV, "off")
+    what = f"persistent {mode} {fmt} {tiles} k-tiles"
+    set_gemm_options(monkeypatch, kernel=PERSISTENT)
     ln = _kernel(mode, a, b, splits)
-    assert ln.kernel == f"lpm_gg_nvfp4_kk_{form}" and ln.grid_cap == NUM_CTAS, ln
+    assert ln.config.name == PERSISTENT and ln.grid_cap == NUM_CTAS, ln
     got = _run(mode, a, b, splits, out_dtype="float32", **kw)
     got16 = _run(mode, a, b, splits, out_dtype="bfloat16", **kw)
     exp, mag = _expected(mode, a, b, splits, **kw)
@@ -85,29 +88,28 @@ def test_gpu_persistent_equals_per_tile(mode, tiles, fmt, form, monkeypatch, few
     # accumulation into an fp32 buffer
     base = np.random.default_rng(tiles).standard_normal(got.shape).astype(np.float32)
     acc = _run(mode, a, b, splits, out=gpu(base.copy()), accumulate=True, **kw)
-    monkeypatch.setenv(C.PERSIST_ENV, "off")
-    monkeypatch.delenv(C.WS_N256_ENV, raising=False)
-    assert _kernel(mode, a, b, splits).kernel == "lpm_gg_nvfp4_kk_q"
+    set_gemm_options(monkeypatch, kernel=PER_TILE)
+    assert _kernel(mode, a, b, splits).config.name == PER_TILE
     assert_bytes_equal(got, _run(mode, a, b, splits, out_dtype="float32", **kw),
-                       f"{what} vs _kk_q")
+                       f"{what} vs per-tile")
     assert_bytes_equal(got16, _run(mode, a, b, splits, out_dtype="bfloat16", **kw),
-                       f"{what} vs _kk_q, bf16 output")
+                       f"{what} vs per-tile, bf16 output")
     assert_bytes_equal(acc, _run(mode, a, b, splits, out=gpu(base.copy()), accumulate=True,
-                                 **kw), f"{what} vs _kk_q, accumulating")
+                                 **kw), f"{what} vs per-tile, accumulating")
 
 
 def test_gpu_persistent_many_tiles_default(monkeypatch):
     """With the real multiprocessor count and more tiles than multiprocessors, "auto" takes
-    the persistent form; its results equal ``_kk_q``'s bit for bit (bf16 output)."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    the persistent form; its results equal the per-tile build's bit for bit (bf16 output)."""
+    from lowprec_moe.backends.cupy.gemm.select import device_caps
 
-    if C._device_caps()[0] != (9, 0):
+    if device_caps()[0] != (9, 0):
         pytest.skip("the warp-specialised kernel needs an sm_90 GPU")
     splits = [512, 0, 1000, 384, 130, 700] * 6  # ~165 row tiles x 2 column tiles
     a, b = _host_operands("fprop", "nvfp4", seed=71, splits=splits, n=512, k=256)
-    assert _kernel("fprop", a, b, splits).kernel == "lpm_gg_nvfp4_kk_o"
+    assert _kernel("fprop", a, b, splits).config.name == PERSISTENT
     got = _run("fprop", a, b, splits, out_dtype="bfloat16")
-    monkeypatch.setenv(C.PERSIST_ENV, "off")
-    assert _kernel("fprop", a, b, splits).kernel == "lpm_gg_nvfp4_kk_q"
+    set_gemm_options(monkeypatch, kernel=PER_TILE)
+    assert _kernel("fprop", a, b, splits).config.name == PER_TILE
     assert_bytes_equal(got, _run("fprop", a, b, splits, out_dtype="bfloat16"),
-                       "persistent (auto) vs _kk_q")
+                       "persistent (auto) vs per-tile")

@@ -34,7 +34,6 @@ kernels and the environment overrides); this module re-exports its names.
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from collections import OrderedDict
 
@@ -45,8 +44,7 @@ from .balance import ragged_tile_list, ragged_tile_table
 from .compile import kernel_function
 from .plan import MMA_PARAMS, OUT_TYPES, SIMT_PARAMS, _cdiv, _flat_amax, descriptors, plan, tile_table
 from .ranges import mx_range_words
-from .rules import Facts
-from .select import choose_kernel, device_caps
+from .select import choose_kernel
 from .tma_rules import _pair_geom, _pair_maps, _ptr, _tma_maps
 
 __all__ = ["grouped_gemm", "kernel_info"]
@@ -203,13 +201,20 @@ def _range_words(prep, a_scale, b_scale):
                           prep["num_experts"])
 
 
-def grouped_gemm(p):
-    """Run a validated CuPy :class:`~lowprec_moe.gemm.GemmProblem`; return ``out``."""
+def grouped_gemm(p, kernel: str = "auto"):
+    """Run a validated CuPy :class:`~lowprec_moe.gemm.GemmProblem`; return ``out``.
+
+    ``kernel``: ``"auto"`` or a kernel config name (:func:`.select.choose_kernel`); ``"auto"``
+    defers to :func:`lowprec_moe.config.gemm_options`.
+    """
     import cupy as cp
 
+    opts = config.gemm_options()
+    if kernel == "auto":
+        kernel = opts.kernel
     out = p.out if p.out is not None else cp.empty(p.out_shape, dtype=_out_dtype(p.out_dtype))
     arrays = _operand_arrays(p)
-    prep = _prepare(p, arrays)
+    prep = _prepare(p, arrays, kernel)
     grid = prep["grid"]
     if grid == 0 or out.size == 0:
         return out
