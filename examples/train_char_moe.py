@@ -41,7 +41,12 @@ RECIPES = {
     "mxfp8": lpm.Recipe.mxfp8,
     "nvfp4": lpm.Recipe.nvfp4,
     "nvfp4_rowscaled": lambda: lpm.Recipe.nvfp4(row_scaled_activation=True),
+    # ablations of the default NVFP4 recipe (not run unless named in --recipes)
+    "nvfp4_no_sr": lambda: lpm.Recipe.nvfp4(stochastic_rounding=False),
+    "nvfp4_no_rht": lambda: lpm.Recipe.nvfp4(rht=False),
+    "nvfp4_no_rht_sr": lambda: lpm.Recipe.nvfp4(rht=False, stochastic_rounding=False),
 }
+DEFAULT_RECIPES = ("bf16", "mxfp8", "nvfp4", "nvfp4_rowscaled")
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "docs" / "train_char_moe"
 TINY = dict(d_model=64, layers=1, heads=2, experts=4, ffn=64, seq=32, batch=2, eval_batches=1,
             eval_every=2, max_corpus_mb=1.0)
@@ -272,9 +277,9 @@ def write_outputs(results: dict, out_dir: Path) -> None:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
-    ap.add_argument("--recipes", default=",".join(RECIPES),
+    ap.add_argument("--recipes", default=",".join(DEFAULT_RECIPES),
                     help=f"comma-separated subset of {', '.join(RECIPES)}")
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--out-dir", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--replot", type=Path, metavar="RESULTS_JSON",
                     help="only rewrite results.md and loss.png from a saved results.json")
