@@ -2,13 +2,14 @@
 
 Usage::
 
-    python benchmarks/ab_gemm.py --variants "tma:" "cp_async:LOWPREC_MOE_GEMM_TMA=off" \
+    python benchmarks/ab_gemm.py --variants "auto:" \
+        "cp_async:kernel=grouped_gemm_sm90_nvfp4_wgmma_ws_cpasync_128x256_kk" \
         [--shapes qwen-fc2 ...] [--modes fprop ...] [--formats nvfp4 ...] [--rounds 15]
 
-A variant is ``name:ENV=VALUE,ENV=VALUE`` (environment settings the launcher reads per call,
-e.g. ``LOWPREC_MOE_GEMM_TMA``, ``LOWPREC_MOE_GEMM_KERNEL`` or ``LOWPREC_MOE_KERNEL_DIR`` for
-a copy of the kernel sources). Consecutive runs of the same kernel on the H200 differ by up to
-~12 % (benchmarks/RESULTS.md), so single A/B pairs of separate processes cannot resolve small
+A variant is ``name:KEY=VALUE,KEY=VALUE`` with the keys ``kernel`` and ``mxfp8_mma``
+(:class:`lowprec_moe.config.GemmOptions`) and ``kernel_dir`` (a copy of the kernel sources,
+:func:`lowprec_moe.config.kernel_directory`). Consecutive runs of the same kernel on the H200
+differ by up to ~12 %, so single A/B pairs of separate processes cannot resolve small
 changes: here every round takes one burst sample of ``torch._grouped_mm`` bf16 (when torch is
 importable) and of every variant in turn, on the same operands, and the table reports each
 variant's median ms, its median per-round ratio to the first variant and to torch. Problems,
@@ -18,7 +19,7 @@ data and timing are bench_gemm.py's (random data, CUDA events, bursts of ~2 ms, 
 from __future__ import annotations
 
 import argparse
-import os
+import contextlib
 import statistics
 import sys
 from pathlib import Path
@@ -31,32 +32,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_gemm as B  # noqa: E402
 
 
+_KEYS = ("kernel", "mxfp8_mma", "kernel_dir")
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
-    """``name:ENV=V,ENV2=V2`` -> (name, {ENV: V, ...}); ValueError naming a malformed one."""
+    """``name:KEY=V,KEY2=V2`` -> (name, {KEY: V, ...}); ValueError naming a malformed one or
+    an unknown key."""
     name, _, rest = text.partition(":")
-    env = {}
+    opts = {}
     for item in filter(None, rest.split(",")):
         key, eq, val = item.partition("=")
         if not eq or not key:
-            raise ValueError(f"variant {text!r}: {item!r} is not ENV=VALUE")
-        env[key] = val
+            raise ValueError(f"variant {text!r}: {item!r} is not KEY=VALUE")
+        if key not in _KEYS:
+            raise ValueError(f"variant {text!r}: {key!r} is not one of {_KEYS}")
+        opts[key] = val
     if not name:
         raise ValueError(f"variant {text!r} has no name")
-    return name, env
+    return name, opts
 
 
-def _with_env(env: dict, fn):
-    """fn() with `env` set, the previous values restored after."""
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+def _with_options(opts: dict, fn):
+    """fn() with a variant's options in force (only during the call)."""
+    from lowprec_moe import config
+
+    gemm = {k: v for k, v in opts.items() if k != "kernel_dir"}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(config.gemm(**gemm))
+        if "kernel_dir" in opts:
+            stack.enter_context(config.kernel_directory(opts["kernel_dir"]))
         return fn()
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def main() -> None:
@@ -103,13 +108,13 @@ def main() -> None:
                 out = cp.empty(out_shape, dtype=ml_dtypes.bfloat16)
                 fn = lambda: grouped_gemm(a, b, splits, mode=mode, out=out)  # noqa: E731
                 timer = B._cupy_timer(cp, fn)
-                reps = [_with_env(env, lambda: B._calibrate(*timer, args.warmup))
+                reps = [_with_options(env, lambda: B._calibrate(*timer, args.warmup))
                         for _, env in variants]
                 kinds = []
                 for _, env in variants:
                     p = _validate(mode, a, b, splits, bias=None, probs=None, out_dtype=None,
                                   out=out, accumulate=False)
-                    kinds.append(_with_env(env, lambda: C.choose_kernel(p, C.plan(p)).kernel))
+                    kinds.append(_with_options(env, lambda: C.kernel_info(p)["kernel"]))
                 tt = B._torch_timer(tfn) if tfn else None
                 t_reps = B._calibrate(*tt, args.warmup) if tfn else 0
                 ms = [[] for _ in variants]
@@ -118,7 +123,7 @@ def main() -> None:
                     if tfn:
                         torch_ms.append(B._burst(tt[0], tt[2], tfn, t_reps)[0])
                     for i, (_, env) in enumerate(variants):
-                        ms[i].append(_with_env(env, lambda: B._burst(
+                        ms[i].append(_with_options(env, lambda: B._burst(
                             timer[0], timer[2], fn, reps[i])[0]))
                 med = [statistics.median(m) for m in ms]
                 rel = [statistics.median(m[r] / ms[0][r] for r in range(args.rounds))

@@ -18,7 +18,7 @@ import contextvars
 from dataclasses import dataclass, replace
 from typing import Iterator
 
-__all__ = ["GemmOptions", "gemm", "gemm_options"]
+__all__ = ["GemmOptions", "gemm", "gemm_options", "kernel_directory", "kernel_source_dir"]
 
 _MXFP8_MMA = ("auto", "bf16")
 
@@ -79,3 +79,33 @@ def gemm(*, kernel: str | None = None, mxfp8_mma: str | None = None) -> Iterator
         yield opts
     finally:
         _gemm.reset(token)
+
+
+_kernel_dir = contextvars.ContextVar("lowprec_moe_kernel_dir", default=None)
+
+
+def kernel_source_dir() -> str | None:
+    """The kernel source directory set with :func:`kernel_directory` here (None: the one that
+    ships with the package)."""
+    return _kernel_dir.get()
+
+
+@contextlib.contextmanager
+def kernel_directory(directory) -> Iterator[None]:
+    """Compile kernels from ``directory`` instead of the package's ``raw_kernels/`` inside the
+    ``with`` block (A/B runs against a copy of the sources, loader tests). Modules compiled
+    from another directory are cached apart (the source hash is part of the key).
+
+    Parameters
+    ----------
+    directory : path-like or None
+    """
+    import os
+
+    if directory is not None and not isinstance(directory, (str, os.PathLike)):
+        raise TypeError(f"directory must be a path, got {type(directory).__name__}")
+    token = _kernel_dir.set(None if directory is None else os.fspath(directory))
+    try:
+        yield
+    finally:
+        _kernel_dir.reset(token)

@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
-    "KERNEL_DIR_ENV",
     "kernel_dir",
     "kernel_sources",
     "source_hash",
@@ -39,8 +38,6 @@ __all__ = [
     "clear_cache",
 ]
 
-#: Environment variable that, when set, overrides where the kernel sources are looked for.
-KERNEL_DIR_ENV = "LOWPREC_MOE_KERNEL_DIR"
 
 #: Number of hex digits of the source hash passed to the compiler as ``LPM_SOURCE_HASH``.
 _HASH_DIGITS = 16
@@ -65,8 +62,8 @@ def _has_sources(path: Path) -> bool:
 def kernel_dir() -> Path:
     """The directory holding the CUDA sources.
 
-    Looked for, in order: the directory named by the environment variable
-    ``LOWPREC_MOE_KERNEL_DIR``; ``raw_kernels/`` inside the installed package
+    Looked for, in order: the directory set with :func:`lowprec_moe.config.kernel_directory`;
+    ``raw_kernels/`` inside the installed package
     (``lowprec_moe/raw_kernels``); ``raw_kernels/`` at the top of the source tree (next to the
     ``lowprec_moe`` package directory, as in an editable install or a checkout).
 
@@ -80,7 +77,9 @@ def kernel_dir() -> Path:
     FileNotFoundError
         If none of the candidates holds ``*.cuh`` files, listing the places looked at.
     """
-    env = os.environ.get(KERNEL_DIR_ENV) or None
+    from lowprec_moe import config
+
+    env = config.kernel_source_dir()
     with _lock:
         cached = _dir_cache.get(env)
     if cached is not None:
@@ -96,7 +95,7 @@ def _find_kernel_dir(env: str | None) -> Path:
         path = Path(env).expanduser().resolve()
         if not path.is_dir():
             raise FileNotFoundError(
-                f"{KERNEL_DIR_ENV}={env!r} is not a directory holding the CUDA kernel sources"
+                f"kernel source directory={env!r} is not a directory"
             )
         return path
     pkg = Path(__file__).resolve().parent
@@ -410,8 +409,7 @@ def get_function(module_name: str, kernel_name: str, source: str | None = None) 
 def clear_cache() -> None:
     """Forget the cached kernel directory, source hashes, modules and functions.
 
-    Call after editing kernel sources, or changing ``LOWPREC_MOE_KERNEL_DIR``, in a running
-    process (a changed environment variable is noticed anyway).
+    Call after editing kernel sources in a running process.
     """
     with _lock:
         _dir_cache.clear()

@@ -153,3 +153,15 @@ def gemm_internals():
             if not k.startswith("__"):
                 setattr(ns, k, v)
     return ns
+
+
+def set_kernel_dir(monkeypatch, directory):
+    """Compile kernels from ``directory`` for the rest of a test
+    (:func:`lowprec_moe.config.kernel_directory` without the ``with`` block)."""
+    import contextvars
+    import os
+
+    from lowprec_moe import config
+
+    monkeypatch.setattr(config, "_kernel_dir", contextvars.ContextVar(
+        "test_kernel_dir", default=None if directory is None else os.fspath(directory)))

@@ -145,28 +145,27 @@ def ab():
 
 
 def test_ab_variant_parsing(ab):
-    """``name:ENV=V,ENV2=V2`` variants of benchmarks/ab_gemm.py; malformed ones are ValueErrors
-    naming the variant."""
+    """``name:KEY=V,KEY2=V2`` variants of benchmarks/ab_gemm.py; malformed ones and unknown keys
+    are ValueErrors naming the variant."""
     assert ab.parse_variant("base:") == ("base", {})
     assert ab.parse_variant("base") == ("base", {})
-    assert ab.parse_variant("old:LOWPREC_MOE_GEMM_TMA=off,LOWPREC_MOE_KERNEL_DIR=exp/v0") == (
-        "old", {"LOWPREC_MOE_GEMM_TMA": "off", "LOWPREC_MOE_KERNEL_DIR": "exp/v0"})
-    for bad in (":X=1", "a:X", "a:=1"):
+    assert ab.parse_variant("old:kernel=grouped_gemm_simt_64x64,kernel_dir=exp/v0") == (
+        "old", {"kernel": "grouped_gemm_simt_64x64", "kernel_dir": "exp/v0"})
+    for bad in (":kernel=1", "a:kernel", "a:=1", "a:LOWPREC_MOE_GEMM_TMA=off"):
         with pytest.raises(ValueError, match="variant"):
             ab.parse_variant(bad)
 
 
-def test_ab_env_restored(ab, monkeypatch):
-    """A variant's settings hold during the call only; earlier values (or their absence) come
-    back after it, also when the call raises."""
-    monkeypatch.setenv("LPM_AB_SET", "before")
-    monkeypatch.delenv("LPM_AB_UNSET", raising=False)
-    import os
+def test_ab_options_scoped(ab):
+    """A variant's options hold during the call only, also when the call raises."""
+    from lowprec_moe import config
 
-    seen = ab._with_env({"LPM_AB_SET": "x", "LPM_AB_UNSET": "y"},
-                        lambda: (os.environ["LPM_AB_SET"], os.environ["LPM_AB_UNSET"]))
-    assert seen == ("x", "y")
-    assert os.environ["LPM_AB_SET"] == "before" and "LPM_AB_UNSET" not in os.environ
+    seen = ab._with_options({"kernel": "grouped_gemm_simt_64x64", "mxfp8_mma": "bf16",
+                             "kernel_dir": "exp/v0"},
+                            lambda: (config.gemm_options(), config.kernel_source_dir()))
+    assert seen == (config.GemmOptions("grouped_gemm_simt_64x64", "bf16"), "exp/v0")
+    assert config.gemm_options() == config.GemmOptions() and config.kernel_source_dir() is None
     with pytest.raises(RuntimeError):
-        ab._with_env({"LPM_AB_SET": "z"}, lambda: (_ for _ in ()).throw(RuntimeError("boom")))
-    assert os.environ["LPM_AB_SET"] == "before"
+        ab._with_options({"mxfp8_mma": "bf16"},
+                         lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert config.gemm_options() == config.GemmOptions()

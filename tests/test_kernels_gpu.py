@@ -14,7 +14,7 @@ import pytest
 
 from lowprec_moe import kernels
 
-from conftest import requires_gpu
+from conftest import requires_gpu, set_kernel_dir
 # _fresh_caches: the loader tests' autouse fixture (clean module caches around every test)
 from test_kernels_loader import RAW, _fresh_caches, _write  # noqa: F401
 
@@ -62,7 +62,7 @@ def test_compile_error_is_runtime_error_with_log_and_source(monkeypatch, tmp_pat
         }
         """,
     )
-    monkeypatch.setenv(kernels.KERNEL_DIR_ENV, str(d))
+    set_kernel_dir(monkeypatch, str(d))
     with pytest.raises(RuntimeError) as info:
         kernels.get_module("broken")
     msg = str(info.value)
@@ -93,7 +93,7 @@ def test_sm90a_features_compile_on_hopper(monkeypatch, tmp_path):
         }
         """,
     )
-    monkeypatch.setenv(kernels.KERNEL_DIR_ENV, str(d))
+    set_kernel_dir(monkeypatch, str(d))
     fn = kernels.get_function("wg", "wg")
     out = cupy.zeros(128, dtype=cupy.int32)
     fn((1,), (128,), (out,))

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import set_kernel_dir
+
 from lowprec_moe import kernels
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,7 +26,6 @@ RAW = REPO / "raw_kernels"
 
 @pytest.fixture(autouse=True)
 def _fresh_caches(monkeypatch):
-    monkeypatch.delenv(kernels.KERNEL_DIR_ENV, raising=False)
     kernels.clear_cache()
     yield
     kernels.clear_cache()
@@ -55,10 +56,10 @@ def test_kernel_dir_finds_source_tree():
     assert (d / "smoke.cu").is_file()
 
 
-def test_kernel_dir_env_override(monkeypatch, src_dir):
-    monkeypatch.setenv(kernels.KERNEL_DIR_ENV, str(src_dir))
+def test_kernel_dir_override(monkeypatch, src_dir):
+    set_kernel_dir(monkeypatch, str(src_dir))
     assert kernels.kernel_dir() == src_dir.resolve()
-    monkeypatch.setenv(kernels.KERNEL_DIR_ENV, str(src_dir / "missing"))
+    set_kernel_dir(monkeypatch, str(src_dir / "missing"))
     with pytest.raises(FileNotFoundError, match="missing"):
         kernels.kernel_dir()
 
@@ -154,7 +155,7 @@ def test_source_hash_independent_of_creation_order(tmp_path):
 
 
 def test_source_hash_default_dir_is_cached_until_cleared(monkeypatch, src_dir):
-    monkeypatch.setenv(kernels.KERNEL_DIR_ENV, str(src_dir))
+    set_kernel_dir(monkeypatch, str(src_dir))
     h0 = kernels.source_hash()
     assert h0 == kernels.source_hash(src_dir)
     _write(src_dir / "lpm_formats.cuh", "constexpr int LPM_X = 3;\n")

@@ -32,7 +32,7 @@ BK = 64
 THREADS = 256
 #: threads of the warp-specialised wgmma kernels (kWsThreads in grouped_gemm_ws_roles.cuh)
 WS_THREADS = 512
-#: threads of the 384-thread NVFP4 TMA build ``_kk_q`` (kWnThreads in grouped_gemm_ws_n256.cuh)
+#: threads of the 384-thread NVFP4 TMA build ``ws_tma_128x256 (384 threads)`` (kWnThreads in grouped_gemm_ws_n256.cuh)
 WS_N256_THREADS = 384
 #: raw tiles requested ahead of the one being expanded, and canonical B buffers, of the
 #: warp-specialised kernel (kWsAhead / kWsCanonBuffers in grouped_gemm_base.cuh)
@@ -49,7 +49,7 @@ SWAP_WIDE16_TILE = (16, 256)
 #: raw stages of the swapped-operand kernel per format (swap_stages in grouped_gemm_base.cuh)
 SWAP_STAGES = {"nvfp4": 6, "mxfp8": 4}
 #: Parameter names, in order, of the tensor-core kernels (LPM_GG_PARAMS in
-#: grouped_gemm_base.cuh) and of lpm_gg_simt; tests/test_gemm_plan.py checks them against the CUDA
+#: grouped_gemm_base.cuh) and of grouped_gemm_simt_64x64; tests/test_gemm_plan.py checks them against the CUDA
 #: sources.
 MMA_PARAMS = ("tiles", "n_col_tiles", "desc", "n_cols", "a_data", "a_scale", "a_ch", "a_e5m2",
               "b_data", "b_scale", "b_ch", "b_e5m2", "amax_a", "amax_b", "a_vec", "b_vec",

@@ -77,7 +77,7 @@ WS_G_TMA_AHEAD = 2
 
 
 def _ws_g_tma_smem_bytes() -> int:
-    """Dynamic shared memory of the ragged NVFP4 kernel's TMA build (``_kk_h``;
+    """Dynamic shared memory of the ragged NVFP4 kernel's TMA build (``rowpair_tma_ragged``;
     ws_g_tma_smem_bytes in raw_kernels/grouped_gemm_ws_ragged_tma.cuh): WS_G_TMA_AHEAD +
     WS_CANON_BUFFERS stages -- per operand its even rows' k-tile boxes (32 bytes a row), its odd
     rows' (48) and its block scales -- rounded up to 1 KiB, the canonical B buffers (the
@@ -179,7 +179,7 @@ def _ws_mx_p_smem_bytes(win_slots: int = 2) -> int:
 def _swap_smem_bytes(x_kind: int, w_kind: int, wide: bool = False) -> int:
     """Dynamic shared memory of the swapped-operand kernel (swap_smem_bytes in
     raw_kernels/grouped_gemm_base.cuh): raw ring, two canonical buffers (NVFP4: the token tile
-    only), alignment. ``wide``: the 256-column NVFP4 TMA builds (``_kk_r``, and ``_kk_p``,
+    only), alignment. ``wide``: the 256-column NVFP4 TMA builds (``swap_tma_32x256``, and ``swap_tma_16x256``,
     whose 16-token tiles keep the 32-row layout)."""
     tokens, cols = SWAP_WIDE_TILE if wide else SWAP_TILE
     rs = x_kind == w_kind == KIND_FP4_K  # NVFP4: weights decoded into registers

@@ -1,7 +1,7 @@
 """TMA eligibility and tensor maps of the grouped-GEMM TMA builds (host side).
 
-``_kk_u`` (swapped-operand NVFP4 kernel) and ``_kk_y`` (warp-specialised NVFP4 / MXFP8
-kernels) read their operands through 2-D byte tensor maps (:mod:`lowprec_moe.backends.cupy.tensor_map`); these helpers decide
+The swapped-operand NVFP4 TMA configs (``..._swap_tma_...``) and the warp-specialised
+NVFP4 / MXFP8 TMA configs (``..._ws_tma_...``) read their operands through 2-D byte tensor maps (:mod:`lowprec_moe.backends.cupy.tensor_map`); these helpers decide
 whether a plan's operands can be mapped and build the maps of a launch. Re-exported by
 :mod:`lowprec_moe.backends.cupy.gemm.launch`.
 """
@@ -59,7 +59,7 @@ def _one_length(pl: Plan) -> bool:
 
 def _use_tma(pl: Plan, wide: bool = False) -> bool:
     """Whether the NVFP4 swapped-operand kernel can load its data tiles with TMA (the
-    ``_kk_u`` build; ``wide``: the 256-column ``_kk_r`` build): both operands mapped by
+    ``swap_tma_32x128`` build; ``wide``: the 256-column ``swap_tma_32x256`` build): both operands mapped by
     :func:`_tma_rows_ok` and :func:`_one_length`."""
     bt, bw = SWAP_WIDE_TILE if wide else SWAP_TILE
     return _one_length(pl) and _tma_rows_ok(pl.a, bt) and _tma_rows_ok(pl.b, bw)
@@ -76,7 +76,7 @@ def _tma_scale_rows_ok(op: Operand, box_rows: int) -> bool:
 
 def _ragged_lengths(pl: Plan) -> bool:
     """Every expert contracts a multiple of 16 (MXFP8 wgrad: its tokens padded to 32), not all
-    of them nothing: the warp-specialised MXFP8 wgrad build (``_nn_y``, both operands MN-major,
+    of them nothing: the warp-specialised MXFP8 wgrad build (``ws_tma_128x256_nn``, both operands MN-major,
     one tensor map per operand over every expert's lines) handles a last k-tile that ends
     early."""
     length = pl.length
@@ -85,7 +85,7 @@ def _ragged_lengths(pl: Plan) -> bool:
 
 def _use_ws_tma(pl: Plan, ragged: bool = False) -> bool:
     """Whether the warp-specialised NVFP4 / MXFP8 kernel can load its data tiles and block
-    scales with TMA (the ``_kk_y`` builds): data and scales of both operands mapped by
+    scales with TMA (the ``ws_tma`` builds): data and scales of both operands mapped by
     :func:`_tma_rows_ok` / :func:`_tma_scale_rows_ok` and :func:`_one_length`
     (``ragged``, the MXFP8 wgrad build: :func:`_ragged_lengths`)."""
     bm, bn = WS_TILE
@@ -132,7 +132,7 @@ def _tma_maps(cfg, geom: tuple, a_data, a_scale, b_data, b_scale) -> tuple:
     return tuple(maps)
 
 
-# ---- the ragged NVFP4 TMA build (_kk_h): one row-pair map per operand and expert ------------
+# ---- the ragged NVFP4 row-pair TMA config: one row-pair map per operand and expert ------------
 
 #: Row-pair maps of the ragged TMA build on the device, by expert bases and geometry (LRU).
 _pair_cache: OrderedDict = OrderedDict()
@@ -160,7 +160,7 @@ def _pair_rows_ok(base: int, op: Operand, rows: np.ndarray, live: np.ndarray) ->
 
 def _use_pair_tma(pl: Plan) -> bool:
     """Whether the ragged NVFP4 persistent kernel can load its data tiles through row-pair
-    tensor maps (the ``_kk_h`` build): both operands K-major NVFP4 and :func:`_pair_rows_ok`
+    tensor maps (the ``rowpair_tma_ragged`` build): both operands K-major NVFP4 and :func:`_pair_rows_ok`
     for every expert with rows and a contraction (the block scales stay on loads)."""
     live = _pair_experts(pl)
     if not live.size:
