@@ -34,6 +34,18 @@ from .serving import check_layout, hf_quant_config, quantization_config
 __all__ = ["quantize_model", "dequantize_model"]
 
 
+
+def _check_output(source, dst, force: bool) -> None:
+    """Refuse an output that does not fit the input's shape (a directory for a sharded or
+    directory input), a bad output path, or one that is an input or exists without ``force``."""
+    if source.kind != "file" and os.path.splitext(os.fspath(dst))[1].lower() in (
+            ".safetensors", ".npz", ".npy"):
+        raise ValueError(f"output {os.fspath(dst)!r}: a sharded / directory input gives a "
+                         "directory output; name a directory")
+    if source.kind == "file":
+        check_output_path(dst)
+    check_output_target(dst, source.inputs(), force=force)
+
 def _version() -> str:
     from .. import __version__
 
@@ -128,13 +140,7 @@ def quantize_model(src, dst, format: str, *, layout: str = "modelopt",
     if source.kind == "file" and file_kind(dst) == "npy":
         raise ValueError(f"output {os.fspath(dst)!r}: quantized tensors need .safetensors or "
                          ".npz")
-    if source.kind != "file" and os.path.splitext(os.fspath(dst))[1].lower() in (
-            ".safetensors", ".npz", ".npy"):
-        raise ValueError(f"output {os.fspath(dst)!r}: a sharded / directory input gives a "
-                         "directory output; name a directory")
-    if source.kind == "file":
-        check_output_path(dst)
-    check_output_target(dst, source.inputs(), force=force)
+    _check_output(source, dst, force)
     xp = select_device(device)
     jobs = default_jobs() if jobs is None else jobs
     if type(jobs) is not int or jobs < 1:
@@ -224,13 +230,7 @@ def dequantize_model(src, dst, *, dtype: str | None = None, direction: str = "ro
         dtype = V.check_dequant_dtype(dtype)
     V.check_direction(direction)
     source = open_source(src)
-    if source.kind != "file" and os.path.splitext(os.fspath(dst))[1].lower() in (
-            ".safetensors", ".npz", ".npy"):
-        raise ValueError(f"output {os.fspath(dst)!r}: a sharded / directory input gives a "
-                         "directory output; name a directory")
-    if source.kind == "file":
-        check_output_path(dst)
-    check_output_target(dst, source.inputs(), force=force)
+    _check_output(source, dst, force)
     progress = progress or NoProgress()
     cks = []
     report = ConvertReport(output=os.fspath(dst))
