@@ -6,7 +6,7 @@ Usage::
                                     [--formats bf16 mxfp8 nvfp4 nvfp4-rs] [--iters 20]
                                     [--warmup 5]
 
-For every shape of SPEC section 10 x {fprop, dgrad, wgrad} x {bf16, mxfp8, nvfp4, nvfp4 row-scaled}
+For every shape of NUMERICS §10 x {fprop, dgrad, wgrad} x {bf16, mxfp8, nvfp4, nvfp4 row-scaled}
 it reports our time, TFLOP/s (``2 * M_total * N * K / t``) and GB/s (operand bytes as stored,
 scales included, plus the bf16 output), the TFLOP/s of ``torch._grouped_mm`` on the same bf16
 problem when torch is importable (only here: torch is never a dependency of the library), the

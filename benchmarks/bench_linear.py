@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/bench_linear.py                 # every SPEC section 10 shape
+    python benchmarks/bench_linear.py                 # every NUMERICS §10 shape
     python benchmarks/bench_linear.py --quick         # reduced run (< 2 min, kernels cached)
     python benchmarks/bench_linear.py --cases qwen-fc1,memory-bound --recipes bf16,nvfp4
     python benchmarks/bench_linear.py --json results.json
@@ -18,7 +18,7 @@ Timing: random data (never zeros), warm-up steps (the first one compiles the ker
 steps between CUDA events (``cupy.cuda.Event`` for ours, ``torch.cuda.Event`` for torch); the
 median is reported, as ms, TFLOP/s (``6 M N K`` per step), effective GB/s (bf16 bytes of x, W, y,
 dy, dx, dW moved once) and ``vs torch`` = torch ms / our ms (> 1: faster than the torch bf16
-step, the SPEC target). ``err y`` is the relative error (Frobenius) of the recipe's y against our
+step, NUMERICS target). ``err y`` is the relative error (Frobenius) of the recipe's y against our
 bf16 recipe on the same data, a sanity check of the kernels. Every case runs in its own
 try / except: an error is printed and the run goes on.
 
@@ -86,7 +86,7 @@ def skewed_splits(experts: int, tokens: int, empty: int, align: int = 128, seed:
 
 
 def spec_cases(scale: float = 1.0) -> list[Case]:
-    """SPEC section 10 shapes; ``scale`` < 1 shrinks the tokens per expert (not below 16)."""
+    """NUMERICS §10 shapes; ``scale`` < 1 shrinks the tokens per expert (not below 16)."""
     def per(e, t):
         t = max(16, int(round(t * scale / 16)) * 16)
         return [t] * e

@@ -1,4 +1,4 @@
-"""GPU quantization throughput against device-to-device copy bandwidth (SPEC section 10).
+"""GPU quantization throughput against device-to-device copy bandwidth (NUMERICS §10).
 
 Usage: ``python benchmarks/bench_quantize.py [--quick] [--repeat 20]``
 

@@ -1,6 +1,6 @@
 """lowprec_moe: NVFP4 / MXFP8 quantization and grouped MoE layers on NumPy and CuPy.
 
-Public API (SPEC section 6)::
+Public API (NUMERICS §6)::
 
     import lowprec_moe as lpm
     q = lpm.quantize(x, "nvfp4", columnwise=True)

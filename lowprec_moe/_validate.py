@@ -1,4 +1,4 @@
-"""Validation at the public boundary (SPEC section 9).
+"""Validation at the public boundary (NUMERICS §9).
 
 Every public entry point calls these helpers once, before any work, so that both backends raise
 the same exception type with a message naming the offending argument and value.

@@ -1,4 +1,4 @@
-"""GroupedMLP activations: forward / backward, optionally fused with quantization (SPEC 8).
+"""GroupedMLP activations: forward / backward, optionally fused with quantization (NUMERICS §8).
 
 The activation sits between the two grouped GEMMs of an MoE expert block::
 

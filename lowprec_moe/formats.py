@@ -5,7 +5,7 @@ NVFP4 GEMM factor, the Philox constants, the Hadamard sign mask) lives here and 
 the Python code. ``raw_kernels/lpm_formats.cuh`` mirrors these values for the CUDA kernels;
 ``tests/test_formats.py`` checks that the two agree and that they agree with ``ml_dtypes``.
 
-Formats (SPEC section 1)
+Formats (NUMERICS §1)
 ------------------------
 E2M1 (fp4)
     4 bits, codes 0..7 are +{0, 0.5, 1, 1.5, 2, 3, 4, 6}, codes 8..15 the negatives (bit 3 is
@@ -84,7 +84,7 @@ FP16_EXP_BIAS = 15
 FP16_MANT_BITS = 10
 
 # --------------------------------------------------------------------------------------------
-# Random Hadamard transform (NVFP4 columnwise, SPEC 2.3)
+# Random Hadamard transform (NVFP4 columnwise, NUMERICS §2.3)
 RHT_SIZE = 16
 #: bit i set where the sign s_i of the diagonal is -1.
 RHT_SIGN_MASK = 0xD7E8
@@ -92,7 +92,7 @@ RHT_SIGN_MASK = 0xD7E8
 RHT_NORM = 4.0
 
 # --------------------------------------------------------------------------------------------
-# Philox4x32-10 (stochastic rounding, SPEC 2.4)
+# Philox4x32-10 (stochastic rounding, NUMERICS §2.4)
 PHILOX_M0 = 0xD2511F53
 PHILOX_M1 = 0xCD9E8D57
 PHILOX_W0 = 0x9E3779B9
@@ -102,7 +102,7 @@ PHILOX_ROUNDS = 10
 SR_RANDOM_BITS = 8
 
 # --------------------------------------------------------------------------------------------
-# Scale layouts (SPEC section 4)
+# Scale layouts (NUMERICS §4)
 SCALE_PAD_ROWS = 128
 SCALE_PAD_COLS = 4
 SWIZZLE_TILE_ROWS = 128

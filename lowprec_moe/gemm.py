@@ -1,4 +1,4 @@
-"""Grouped (Mixture-of-Experts) GEMMs on high-precision or quantized operands (SPEC section 7).
+"""Grouped (Mixture-of-Experts) GEMMs on high-precision or quantized operands (NUMERICS §7).
 
 Three entry points cover the three GEMMs of a grouped linear layer; expert ``g`` owns the rows
 ``offsets[g]:offsets[g+1]`` of the token-major tensors (``offsets = [0, cumsum(splits)]``) and the
@@ -257,7 +257,7 @@ def _run(p: GemmProblem, kernel: str):
 
 
 # ============================================================================================
-# Validation (SPEC section 9: one block, ValueError / TypeError naming the argument)
+# Validation (NUMERICS §9: one block, ValueError / TypeError naming the argument)
 
 _NAMES = {"fprop": ("x", "weight"), "dgrad": ("dy", "weight"), "wgrad": ("dy", "x")}
 _COPY = {"fprop": ("rowwise", "rowwise"), "dgrad": ("rowwise", "columnwise"),

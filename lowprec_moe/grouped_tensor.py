@@ -1,4 +1,4 @@
-"""``GroupedTensor``: one quantized tensor per expert, packed (SPEC section 5).
+"""``GroupedTensor``: one quantized tensor per expert, packed (NUMERICS §5).
 
 Layout
 ------

@@ -1,11 +1,11 @@
-"""GroupedLinear with an explicit forward / backward (SPEC sections 6-8).
+"""GroupedLinear with an explicit forward / backward (NUMERICS §§6-8).
 
 ``y, ctx = grouped_linear_forward(x, splits, weight, bias, recipe=...)`` runs the fprop GEMM and
 returns a context holding exactly what the backward needs; ``grouped_linear_backward(dy, ctx)``
 runs dgrad and wgrad and returns every gradient. There is no autograd graph: the caller owns the
 order of calls, as in any framework.
 
-What is kept between forward and backward (SPEC 8):
+What is kept between forward and backward (NUMERICS §8):
 
 * the columnwise copy of x, only if the weight needs a gradient (wgrad operand); the rowwise copy
   of x is dropped once fprop is done;

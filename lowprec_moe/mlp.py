@@ -1,4 +1,4 @@
-"""GroupedMLP: fc1 -> activation x routing probs -> fc2, explicit forward / backward (SPEC 6-8).
+"""GroupedMLP: fc1 -> activation x routing probs -> fc2, explicit forward / backward (NUMERICS §6-8).
 
 Per expert ``g`` (rows ``offsets[g]:offsets[g+1]`` of the expert-sorted tokens)::
 
@@ -10,7 +10,7 @@ Per expert ``g`` (rows ``offsets[g]:offsets[g+1]`` of the expert-sorted tokens):
 ``grads = grouped_mlp_backward(dy, ctx)``; ``grads.dprobs`` collects the activation's share
 ``sum_f act(h)_f * dz_f`` and fc2's scaled-bias share ``sum_j dy_j * b2_j``.
 
-Each GEMM follows the recipe exactly as :func:`~lowprec_moe.grouped_linear_forward` does (SPEC 7:
+Each GEMM follows the recipe exactly as :func:`~lowprec_moe.grouped_linear_forward` does (NUMERICS §7:
 fprop x / W rowwise, dgrad dy rowwise / W columnwise, wgrad dy / x columnwise), and the
 activation is fused with the quantization of its output (see :mod:`lowprec_moe.activations`):
 
@@ -185,7 +185,7 @@ def _check_blocks(recipe: Recipe, k: int, f: int, n2: int) -> None:
 
 
 def _x_quant(recipe: Recipe, dtype: str, columnwise: bool) -> dict:
-    """fc2's input (an activation) is quantized as an x operand (SPEC 7)."""
+    """fc2's input (an activation) is quantized as an x operand (NUMERICS §7)."""
     if recipe.name == "mxfp8":
         return dict(format="mxfp8", rowwise=True, columnwise=columnwise,
                     fp8_dtype=recipe.x_fp8_dtype)
@@ -196,7 +196,7 @@ def _x_quant(recipe: Recipe, dtype: str, columnwise: bool) -> dict:
 
 def _grad_quant(recipe: Recipe, *, rowwise: bool, columnwise: bool, rht: bool,
                 seed: int) -> dict:
-    """A gradient operand (fc2's dy, fc1's dh) is quantized as a dy operand (SPEC 7)."""
+    """A gradient operand (fc2's dy, fc1's dh) is quantized as a dy operand (NUMERICS §7)."""
     if recipe.name == "mxfp8":
         return dict(format="mxfp8", rowwise=rowwise, columnwise=columnwise,
                     fp8_dtype=recipe.dy_fp8_dtype)

@@ -1,4 +1,4 @@
-"""``QuantizedTensor`` and the public ``quantize`` / ``dequantize`` functions (SPEC section 6)."""
+"""``QuantizedTensor`` and the public ``quantize`` / ``dequantize`` functions (NUMERICS §6)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Quantization recipes for GroupedLinear / GroupedMLP (SPEC sections 6-8).
+"""Quantization recipes for GroupedLinear / GroupedMLP (NUMERICS §§6-8).
 
-A recipe says which tensor of a linear layer is quantized how, per GEMM (SPEC section 7)::
+A recipe says which tensor of a linear layer is quantized how, per GEMM (NUMERICS §7)::
 
     fprop  y_g  = x_g  W_g^T     A = x rowwise,    B = W rowwise
     dgrad  dx_g = dy_g W_g       A = dy rowwise,   B = W columnwise

@@ -1,4 +1,4 @@
-"""Public ``swizzle_scales`` / ``unswizzle_scales`` (SPEC section 4).
+"""Public ``swizzle_scales`` / ``unswizzle_scales`` (NUMERICS §4).
 
 Converts compact block-scale matrices to and from the GEMM-swizzled (cuBLAS / Blackwell
 block-scaled) layout, for single tensors and grouped tensors (each member swizzled separately,

@@ -11,7 +11,7 @@
 namespace lpm_gg {
 
 // ==========================================================================================
-// Epilogue (SPEC 7): NVFP4 scaling, bias (optionally times probs), cast or accumulate.
+// Epilogue (NUMERICS §7): NVFP4 scaling, bias (optionally times probs), cast or accumulate.
 
 // Eight consecutive floats of a staged tile (16-byte aligned).
 __device__ __forceinline__ void load8(const float* src, float (&v)[8]) {
@@ -110,7 +110,7 @@ struct Epilogue {
         return amax_b[b_vec ? amax_b_base + col : amax_b_base];
     }
 
-    // Steps 1-2 of the SPEC 7 epilogue for one element (before the cast / accumulation).
+    // Steps 1-2 of NUMERICS §7 epilogue for one element (before the cast / accumulation).
     __device__ __forceinline__ float value(long long col, float acc, float ra, float pr) const {
         float t = acc;
         if (scale_mode == 1) {

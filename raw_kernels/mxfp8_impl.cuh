@@ -3,7 +3,7 @@
 // raw_kernels/mxfp8_intcvt.cu (same kernels with a pure integer conversion; tests use it as a
 // cross-check and it is the fallback should the hardware conversion ever disagree).
 //
-// SPEC section 3 (MXFP8) and section 5 (GroupedTensor). Bit-exact with
+// NUMERICS §3 (MXFP8) and section 5 (GroupedTensor). Bit-exact with
 // lowprec_moe/reference/mxfp8.py. CuPy compiles with -ftz=true, so everything on the bit-exact
 // path is integer bit manipulation or PTX without .ftz (lpm_formats.cuh helpers).
 //

@@ -21,7 +21,7 @@ LPM_DEV unsigned int q_e2m1_exact(float y) {
     return c | ((u >> 28) & LPM_E2M1_SIGN_BIT);
 }
 
-// Stochastically rounded E2M1 code of y with random word r (SPEC 2.4).
+// Stochastically rounded E2M1 code of y with random word r (NUMERICS §2.4).
 LPM_DEV unsigned int q_e2m1_sr(float y, unsigned int r) {
     const unsigned int u = __float_as_uint(y), ab = u & 0x7FFFFFFFu;
     if (ab > 0x7F800000u) return LPM_E2M1_MAX_CODE;
@@ -137,7 +137,7 @@ LPM_DEV uint2 q_block16(const float (&v)[16], const unsigned int* w, bool has_na
 }
 
 // ==========================================================================================
-// Random Hadamard transform of a 16-value chunk (SPEC 2.3)
+// Random Hadamard transform of a 16-value chunk (NUMERICS §2.3)
 // ==========================================================================================
 
 // Unnormalised 16-point Walsh-Hadamard transform in float64: 4 butterfly stages of

@@ -1,4 +1,4 @@
-// NVFP4 device code shared by nvfp4.cu and nvfp4_ext.cu (SPEC section 2): global amax,
+// NVFP4 device code shared by nvfp4.cu and nvfp4_ext.cu (NUMERICS §2): global amax,
 // quantize (rowwise and columnwise in one pass, 1-D or 16x16 blocks, per-tensor or row-scaled, RHT
 // on the columnwise copy, stochastic rounding) and dequantize, for single tensors and for all
 // members of a GroupedTensor in one launch. Results are bit-identical to

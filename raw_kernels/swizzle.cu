@@ -1,4 +1,4 @@
-// lowprec_moe: block-scale swizzle / unswizzle (SPEC section 4).
+// lowprec_moe: block-scale swizzle / unswizzle (NUMERICS §4).
 //
 // A "row" scale matrix (R, C) (the compact matrix, or its transpose for MXFP8 columnwise
 // scales) is zero-padded to (Rp, Cp) = (round_up(R, 128), round_up(C, 4)) and stored as 128x4

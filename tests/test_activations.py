@@ -1,4 +1,4 @@
-"""GroupedMLP activations (SPEC section 8): the NumPy definition and both backends through ``xp``.
+"""GroupedMLP activations (NUMERICS §8): the NumPy definition and both backends through ``xp``.
 
 * The reference's fp32 math is checked against float64 formulas (values and gradients, each within
   a few fp32 ulps of an error bound built from the magnitudes of its terms) and its exponential

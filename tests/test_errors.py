@@ -1,4 +1,4 @@
-"""Bad input at the public boundary (SPEC section 9): clear errors that name the value.
+"""Bad input at the public boundary (NUMERICS §9): clear errors that name the value.
 
 Array inputs go through ``xp``: both backends must raise the same exception type with the same
 message, before any kernel runs.

@@ -244,7 +244,7 @@ def test_swizzle_constants():
 
 
 def test_swizzle_offset_formula_is_a_permutation_of_a_tile():
-    # The formula of SPEC section 4 (mirrored by lpm_swizzle_offset in the header) maps each
+    # The formula of NUMERICS §4 (mirrored by lpm_swizzle_offset in the header) maps each
     # 128x4 tile onto its own 512 bytes, one to one.
     R, C = 2 * F.SWIZZLE_TILE_ROWS, 3 * F.SWIZZLE_TILE_COLS
     r, c = np.meshgrid(np.arange(R), np.arange(C), indexing="ij")

@@ -1,7 +1,7 @@
-"""Bit-exact element conversions of ``lowprec_moe.reference.fp`` (SPEC section 1).
+"""Bit-exact element conversions of ``lowprec_moe.reference.fp`` (NUMERICS §1).
 
 These are the NumPy building blocks every backend is checked against, so they are checked here
-value by value: every code of every format, every rounding tie the SPEC lists, saturation,
+value by value: every code of every format, every rounding tie NUMERICS lists, saturation,
 signed zeros, NaN and subnormals.
 """
 

@@ -1,8 +1,8 @@
-"""Grouped GEMM (SPEC section 7), NumPy reference path.
+"""Grouped GEMM (NUMERICS §7), NumPy reference path.
 
 Expected values are float64 products of the dequantized operands, decoded here independently of
 the library (E2M1 table, ``ml_dtypes`` E4M3 / E5M2, ``2**(e-127)``), times the NVFP4 global
-factors, plus bias. Tolerances (SPEC 7): relative error <= 1e-5 for float32 output and <= 1 output
+factors, plus bias. Tolerances (NUMERICS §7): relative error <= 1e-5 for float32 output and <= 1 output
 ulp for bf16 / fp16, relative to ``|A| |B|^T`` (the accumulation-order error bound) so that
 cancellation does not make the check meaningless.
 
@@ -263,7 +263,7 @@ def _acc32(mode, a, b, splits):
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled", "mxfp8-e4m3", "bf16"])
 def test_epilogue_order_bit_exact(fmt):
-    """fp32 epilogue in SPEC order: scale, then + bias * probs, one rounding at the end."""
+    """fp32 epilogue in NUMERICS order: scale, then + bias * probs, one rounding at the end."""
     a, b = _operands("fprop", fmt, seed=11)
     rng = np.random.default_rng(2)
     bias = rng.standard_normal((G, N)).astype(np.float32)

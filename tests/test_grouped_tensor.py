@@ -1,4 +1,4 @@
-"""``GroupedTensor`` (SPEC section 5): grouped quantization == per-member quantization, bitwise.
+"""``GroupedTensor`` (NUMERICS §5): grouped quantization == per-member quantization, bitwise.
 
 Run on both backends through ``xp``: the expected values are always computed with NumPy, member
 by member, so the GPU run compares the CuPy grouped kernels against the NumPy reference.

@@ -1,4 +1,4 @@
-"""Scale layouts (SPEC section 4): padding, swizzle / unswizzle, grouped, on both backends.
+"""Scale layouts (NUMERICS §4): padding, swizzle / unswizzle, grouped, on both backends.
 
 Tests taking ``xp`` run the NumPy reference and, marked ``gpu``, the CuPy launchers; both are
 checked against the literal index formula, so CPU and GPU agree byte for byte.
@@ -51,7 +51,7 @@ def to_host(a):
 
 
 def _literal_swizzle(scale, transpose=False):
-    """Swizzle through the literal index formula of SPEC section 4 (vectorized scatter)."""
+    """Swizzle through the literal index formula of NUMERICS §4 (vectorized scatter)."""
     row = scale.T if transpose else scale
     r_, c_ = row.shape
     rp, cp = round_up(r_, 128), round_up(c_, 4)

@@ -1,6 +1,6 @@
-"""GroupedLinear forward / backward (SPEC sections 6-9), on both backends through ``xp``.
+"""GroupedLinear forward / backward (NUMERICS §§6-9), on both backends through ``xp``.
 
-The yardstick is an emulation written from SPEC section 7 alone: quantize the operands each GEMM
+The yardstick is an emulation written from NUMERICS §7 alone: quantize the operands each GEMM
 names (fprop: x rowwise, W rowwise; dgrad: dy rowwise, W columnwise; wgrad: dy columnwise,
 x columnwise) with the public ``GroupedTensor.quantize``, dequantize them and multiply in float64,
 then add the bias (scaled by probs) in float64. The layer must agree to 1e-5 of ``|A| |B|^T``
@@ -119,7 +119,7 @@ def _rows(gt):
 def _cols(gt, g):
     """Member g's stored columnwise copy as values ``[Mp, K]`` (padding rows kept).
 
-    A Hadamard-transformed copy is *not* transformed back: SPEC 7 contracts the stored operands,
+    A Hadamard-transformed copy is *not* transformed back: NUMERICS §7 contracts the stored operands,
     and the transform cancels in ``dy^T x`` when both carry it.
     """
     q = gt.member(g)
@@ -131,7 +131,7 @@ def _cols(gt, g):
 
 
 def quantized_operands(xp, d, recipe, splits=SPLITS, seed=SEED, dy_fp8_dtype=None):
-    """float64 operand values per SPEC 7: dict x_row [M,K], w_row [G,N,K], w_col [G,N,K],
+    """float64 operand values per NUMERICS §7: dict x_row [M,K], w_row [G,N,K], w_col [G,N,K],
     dy_row [M,N], and per expert x_col[g] [Mp,K], dy_col[g] [Mp,N]."""
     a = on(xp, d)
     x, w, dy = a["x"], a["w"], a["dy"]
@@ -198,7 +198,7 @@ def emulate(ops, d, splits=SPLITS, *, bias=True, probs=True):
 
 
 # ============================================================================================
-# numerics against the SPEC 7 emulation
+# numerics against NUMERICS §7 emulation
 
 
 @pytest.mark.parametrize("dtype", [BF16, np.float32], ids=["bf16-in", "fp32-in"])
@@ -312,7 +312,7 @@ def _nvfp4_values(data, scale):
 
 def test_row_scaled_wgrad_is_nvfp4(xp):
     """wgrad with row-scaled activations runs in NVFP4: dy^T x of the stored columnwise codes,
-    then column k scaled by amax_xcol[k] * amax_dy (SPEC 7), never a high-precision fallback."""
+    then column k scaled by amax_xcol[k] * amax_dy (NUMERICS §7), never a high-precision fallback."""
     d = make_data(np.float32)
     recipe = Recipe.nvfp4(row_scaled_activation=True)
     _, grads, _ = forward_backward(xp, d, recipe)

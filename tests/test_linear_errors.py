@@ -1,4 +1,4 @@
-"""GroupedLinear bad input (SPEC 9): the same exception type and message on both backends."""
+"""GroupedLinear bad input (NUMERICS §9): the same exception type and message on both backends."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GroupedMLP forward / backward (SPEC sections 6-9), on both backends through ``xp``.
+"""GroupedMLP forward / backward (NUMERICS §§6-9), on both backends through ``xp``.
 
 Two yardsticks:
 
@@ -6,7 +6,7 @@ Two yardsticks:
   ``z = act(h) p``, ``y = z W2^T + b2 p`` and every gradient written out by hand in float64 --
   forward and all six gradients must agree to ~1e-5 (fp32 GEMMs, fp32 activation math).
 * **Stage by stage** (quantized recipes): every GEMM the layer runs is recorded and compared with
-  the float64 product of its *dequantized* operands (SPEC 7 tolerance), and the operands are
+  the float64 product of its *dequantized* operands (NUMERICS §7 tolerance), and the operands are
   checked to be exactly what the chain should feed them: quantize(x), quantize(act(h) p) of the
   recorded fc1 output, quantize(dy), quantize(act'(h) dz p) of the recorded fc2 dgrad output
   (with the recipe's options and stochastic-rounding seeds). An end-to-end comparison against
@@ -257,7 +257,7 @@ def _hp(a):
 
 
 def emulate_gemm(call):
-    """float64 (value, bound) of one recorded GEMM from its operands (SPEC 7)."""
+    """float64 (value, bound) of one recorded GEMM from its operands (NUMERICS §7)."""
     mode, a, b, splits, kw = call["mode"], call["a"], call["b"], call["splits"], call["kw"]
     offs = offsets(splits)
     quant = isinstance(a, GroupedTensor)

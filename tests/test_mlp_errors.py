@@ -1,4 +1,4 @@
-"""GroupedMLP bad input (SPEC 9): the same exception type and message on both backends."""
+"""GroupedMLP bad input (NUMERICS §9): the same exception type and message on both backends."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MXFP8 quantization, bit for bit (SPEC section 3).
+"""MXFP8 quantization, bit for bit (NUMERICS §3).
 
 The public-API tests take the ``xp`` fixture; on the GPU run the CuPy result is also compared
 byte for byte with the NumPy reference.
@@ -39,7 +39,7 @@ def _random(shape, seed=0):
 
 
 # ------------------------------------------------------------------------------------------
-# SPEC transcription: exponent via frexp (not via fp32 bit fields), multiplier via ldexp.
+# NUMERICS transcription: exponent via frexp (not via fp32 bit fields), multiplier via ldexp.
 def spec_exponent(block_amax, fp8_dtype="e4m3") -> np.ndarray:
     v = (np.asarray(block_amax, dtype=np.float32) * INV_MAX[fp8_dtype]).astype(np.float32)
     out = []

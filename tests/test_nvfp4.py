@@ -1,7 +1,7 @@
-"""NVFP4 quantization, bit for bit (SPEC section 2).
+"""NVFP4 quantization, bit for bit (NUMERICS §2).
 
 Tests that go through the public API take the ``xp`` fixture: the NumPy run checks the reference
-against hand-worked bytes and against a transcription of the SPEC formulas; the CuPy run checks
+against hand-worked bytes and against a transcription of NUMERICS formulas; the CuPy run checks
 the GPU kernels against the same bytes and against the NumPy reference. RHT and stochastic
 rounding: ``test_nvfp4_rht_sr.py``.
 """
@@ -50,7 +50,7 @@ def _codes(data) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------
-# A transcription of the SPEC formulas (scalar global scale or one per row), used to check
+# A transcription of NUMERICS formulas (scalar global scale or one per row), used to check
 # random data. Plain float32 NumPy arithmetic; no code shared with the reference except the
 # element encoders tested in test_fp.py.
 def spec_s_enc(amax):
@@ -89,7 +89,7 @@ def _step(v: float) -> float:
 
 
 def _sr_code(y: float, r: int) -> int:
-    """SPEC 2.4, one element, in Python floats (exact for these magnitudes)."""
+    """NUMERICS §2.4, one element, in Python floats (exact for these magnitudes)."""
     if math.isnan(y):
         return 7
     a = abs(y)
@@ -113,7 +113,7 @@ def _random(shape, seed=0, scale=1.0):
 
 
 # ------------------------------------------------------------------------------------------
-# Golden table, worked by hand from the SPEC formulas.
+# Golden table, worked by hand from NUMERICS formulas.
 def test_golden_s_enc_one(xp):
     """One row, five blocks, tensor amax 2688 so that S_enc = 2688/2688 = 1 and S_dec = 1.
 
@@ -155,7 +155,7 @@ def test_golden_s_enc_one(xp):
                        "data")
     assert_bytes_equal(q.rowwise_scale, _u8([[0x7E, 0x40, 0x50, 0x01, 0x00]]), "scale")
     assert_bytes_equal(q.amax_rowwise, np.array([2688], np.float32), "amax")
-    # the SPEC transcription agrees
+    # NUMERICS transcription agrees
     d, s, _ = spec_quantize_rows(x, np.array([2688], np.float32))
     assert_bytes_equal(q.rowwise_data, d)
     assert_bytes_equal(q.rowwise_scale, s)
@@ -275,7 +275,7 @@ def test_nan_ignored_by_amax_and_encodes_to_code_7(xp):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_random_matches_spec_transcription(xp, seed):
-    """Random data over a wide dynamic range (including subnormal elements) vs the SPEC."""
+    """Random data over a wide dynamic range (including subnormal elements) vs NUMERICS."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_normal((8, 64)) * np.exp2(rng.integers(-30, 30, (8, 64)))).astype(np.float32)
     x[0, :16] = rng.standard_normal(16).astype(np.float32) * f32(1e-39)  # subnormal block

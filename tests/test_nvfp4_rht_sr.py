@@ -1,7 +1,7 @@
-"""NVFP4 random Hadamard transform and stochastic rounding, bit for bit (SPEC sections 2.3-2.4).
+"""NVFP4 random Hadamard transform and stochastic rounding, bit for bit (NUMERICS §§2.3-2.4).
 
 The RHT matrix, its forward (one rounding of the float64 product) and inverse; the columnwise-only
-transform; stochastic rounding against the SPEC rule driven by the reference Philox stream, its
+transform; stochastic rounding against NUMERICS rule driven by the reference Philox stream, its
 neighbouring-grid-point property and unbiasedness. Public-API tests run on both backends (``xp``).
 """
 
@@ -108,7 +108,7 @@ def test_sr_same_seed_same_bytes_different_seed_different_bytes(xp):
 
 
 def test_sr_matches_spec_rule_and_philox_stream(xp):
-    """Every code equals the SPEC 2.4 rule applied with r = Philox(seed, member 0, direction,
+    """Every code equals NUMERICS §2.4 rule applied with r = Philox(seed, member 0, direction,
     linear index of the stored matrix), including NaN, +-inf, zeros and the saturation."""
     seed = 0xDEADBEEF12345
     x = _random((20, 32), seed=14) * 3

@@ -1,4 +1,4 @@
-"""Philox4x32-10 and the stochastic-rounding bit stream (SPEC 2.4)."""
+"""Philox4x32-10 and the stochastic-rounding bit stream (NUMERICS §2.4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``QuantizedTensor``, ``quantize`` / ``dequantize``, ``swizzle_scales`` (SPEC sections 4, 6)."""
+"""``QuantizedTensor``, ``quantize`` / ``dequantize``, ``swizzle_scales`` (NUMERICS §§4, 6)."""
 
 from __future__ import annotations
 

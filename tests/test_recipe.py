@@ -1,4 +1,4 @@
-"""``Recipe`` (SPEC sections 6-7): builders, TE's defaults, repr and errors."""
+"""``Recipe`` (NUMERICS §§6-7): builders, TE's defaults, repr and errors."""
 
 from __future__ import annotations
 

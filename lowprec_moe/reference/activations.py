@@ -1,4 +1,4 @@
-"""GroupedMLP activations, NumPy reference (SPEC section 8).
+"""GroupedMLP activations, NumPy reference (NUMERICS §8).
 
 This module defines the exact arithmetic of the activations; the CUDA kernels
 (``raw_kernels/activation.cu``, arithmetic in ``activation_math.cuh``) perform the same fp32

@@ -1,4 +1,4 @@
-"""Grouped GEMM, NumPy reference (SPEC section 7).
+"""Grouped GEMM, NumPy reference (NUMERICS §7).
 
 This is the CPU backend of :mod:`lowprec_moe.gemm` and the yardstick of the GPU kernels. It takes
 a validated :class:`lowprec_moe.gemm.GemmProblem` and computes, expert by expert:
@@ -135,7 +135,7 @@ def amax_factors(p, g: int):
 
 def epilogue(acc: np.ndarray, *, scale_mode: int, amax_a=None, amax_b=None, bias=None,
              probs=None) -> np.ndarray:
-    """Apply steps 1 and 2 of the SPEC 7 epilogue to a float32 ``[rows, cols]`` block.
+    """Apply steps 1 and 2 of NUMERICS §7 epilogue to a float32 ``[rows, cols]`` block.
 
     ``scale_mode``: 0 none, 1 NVFP4 per tensor, 2 NVFP4 row-scaled. ``amax_a`` / ``amax_b`` are
     float32 scalars or vectors over rows / columns. ``bias`` is float32 ``[cols]``, ``probs``

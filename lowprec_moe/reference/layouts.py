@@ -1,4 +1,4 @@
-"""Scale layouts: compact, padded and GEMM-swizzled (SPEC section 4), NumPy reference.
+"""Scale layouts: compact, padded and GEMM-swizzled (NUMERICS §4), NumPy reference.
 
 Every block-scale matrix is ``uint8`` and exists in three layouts.
 

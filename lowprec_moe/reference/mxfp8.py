@@ -1,4 +1,4 @@
-"""MXFP8 quantization and dequantization, NumPy reference (SPEC section 3).
+"""MXFP8 quantization and dequantization, NumPy reference (NUMERICS §3).
 
 Input ``x`` ``[M, K]`` (float32, float16 or bfloat16, upcast exactly), element type E4M3
 (max E4M3_MAX) or E5M2 (max E5M2_MAX), blocks of 32 elements with one UE8M0 scale each.

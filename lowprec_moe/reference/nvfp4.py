@@ -1,4 +1,4 @@
-"""NVFP4 quantization and dequantization, NumPy reference (SPEC section 2).
+"""NVFP4 quantization and dequantization, NumPy reference (NUMERICS §2).
 
 Input ``x`` ``[M, K]`` (float32, float16 or bfloat16; upcast to float32 exactly), ``K % 16 == 0``.
 All arithmetic is IEEE float32 with subnormals (no flush-to-zero).
@@ -18,7 +18,7 @@ Elements::
 
     enc  = min(1 / (float(scale) * S_dec), FLT_MAX)     (scale 0 -> enc = FLT_MAX)
     code = E2M1(x * enc)   RNE ties-to-even, saturating at +-6, sign kept on zero, NaN -> +6
-           or, with stochastic rounding, the SR rule of SPEC 2.4 (NaN -> +6, +-inf -> +-6).
+           or, with stochastic rounding, the SR rule of NUMERICS §2.4 (NaN -> +6, +-inf -> +-6).
 
 Packing: byte ``c`` of a row holds element ``2c`` in its low nibble and ``2c+1`` in its high one.
 

@@ -3,7 +3,7 @@
 The generator is the standard Philox4x32 with ten rounds (multipliers 0xD2511F53 / 0xCD9E8D57,
 Weyl key increments 0x9E3779B9 / 0xBB67AE85; the key is bumped between rounds, nine times).
 
-Stochastic rounding (SPEC 2.4) draws one 32-bit word per element, a pure function of
+Stochastic rounding (NUMERICS §2.4) draws one 32-bit word per element, a pure function of
 ``(seed, member, direction, element)``:
 
 * key     = (low 32 bits of seed, high 32 bits of seed)

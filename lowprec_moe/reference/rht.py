@@ -1,4 +1,4 @@
-"""Random Hadamard transform (RHT) of NVFP4 columnwise data (SPEC 2.3), NumPy reference.
+"""Random Hadamard transform (RHT) of NVFP4 columnwise data (NUMERICS §2.3), NumPy reference.
 
 The transform acts on rows of the stored columnwise matrix ``x^T`` ``[K, Mp]``: each row is cut
 into 16-element chunks along M and every chunk ``v`` (a row vector) becomes

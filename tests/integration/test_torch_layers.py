@@ -212,7 +212,7 @@ REF_RECIPES = {
 
 
 def _operands(recipe, x, w, dy, splits):
-    """Dequantized fprop / dgrad / wgrad operands (float32 torch tensors) as SPEC 7 lists."""
+    """Dequantized fprop / dgrad / wgrad operands (float32 torch tensors) as NUMERICS §7 lists."""
     g_, n, k = w.shape
     if not recipe.quantized:
         f = [t.detach().float() for t in (x, w, dy)]
@@ -259,7 +259,7 @@ def test_linear_against_torch_autograd(device, name):
 
     ops = _operands(recipe, x, lin.weight, dy, SPLITS)
     _close(y, _linear_ref(ops["x_row"], ops["w_row"], SPLITS), "y")
-    # dgrad: dy rowwise and W columnwise; wgrad: dy columnwise and x columnwise (SPEC 7)
+    # dgrad: dy rowwise and W columnwise; wgrad: dy columnwise and x columnwise (NUMERICS §7)
     xl = ops["x_row"].clone().requires_grad_(True)
     (dx_ref,) = torch.autograd.grad(_linear_ref(xl, ops["w_col"], SPLITS), xl, ops["dy_row"])
     wl = ops["w_row"].clone().requires_grad_(True)
