@@ -219,6 +219,22 @@ def test_gpu_wgrad_empty_experts_overwrite(fmt, n, k, shift, out_dtype):
     assert_bytes_equal(got, fresh, f"overwrite {out_dtype} shift {shift}")
 
 
+NVFP4_PLAIN = "grouped_gemm_sm90_nvfp4_wgmma_cpasync_64x256_kk"
+NVFP4_WS = "grouped_gemm_sm90_nvfp4_wgmma_ws_cpasync_128x256_kk"
+
+
+def _families():
+    from lowprec_moe.backends.cupy.gemm.select import device_caps
+
+    fams = ["mma", "simt"]
+    if device_caps()[0] == (9, 0):
+        fams.insert(0, "wgmma")
+    return fams
+
+
+#: The row tiles of the plain tensor-core configs of each family (the first is wgrad's).
+
+
 def _assert_grouped_equals_members(mode, fmt, seed, what, kernel=None):
     """One grouped call == one call per expert (operands quantized per expert), bitwise;
     ``kernel`` as in :func:`_run`."""

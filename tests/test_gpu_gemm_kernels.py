@@ -9,22 +9,13 @@ import pytest
 
 from conftest import assert_bytes_equal, requires_gpu
 from test_gemm import _expected, assert_gemm_close
-from test_gpu_gemm import (MODES, SPLITS, K, N, _assert_grouped_equals_members, _choose, _facts,
+from test_gpu_gemm import (MODES, NVFP4_PLAIN, NVFP4_WS, SPLITS, K, N,
+                           _assert_grouped_equals_members, _choose, _facts, _families,
                            _host_operands, _plain_kernel, _run)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
 
-def _families():
-    from lowprec_moe.backends.cupy.gemm.select import device_caps
-
-    fams = ["mma", "simt"]
-    if device_caps()[0] == (9, 0):
-        fams.insert(0, "wgmma")
-    return fams
-
-
-#: The row tiles of the plain tensor-core configs of each family (the first is wgrad's).
 FAMILY_TILES = {"wgmma": (128, 64), "mma": (128, 32)}
 
 
@@ -67,8 +58,6 @@ def test_gpu_kernel_families(mode, fmt, family):
 
 
 #: The plain wgmma NVFP4 config, bitwise peer of every NVFP4 kernel (no 128-row form).
-NVFP4_PLAIN = "grouped_gemm_sm90_nvfp4_wgmma_cpasync_64x256_kk"
-NVFP4_WS = "grouped_gemm_sm90_nvfp4_wgmma_ws_cpasync_128x256_kk"
 
 
 @pytest.mark.parametrize("fmt", ["nvfp4", "nvfp4-row-scaled"])
