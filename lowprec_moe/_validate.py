@@ -11,6 +11,7 @@ import numbers
 import numpy as np
 
 from . import formats as F
+from . import quant_formats
 from .backend import get_xp, is_cupy_array
 
 _FLOAT_DTYPE_NAMES = ("float32", "float16", "bfloat16")
@@ -53,9 +54,7 @@ def as_2d(a):
 
 
 def check_format(fmt) -> str:
-    if fmt not in F.FORMATS:
-        raise ValueError(f"format={fmt!r} must be one of {F.FORMATS}")
-    return fmt
+    return quant_formats.get(fmt).name
 
 
 def check_fp8_dtype(fp8_dtype) -> str:
@@ -65,7 +64,7 @@ def check_fp8_dtype(fp8_dtype) -> str:
 
 
 def block_size(fmt: str) -> int:
-    return F.NVFP4_BLOCK if fmt == "nvfp4" else F.MXFP8_BLOCK
+    return quant_formats.get(fmt).block
 
 
 def check_k(k: int, fmt: str) -> None:
@@ -88,22 +87,9 @@ def check_options(fmt: str, *, rowwise, columnwise, row_scaled, block_2d, rht,
     """Check a combination of quantization options (raises ValueError naming the conflict)."""
     if not rowwise and not columnwise:
         raise ValueError("rowwise=False and columnwise=False: nothing to quantize")
-    if fmt == "mxfp8":
-        for opt, val in (("row_scaled", row_scaled), ("rht", rht),
-                         ("stochastic_rounding", stochastic_rounding)):
-            if val:
-                raise ValueError(f"{opt}=True is an nvfp4 option; it is not supported for mxfp8")
-        check_fp8_dtype(fp8_dtype)
-    else:
-        if fp8_dtype != "e4m3":
-            raise ValueError(f"fp8_dtype={fp8_dtype!r} applies to mxfp8 only; nvfp4 scales are e4m3")
-        if row_scaled:
-            for opt, val in (("block_2d", block_2d), ("rht", rht),
-                             ("stochastic_rounding", stochastic_rounding)):
-                if val:
-                    raise ValueError(f"row_scaled=True cannot be combined with {opt}=True")
-        if rht and dtype_name(dtype) != "bfloat16":
-            raise ValueError(f"rht=True requires bfloat16 input, got dtype={dtype_name(dtype)}")
+    quant_formats.get(fmt).check_options(
+        row_scaled=row_scaled, rht=rht, stochastic_rounding=stochastic_rounding,
+        block_2d=block_2d, fp8_dtype=fp8_dtype, dtype_name=dtype_name(dtype))
 
 
 def check_splits(splits, m_total: int) -> tuple[int, ...]:

@@ -111,9 +111,9 @@ class GroupedTensor:
         if check_finite:
             V.check_finite("x", x2)
         if is_cupy_array(x2):
-            from ._dispatch import implementation
+            from .backends.cupy import grouped
 
-            parts = implementation("grouped_quantize", True, "lowprec_moe.backends.cupy.grouped")(
+            parts = grouped.grouped_quantize(
                 x2, splits, format, rowwise=rowwise, columnwise=columnwise,
                 row_scaled=row_scaled, block_2d=block_2d, rht=rht,
                 stochastic_rounding=stochastic_rounding, seed=seed, fp8_dtype=fp8_dtype)
@@ -181,10 +181,9 @@ class GroupedTensor:
                              f" this tensor is {self.format} without a columnwise copy")
         fp8_dtype = V.check_fp8_dtype(fp8_dtype or self.fp8_dtype)
         if is_cupy_array(self.rowwise_data):
-            from ._dispatch import implementation
+            from .backends.cupy import grouped
 
-            parts = implementation("grouped_mxfp8_columnwise_from_rowwise", True,
-                                   "lowprec_moe.backends.cupy.grouped")(self, fp8_dtype)
+            parts = grouped.grouped_mxfp8_columnwise_from_rowwise(self, fp8_dtype)
         else:
             bf16 = self.dequantize("rowwise", dtype="bfloat16")
             parts = _grouped_quantize_reference(
@@ -238,9 +237,9 @@ class GroupedTensor:
         dtype = V.check_dequant_dtype(dtype)
         if is_cupy_array(self.rowwise_data if self.rowwise_data is not None
                          else self.columnwise_data):
-            from ._dispatch import implementation
+            from .backends.cupy import grouped
 
-            return implementation("grouped_dequantize", True, "lowprec_moe.backends.cupy.grouped")(
+            return grouped.grouped_dequantize(
                 self, direction, dtype)
         if direction == "rowwise" and self.rowwise_data is not None and not self.row_scaled \
                 and self.format == "mxfp8":

@@ -7,7 +7,7 @@ from typing import Any
 
 
 from . import _validate as V
-from ._dispatch import implementation
+from . import quant_formats
 from .backend import get_xp, is_cupy_array
 
 
@@ -139,17 +139,12 @@ def quantize(x, format: str, *, rowwise: bool = True, columnwise: bool = False,
 def _quantize_2d(x2, format, *, rowwise, columnwise, row_scaled, block_2d, rht,
                  stochastic_rounding, seed, fp8_dtype, member=0) -> QuantizedTensor:
     """Quantize an already validated ``[M, K]`` array (no checks)."""
-    on_gpu = is_cupy_array(x2)
-    if format == "nvfp4":
-        parts = implementation("quantize_nvfp4", on_gpu)(
-            x2, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled,
-            block_2d=block_2d, rht=rht, stochastic_rounding=stochastic_rounding, seed=seed,
-            member=member)
-        fp8 = None
-    else:
-        parts = implementation("quantize_mxfp8", on_gpu)(
-            x2, rowwise=rowwise, columnwise=columnwise, block_2d=block_2d, fp8_dtype=fp8_dtype)
-        fp8 = fp8_dtype
+    fmt = quant_formats.get(format)
+    parts = fmt.quantize(x2, is_cupy_array(x2), rowwise=rowwise, columnwise=columnwise,
+                         row_scaled=row_scaled, block_2d=block_2d, rht=rht,
+                         stochastic_rounding=stochastic_rounding, seed=seed, fp8_dtype=fp8_dtype,
+                         member=member)
+    fp8 = fmt.element_type(fp8_dtype)
     return QuantizedTensor(format=format, shape=tuple(int(s) for s in x2.shape), fp8_dtype=fp8,
                            row_scaled=row_scaled, block_2d=block_2d,
                            rht=bool(rht and columnwise), stochastic_rounding=stochastic_rounding,
@@ -180,16 +175,7 @@ def dequantize(q: QuantizedTensor, direction: str = "rowwise", dtype="float32"):
     data = q.columnwise_data if col else q.rowwise_data
     if data is None:
         raise ValueError(f"direction={direction!r}: this QuantizedTensor has no {direction} data")
-    scale = q.columnwise_scale if col else q.rowwise_scale
-    on_gpu = is_cupy_array(data)
-    m = q.shape[0]
-    if q.format == "nvfp4":
-        amax = q.amax_columnwise if col else q.amax_rowwise
-        out = implementation("dequantize_nvfp4", on_gpu)(
-            data, scale, amax, columnwise=col, m=m, rht=q.rht and col)
-    else:
-        out = implementation("dequantize_mxfp8", on_gpu)(
-            data, scale, columnwise=col, m=m, fp8_dtype=q.fp8_dtype)
+    out = quant_formats.get(q.format).dequantize(q, col, is_cupy_array(data))
     return _cast(out, dtype)
 
 

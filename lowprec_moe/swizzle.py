@@ -9,20 +9,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._dispatch import implementation
 from ._validate import check_direction
 from .backend import is_cupy_array
 from .grouped_tensor import GroupedTensor, columnwise_sizes
 from .quantized_tensor import QuantizedTensor
 from .reference import layouts as L
 
-_GPU = "lowprec_moe.backends.cupy.layouts"
-
-
 def _impl(name: str, on_gpu: bool):
     if not on_gpu:
         return getattr(L, name + "_np")
-    return implementation(name + "_cp", True, _GPU)
+    from .backends.cupy import layouts
+
+    return getattr(layouts, name + "_cp")
 
 
 def _check_uint8_array(name, a):

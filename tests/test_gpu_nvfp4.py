@@ -396,7 +396,7 @@ def test_runs_on_current_stream(cp, nv):
 # ------------------------------------------------------------------------------ public API
 @pytest.mark.parametrize("option", ["tensor", "row_scaled", "2d", "rht", "sr"])
 def test_public_api_quantize_dequantize(cp, option):
-    pytest.importorskip("lowprec_moe.backends.cupy.quantize")
+    pytest.importorskip("lowprec_moe.backends.cupy.nvfp4")
     import lowprec_moe as lpm
 
     from conftest import assert_quantized_equal

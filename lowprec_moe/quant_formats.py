@@ -1,0 +1,147 @@
+"""The quantized formats as objects: what each format is (block, element and scale types, which
+options it takes) and how it is quantized and dequantized on each backend.
+
+Everything that differs between NVFP4 and MXFP8 at the tensor level lives in one
+:class:`QuantFormat` subclass each, so a new format (MXFP4, say) is one more subclass and one
+entry in :data:`FORMATS`. The constants themselves stay in :mod:`lowprec_moe.formats`
+(mirrored in ``raw_kernels/lpm_formats.cuh``); the backends are named by explicit imports, the
+NumPy reference on the host and the CuPy launchers on the GPU.
+"""
+
+from __future__ import annotations
+
+from . import formats as F
+
+
+class QuantFormat:
+    """One block-scaled format.
+
+    Attributes
+    ----------
+    name : str
+        ``"nvfp4"`` or ``"mxfp8"``.
+    block : int
+        Elements per block scale along the contraction (16 or 32); ``K`` must be a multiple.
+    element, scale : str
+        Element and scale encodings (``e2m1`` / ``e4m3`` / ``e5m2``, ``e4m3`` / ``e8m0``).
+    """
+
+    name: str
+    block: int
+    element: str
+    scale: str
+
+    def check_options(self, *, row_scaled, rht, stochastic_rounding, block_2d, fp8_dtype,
+                      dtype_name: str) -> None:
+        """Raise ``ValueError`` naming an option this format does not take."""
+        raise NotImplementedError
+
+    def quantize(self, x2, on_gpu: bool, *, rowwise, columnwise, row_scaled, block_2d, rht,
+                 stochastic_rounding, seed, fp8_dtype, member=0) -> dict:
+        """The ``QuantizedTensor`` fields of a validated ``[M, K]`` array."""
+        raise NotImplementedError
+
+    def dequantize(self, q, columnwise: bool, on_gpu: bool):
+        """One copy of ``q`` as float32 ``[M, K]``."""
+        raise NotImplementedError
+
+    def element_type(self, fp8_dtype) -> str | None:
+        """The ``fp8_dtype`` field a tensor of this format records."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"<format {self.name}>"
+
+
+class NVFP4Format(QuantFormat):
+    """E2M1 elements, an E4M3 scale per 16, an fp32 global scale from the amax (per tensor, or
+    per row / column when row-scaled); optional 2-D blocks, RHT and stochastic rounding."""
+
+    name, block, element, scale = "nvfp4", F.NVFP4_BLOCK, "e2m1", "e4m3"
+
+    def check_options(self, *, row_scaled, rht, stochastic_rounding, block_2d, fp8_dtype,
+                      dtype_name):
+        if fp8_dtype != "e4m3":
+            raise ValueError(f"fp8_dtype={fp8_dtype!r} applies to mxfp8 only; nvfp4 scales "
+                             "are e4m3")
+        if row_scaled:
+            for opt, val in (("block_2d", block_2d), ("rht", rht),
+                             ("stochastic_rounding", stochastic_rounding)):
+                if val:
+                    raise ValueError(f"row_scaled=True cannot be combined with {opt}=True")
+        if rht and dtype_name != "bfloat16":
+            raise ValueError(f"rht=True requires bfloat16 input, got dtype={dtype_name}")
+
+    @staticmethod
+    def _backend(on_gpu):
+        if on_gpu:
+            from .backends.cupy import nvfp4 as backend
+        else:
+            from .reference import nvfp4 as backend
+        return backend
+
+    def quantize(self, x2, on_gpu, *, rowwise, columnwise, row_scaled, block_2d, rht,
+                 stochastic_rounding, seed, fp8_dtype, member=0):
+        return self._backend(on_gpu).quantize_nvfp4(
+            x2, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled,
+            block_2d=block_2d, rht=rht, stochastic_rounding=stochastic_rounding, seed=seed,
+            member=member)
+
+    def dequantize(self, q, columnwise, on_gpu):
+        data = q.columnwise_data if columnwise else q.rowwise_data
+        scale = q.columnwise_scale if columnwise else q.rowwise_scale
+        amax = q.amax_columnwise if columnwise else q.amax_rowwise
+        return self._backend(on_gpu).dequantize_nvfp4(
+            data, scale, amax, columnwise=columnwise, m=q.shape[0], rht=q.rht and columnwise)
+
+
+class MXFP8Format(QuantFormat):
+    """E4M3 or E5M2 elements, a power-of-two E8M0 scale per 32; optional 32 x 32 blocks."""
+
+    name, block, element, scale = "mxfp8", F.MXFP8_BLOCK, "e4m3|e5m2", "e8m0"
+
+    def check_options(self, *, row_scaled, rht, stochastic_rounding, block_2d, fp8_dtype,
+                      dtype_name):
+        for opt, val in (("row_scaled", row_scaled), ("rht", rht),
+                         ("stochastic_rounding", stochastic_rounding)):
+            if val:
+                raise ValueError(f"{opt}=True is an nvfp4 option; it is not supported for mxfp8")
+        if fp8_dtype not in F.FP8_DTYPES:
+            raise ValueError(f"fp8_dtype={fp8_dtype!r} must be one of {F.FP8_DTYPES}")
+
+    @staticmethod
+    def _backend(on_gpu):
+        if on_gpu:
+            from .backends.cupy import mxfp8 as backend
+        else:
+            from .reference import mxfp8 as backend
+        return backend
+
+    def quantize(self, x2, on_gpu, *, rowwise, columnwise, row_scaled, block_2d, rht,
+                 stochastic_rounding, seed, fp8_dtype, member=0):
+        return self._backend(on_gpu).quantize_mxfp8(
+            x2, rowwise=rowwise, columnwise=columnwise, block_2d=block_2d, fp8_dtype=fp8_dtype)
+
+    def dequantize(self, q, columnwise, on_gpu):
+        data = q.columnwise_data if columnwise else q.rowwise_data
+        scale = q.columnwise_scale if columnwise else q.rowwise_scale
+        return self._backend(on_gpu).dequantize_mxfp8(
+            data, scale, columnwise=columnwise, m=q.shape[0], fp8_dtype=q.fp8_dtype)
+
+    def element_type(self, fp8_dtype):
+        return fp8_dtype
+
+
+NVFP4 = NVFP4Format()
+MXFP8 = MXFP8Format()
+#: Every format, by name.
+FORMATS: dict[str, QuantFormat] = {f.name: f for f in (NVFP4, MXFP8)}
+assert tuple(FORMATS) == F.FORMATS
+
+
+def get(name) -> QuantFormat:
+    """The format called ``name``; ``ValueError`` naming the value otherwise."""
+    try:
+        return FORMATS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"format={name!r} must be one of {F.FORMATS}") from None
