@@ -56,7 +56,7 @@ except ImportError:  # running from a checkout that is not installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import lowprec_moe as lpm
 
-from lowprec_moe.activations import activation_backward, activation_forward, make_activation
+from lowprec_moe.layers.activations import activation_backward, activation_forward, make_activation
 
 from _harness import (Backend, add_common_args, finish_args, recipes, rel_err,  # noqa: E402
                       release_torch, select, time_torch_step, torch_module)

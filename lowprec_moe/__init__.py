@@ -12,16 +12,16 @@ Public API (NUMERICS §6)::
     grads = lpm.grouped_mlp_backward(dy, ctx)
 """
 
-from . import config, formats
-from .grouped_tensor import GroupedTensor
-from .quantized_tensor import QuantizedTensor, dequantize, quantize
-from .swizzle import swizzle_scales, unswizzle_scales
-from .io import load, save
-from .linear import (GroupedLinearContext, GroupedLinearGrads, grouped_linear_backward,
+from lowprec_moe import config, formats
+from lowprec_moe.tensors.grouped_tensor import GroupedTensor
+from lowprec_moe.tensors.quantized_tensor import QuantizedTensor, dequantize, quantize
+from lowprec_moe.tensors.swizzle import swizzle_scales, unswizzle_scales
+from lowprec_moe.io import load, save
+from lowprec_moe.layers.linear import (GroupedLinearContext, GroupedLinearGrads, grouped_linear_backward,
                      grouped_linear_forward)
-from .mlp import GroupedMLPContext, GroupedMLPGrads, grouped_mlp_backward, grouped_mlp_forward
-from .layers import GroupedLinear, GroupedMLP
-from .recipe import Recipe
+from lowprec_moe.layers.mlp import GroupedMLPContext, GroupedMLPGrads, grouped_mlp_backward, grouped_mlp_forward
+from lowprec_moe.layers.modules import GroupedLinear, GroupedMLP
+from lowprec_moe.layers.recipe import Recipe
 
 __version__ = "0.1.0"
 

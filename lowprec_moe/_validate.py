@@ -10,9 +10,9 @@ import numbers
 
 import numpy as np
 
-from . import formats as F
-from . import quant_formats
-from .backend import get_xp, is_cupy_array
+from lowprec_moe import formats as F
+from lowprec_moe import quant_formats
+from lowprec_moe.backend import get_xp, is_cupy_array
 
 _FLOAT_DTYPE_NAMES = ("float32", "float16", "bfloat16")
 

@@ -38,7 +38,7 @@ _DEVICES = ("auto", "cpu", "gpu")
 
 
 def _select_device(device: str):
-    from .backend import cupy_available
+    from lowprec_moe.backend import cupy_available
 
     if device not in _DEVICES:
         raise ValueError(f"device={device!r} must be one of {_DEVICES}")
@@ -109,7 +109,7 @@ def run_demo(device: str = "auto", *, m: int = 256, k: int = 1024, seed: int = 0
     """
     import lowprec_moe as lpm
 
-    from .backend import asnumpy_explicit
+    from lowprec_moe.backend import asnumpy_explicit
 
     for name, v in (("m", m), ("k", k)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0 or v % 32:
@@ -199,7 +199,7 @@ def _print_table(rows, dev, m, k, input_bytes, out) -> None:
 
 
 def _linear_recipes():
-    from .recipe import Recipe
+    from lowprec_moe.layers.recipe import Recipe
 
     return (
         ("bf16", Recipe.bf16()),
@@ -225,7 +225,7 @@ def demo_splits(tokens: int, experts: int) -> list[int]:
 
 
 def _rel_err(got, ref: np.ndarray) -> float:
-    from .backend import asnumpy_explicit
+    from lowprec_moe.backend import asnumpy_explicit
 
     g = asnumpy_explicit(got).astype(np.float64)
     den = float(np.linalg.norm(ref))
@@ -258,7 +258,7 @@ def run_linear_demo(device: str = "auto", *, experts: int | None = None,
     """
     import ml_dtypes
 
-    from .linear import grouped_linear_backward, grouped_linear_forward
+    from lowprec_moe.layers.linear import grouped_linear_backward, grouped_linear_forward
 
     out = file if file is not None else sys.stdout
     dev, xp = _select_device(device)

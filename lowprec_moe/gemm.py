@@ -32,7 +32,7 @@ NVFP4 scaling (per tensor ``acc * ((amax_a * amax_b) * fp32(1/NVFP4_GEMM_FACTOR)
 ``(acc * fp32(1/NVFP4_GEMM_FACTOR)) * (amax_row[m] * amax_col[n])``), bias (``+ bias[n]`` or
 ``+ bias[n] * probs[m]``), then one rounding to the output dtype or ``out += t`` in fp32.
 Results are deterministic, and a grouped call equals one call per expert bit for bit. wgrad
-writes zeros for experts without tokens. The NumPy path is :mod:`lowprec_moe.reference.gemm`; the
+writes zeros for experts without tokens. The NumPy path is :mod:`lowprec_moe.backends.numpy.gemm`; the
 CuPy path (:mod:`lowprec_moe.backends.cupy.gemm.launch`) runs one kernel launch for all experts.
 
 GPU kernels (``raw_kernels/grouped_gemm_*.cu``): the packed NVFP4 / MXFP8 bytes and scales are
@@ -70,9 +70,9 @@ from typing import Any
 
 import numpy as np
 
-from . import _validate as V
-from .backend import get_xp, is_cupy_array
-from .grouped_tensor import GroupedTensor
+from lowprec_moe import _validate as V
+from lowprec_moe.backend import get_xp, is_cupy_array
+from lowprec_moe.tensors.grouped_tensor import GroupedTensor
 
 __all__ = [
     "GemmProblem",
@@ -248,10 +248,10 @@ def _run(p: GemmProblem, kernel: str):
     if not isinstance(kernel, str):
         raise TypeError(f"kernel must be a str, got {type(kernel).__name__}")
     if p.on_gpu:
-        from .backends.cupy.gemm import launch
+        from lowprec_moe.backends.cupy.gemm import launch
 
         return launch.grouped_gemm(p, kernel)
-    from .reference import gemm as reference
+    from lowprec_moe.backends.numpy import gemm as reference
 
     return reference.grouped_gemm(p)
 

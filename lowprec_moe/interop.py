@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from .backend import is_cupy_array
+from lowprec_moe.backend import is_cupy_array
 
 __all__ = [
     "SUPPORTED_DTYPES",

@@ -10,7 +10,7 @@ NumPy reference on the host and the CuPy launchers on the GPU.
 
 from __future__ import annotations
 
-from . import formats as F
+from lowprec_moe import formats as F
 
 
 class QuantFormat:
@@ -75,9 +75,9 @@ class NVFP4Format(QuantFormat):
     @staticmethod
     def _backend(on_gpu):
         if on_gpu:
-            from .backends.cupy import nvfp4 as backend
+            from lowprec_moe.backends.cupy import nvfp4 as backend
         else:
-            from .reference import nvfp4 as backend
+            from lowprec_moe.backends.numpy import nvfp4 as backend
         return backend
 
     def quantize(self, x2, on_gpu, *, rowwise, columnwise, row_scaled, block_2d, rht,
@@ -112,9 +112,9 @@ class MXFP8Format(QuantFormat):
     @staticmethod
     def _backend(on_gpu):
         if on_gpu:
-            from .backends.cupy import mxfp8 as backend
+            from lowprec_moe.backends.cupy import mxfp8 as backend
         else:
-            from .reference import mxfp8 as backend
+            from lowprec_moe.backends.numpy import mxfp8 as backend
         return backend
 
     def quantize(self, x2, on_gpu, *, rowwise, columnwise, row_scaled, block_2d, rht,

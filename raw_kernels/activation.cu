@@ -1,7 +1,7 @@
 // lowprec_moe: GroupedMLP activation kernels (forward and backward), optionally fused with the
 // MXFP8 quantization of their output. Launched by lowprec_moe/backends/cupy/activation.py.
 //
-// Semantics (NUMERICS §8; lowprec_moe/reference/activations.py is the definition): fp32 math,
+// Semantics (NUMERICS §8; lowprec_moe/backends/numpy/activations.py is the definition): fp32 math,
 // every operation one IEEE round-to-nearest-even step without flush-to-zero, in the order the
 // reference writes it, and an exponential built from such operations (Cody-Waite reduction, a
 // degree-7 Horner polynomial, exact power-of-two scaling), so that every activation value and

@@ -1,7 +1,7 @@
 // GroupedMLP activation device code, part of activation.cu (design notes there; included by it
 // after its launch-time constants): the exponential constants, the lpm_act namespace
 // preamble, non-flushing comparisons, exp_f32, the activations and their gradients (reference:
-// lowprec_moe/reference/activations.py), and the layer-dtype element formats.
+// lowprec_moe/backends/numpy/activations.py), and the layer-dtype element formats.
 #ifndef LPM_ACTIVATION_MATH_CUH
 #define LPM_ACTIVATION_MATH_CUH
 
@@ -13,7 +13,7 @@
 
 // ------------------------------------------------------------------------------------------
 // Exponential constants: fp32 bit patterns, mirrored by EXP_CONST_BITS in
-// lowprec_moe/reference/activations.py (tests/test_activations.py checks that they agree).
+// lowprec_moe/backends/numpy/activations.py (tests/test_activations.py checks that they agree).
 constexpr unsigned int LPM_ACT_LOG2E_BITS = 0x3FB8AA3Bu;
 constexpr unsigned int LPM_ACT_LN2_HI_BITS = 0x3F317200u;
 constexpr unsigned int LPM_ACT_LN2_LO_BITS = 0x35BFBE8Eu;

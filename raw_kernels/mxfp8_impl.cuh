@@ -4,7 +4,7 @@
 // cross-check and it is the fallback should the hardware conversion ever disagree).
 //
 // NUMERICS §3 (MXFP8) and section 5 (GroupedTensor). Bit-exact with
-// lowprec_moe/reference/mxfp8.py. CuPy compiles with -ftz=true, so everything on the bit-exact
+// lowprec_moe/backends/numpy/mxfp8.py. CuPy compiles with -ftz=true, so everything on the bit-exact
 // path is integer bit manipulation or PTX without .ftz (lpm_formats.cuh helpers).
 //
 // Kernels (all extern "C", defined in mxfp8_entry.cuh, launched on CuPy's current stream by

@@ -2,7 +2,7 @@
 // quantize (rowwise and columnwise in one pass, 1-D or 16x16 blocks, per-tensor or row-scaled, RHT
 // on the columnwise copy, stochastic rounding) and dequantize, for single tensors and for all
 // members of a GroupedTensor in one launch. Results are bit-identical to
-// lowprec_moe/reference/nvfp4.py.
+// lowprec_moe/backends/numpy/nvfp4.py.
 //
 // Bit-exactness under CuPy's -ftz=true: every fp32 operation on the exact path is inline PTX
 // without .ftz (lpm_formats.cuh and the helpers below) or integer bit manipulation, and every

@@ -1,6 +1,6 @@
 // lowprec_moe: per-expert column sums for the bias gradients of GroupedLinear / GroupedMLP's fc2
 // (dbias_g = sum over expert g's rows of dy, optionally times the routing probs). Launched by
-// lowprec_moe/backends/cupy/reduce.py; the NumPy twin is lowprec_moe/reference/reduce.py.
+// lowprec_moe/backends/cupy/reduce.py; the NumPy twin is lowprec_moe/backends/numpy/reduce.py.
 //
 //   lpm_colsum_tiles_{f32,f16,bf16}  part[t, c] = sum over the rows r of tile t, in row order, of
 //                                    x[r, c] (times probs[r]: one fp32 multiply), fp32

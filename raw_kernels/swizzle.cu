@@ -4,7 +4,7 @@
 // scales) is zero-padded to (Rp, Cp) = (round_up(R, 128), round_up(C, 4)) and stored as 128x4
 // tiles, row-major over (Rp/128, Cp/4), 512 bytes each; entry (r, c) lives at
 // lpm_swizzle_offset(r, c, Cp) (lpm_formats.cuh). The NumPy reference is
-// lowprec_moe/reference/layouts.py.
+// lowprec_moe/backends/numpy/layouts.py.
 //
 // Compact source addressing: with transpose == 0 the compact matrix is the row matrix itself,
 // stored row-major [R, C], entry (r, c) at r * C + c. With transpose != 0 the compact matrix is

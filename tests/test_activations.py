@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from lowprec_moe import GroupedTensor
-from lowprec_moe.activations import (ACTIVATIONS, Activation, activation_backward,
+from lowprec_moe.layers.activations import (ACTIVATIONS, Activation, activation_backward,
                                      activation_forward, make_activation)
-from lowprec_moe.reference import activations as R
-from lowprec_moe.reference.reduce import grouped_colsum
+from lowprec_moe.backends.numpy import activations as R
+from lowprec_moe.backends.numpy.reduce import grouped_colsum
 
 from conftest import assert_bytes_equal, assert_quantized_equal, to_host
 

@@ -1,4 +1,4 @@
-"""Bit-exact element conversions of ``lowprec_moe.reference.fp`` (NUMERICS §1).
+"""Bit-exact element conversions of ``lowprec_moe.backends.numpy.fp`` (NUMERICS §1).
 
 These are the NumPy building blocks every backend is checked against, so they are checked here
 value by value: every code of every format, every rounding tie NUMERICS lists, saturation,
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from lowprec_moe import formats as F
-from lowprec_moe.reference import fp
+from lowprec_moe.backends.numpy import fp
 
 f32 = np.float32
 

@@ -254,7 +254,7 @@ def test_rht_wgrad_contracts_transformed_copies():
 def _acc32(mode, a, b, splits):
     """The float32 accumulator of the reference: float64 product of the operands, rounded."""
     from lowprec_moe.gemm import _validate
-    from lowprec_moe.reference import gemm as R
+    from lowprec_moe.backends.numpy import gemm as R
 
     p = _validate(mode, a, b, splits, bias=None, probs=None, out_dtype=None, out=None,
                   accumulate=False)

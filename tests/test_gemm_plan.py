@@ -55,7 +55,7 @@ def _emulate(p, bm, bn):
     descriptor fields, zero fill past the valid region, epilogue via the amax / bias bases."""
     from conftest import gemm_internals
     C = gemm_internals()
-    from lowprec_moe.reference import gemm as R
+    from lowprec_moe.backends.numpy import gemm as R
 
     pl = C.plan(p)
     desc = C.descriptors(pl)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lowprec_moe import formats as F
-from lowprec_moe.reference.gemm import mx_code_range_words
+from lowprec_moe.backends.numpy.gemm import mx_code_range_words
 
 from conftest import assert_bytes_equal, requires_gpu, to_host
 

@@ -356,7 +356,7 @@ def test_gpu_64bit_offsets(fmt):
     """The last expert's rows start beyond 2**31 bytes of the token operand (64-bit offsets).
     Synthetic operand bytes (no quantization pass); only the last expert is checked."""
     cp = _cp()
-    from lowprec_moe.grouped_tensor import _offsets
+    from lowprec_moe.tensors.grouped_tensor import _offsets
 
     k, n = (1024, 64) if fmt == "bf16" else (4096, 64)
     big = (2**31 // (k * 2 if fmt == "bf16" else k // 2)) + 64  # rows of expert 0

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from lowprec_moe import formats as F
-from lowprec_moe.grouped_tensor import _grouped_quantize_reference
-from lowprec_moe.reference import fp as RF
-from lowprec_moe.reference import mxfp8 as RM
+from lowprec_moe.tensors.grouped_tensor import _grouped_quantize_reference
+from lowprec_moe.backends.numpy import fp as RF
+from lowprec_moe.backends.numpy import mxfp8 as RM
 
 from conftest import (assert_bytes_equal, cast_host, host_dtype, requires_gpu, spread_random,
                       to_host)

@@ -9,7 +9,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from lowprec_moe.reference.layouts import swizzle_grouped_np
+from lowprec_moe.backends.numpy.layouts import swizzle_grouped_np
 
 from conftest import assert_bytes_equal, requires_gpu
 from test_gpu_mxfp8 import (DTYPES, FP8, MODES, QKEYS, RM, SPLITS, _assert_parts, _cast, _GT,

@@ -14,8 +14,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from lowprec_moe.grouped_tensor import GroupedTensor, _grouped_quantize_reference
-from lowprec_moe.reference import nvfp4 as RN
+from lowprec_moe.tensors.grouped_tensor import GroupedTensor, _grouped_quantize_reference
+from lowprec_moe.backends.numpy import nvfp4 as RN
 
 from conftest import (assert_bytes_equal, cast_host, host_dtype, requires_gpu, spread_random,
                       to_host)

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import lowprec_moe as lpm
-from lowprec_moe.quantized_tensor import _quantize_2d
-from lowprec_moe.reference import layouts as L
+from lowprec_moe.tensors.quantized_tensor import _quantize_2d
+from lowprec_moe.backends.numpy import layouts as L
 
 from conftest import assert_bytes_equal, assert_quantized_equal, to_host
 

@@ -1,4 +1,4 @@
-"""Module-style wrappers (lowprec_moe/layers.py): GroupedLinear and GroupedMLP, both backends.
+"""Module-style wrappers (lowprec_moe/layers/modules.py): GroupedLinear and GroupedMLP, both backends.
 
 Initialisation is seeded and shaped as documented, forward / backward match the functional API
 (bitwise for y), each backward advances the stochastic-rounding step, bad arguments raise.
@@ -15,7 +15,7 @@ import test_linear as lt
 import test_mlp as mt
 from conftest import assert_bytes_equal, to_host
 from lowprec_moe import Recipe
-from lowprec_moe.activations import make_activation
+from lowprec_moe.layers.activations import make_activation
 
 BF16 = ml_dtypes.bfloat16
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from lowprec_moe import formats as F
-from lowprec_moe.reference.layouts import (
+from lowprec_moe.backends.numpy.layouts import (
     pad_scales,
     padded_scale_shape,
     round_up,
@@ -116,7 +116,7 @@ def test_pad_scales(shape, transpose):
 def _fn(xp, name):
     """``name`` of the NumPy reference (``<name>_np``) or of the CuPy launchers (``<name>_cp``)."""
     if xp is np:
-        from lowprec_moe.reference import layouts
+        from lowprec_moe.backends.numpy import layouts
 
         return getattr(layouts, name + "_np")
     from lowprec_moe.backends.cupy import layouts

@@ -19,7 +19,7 @@ import pytest
 
 import lowprec_moe as lpm
 from lowprec_moe import GroupedTensor, Recipe
-from lowprec_moe.reference.fp import e2m1_to_f32, e4m3_to_f32, unpack_fp4
+from lowprec_moe.backends.numpy.fp import e2m1_to_f32, e4m3_to_f32, unpack_fp4
 
 from conftest import assert_bytes_equal, to_host
 

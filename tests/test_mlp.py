@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 
 import lowprec_moe as lpm
-from lowprec_moe.reference.reduce import grouped_colsum
-import lowprec_moe.mlp as mlp_mod
+from lowprec_moe.backends.numpy.reduce import grouped_colsum
+import lowprec_moe.layers.mlp as mlp_mod
 from lowprec_moe import GroupedTensor, Recipe
-from lowprec_moe.activations import make_activation
-from lowprec_moe.reference import activations as R
+from lowprec_moe.layers.activations import make_activation
+from lowprec_moe.backends.numpy import activations as R
 
 from conftest import assert_bytes_equal, assert_quantized_equal, to_host
 

@@ -7,7 +7,7 @@ import pytest
 
 import lowprec_moe as lpm
 from lowprec_moe import Recipe
-from lowprec_moe.activations import make_activation
+from lowprec_moe.layers.activations import make_activation
 
 from conftest import requires_gpu
 from test_mlp import BF16, F, K, SPLITS, make_data, on

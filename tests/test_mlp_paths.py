@@ -10,7 +10,7 @@ import pytest
 
 import lowprec_moe as lpm
 from lowprec_moe import GroupedTensor, Recipe
-from lowprec_moe.activations import make_activation
+from lowprec_moe.layers.activations import make_activation
 
 from conftest import assert_bytes_equal, to_host
 from test_mlp import (BF16, F, G, GRADS, K, NO_SR_RECIPES, QUANT_RECIPES, SEED, SPLITS, analytic,

@@ -14,8 +14,8 @@ import pytest
 
 import lowprec_moe as lpm
 from lowprec_moe import formats as F
-from lowprec_moe.reference import fp
-from lowprec_moe.reference.mxfp8 import scale_exponent
+from lowprec_moe.backends.numpy import fp
+from lowprec_moe.backends.numpy.mxfp8 import scale_exponent
 
 from conftest import assert_bytes_equal, assert_quantized_equal, to_host
 

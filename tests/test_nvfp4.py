@@ -16,8 +16,8 @@ import pytest
 
 import lowprec_moe as lpm
 from lowprec_moe import formats as F
-from lowprec_moe.quantized_tensor import _quantize_2d
-from lowprec_moe.reference import fp
+from lowprec_moe.tensors.quantized_tensor import _quantize_2d
+from lowprec_moe.backends.numpy import fp
 
 from conftest import assert_bytes_equal, assert_quantized_equal, to_host
 

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 import lowprec_moe as lpm
-from lowprec_moe.reference import fp
-from lowprec_moe.reference.philox import sr_random_bits
-from lowprec_moe.reference.rht import rht_forward, rht_inverse, rht_matrix
+from lowprec_moe.backends.numpy import fp
+from lowprec_moe.backends.numpy.philox import sr_random_bits
+from lowprec_moe.backends.numpy.rht import rht_forward, rht_inverse, rht_matrix
 
 from conftest import assert_bytes_equal, assert_quantized_equal, to_host
 from test_nvfp4 import (_GRID, INV_2688, _codes, _padded_t, _quantize_both, _random,

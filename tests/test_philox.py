@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from lowprec_moe.reference.philox import philox4x32_10, sr_random_bits
+from lowprec_moe.backends.numpy.philox import philox4x32_10, sr_random_bits
 
 M32 = 0xFFFFFFFF
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import lowprec_moe as lpm
-from lowprec_moe.reference import layouts as L
+from lowprec_moe.backends.numpy import layouts as L
 
 from conftest import assert_bytes_equal, assert_quantized_equal, to_host
 

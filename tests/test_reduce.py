@@ -1,4 +1,4 @@
-"""Per-expert column sums (bias gradients): lowprec_moe.reference.reduce / backends.cupy.reduce."""
+"""Per-expert column sums (bias gradients): lowprec_moe.backends.numpy.reduce / backends.cupy.reduce."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_bytes_equal, to_host
-from lowprec_moe.reference.reduce import grouped_colsum as ref_colsum
+from lowprec_moe.backends.numpy.reduce import grouped_colsum as ref_colsum
 
 _DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
 

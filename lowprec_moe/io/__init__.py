@@ -16,10 +16,10 @@ load, :mod:`lowprec_moe.io.model_dir` for sharded checkpoints and model director
 :mod:`lowprec_moe.io.convert` for the file-to-file operations behind the CLI.
 """
 
-from ._common import CheckpointError
-from .arrays import ArrayWriter, file_kind, open_arrays
-from .checkpoint import Checkpoint, CheckpointWriter, array_names, load, open_checkpoint, save
-from .convert import ConvertReport, dequantize_file, inspect_file, quantize_file
+from lowprec_moe.io._common import CheckpointError
+from lowprec_moe.io.arrays import ArrayWriter, file_kind, open_arrays
+from lowprec_moe.io.checkpoint import Checkpoint, CheckpointWriter, array_names, load, open_checkpoint, save
+from lowprec_moe.io.convert import ConvertReport, dequantize_file, inspect_file, quantize_file
 
 __all__ = [
     "ArrayWriter",

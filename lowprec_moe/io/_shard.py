@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from ..grouped_tensor import GroupedTensor
-from ..quantized_tensor import quantize
-from ._common import CheckpointError
-from .checkpoint import CheckpointWriter
-from .selection import expert_name, module_name
+from lowprec_moe.tensors.grouped_tensor import GroupedTensor
+from lowprec_moe.tensors.quantized_tensor import quantize
+from lowprec_moe.io._common import CheckpointError
+from lowprec_moe.io.checkpoint import CheckpointWriter
+from lowprec_moe.io.selection import expert_name, module_name
 
 __all__ = ["quantize_shard", "default_jobs"]
 

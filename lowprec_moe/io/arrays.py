@@ -17,10 +17,10 @@ import zipfile
 import ml_dtypes
 import numpy as np
 
-from ._common import CheckpointError, atomic_output, check_output_path, describe
-from ._safety import check_regular_file
-from .numpy_files import METADATA_KEY, NpyFile, NpzFile
-from .safetensors import SafetensorsFile, dtype_label, header_bytes, write_array_bytes
+from lowprec_moe.io._common import CheckpointError, atomic_output, check_output_path, describe
+from lowprec_moe.io._safety import check_regular_file
+from lowprec_moe.io.numpy_files import METADATA_KEY, NpyFile, NpzFile
+from lowprec_moe.io.safetensors import SafetensorsFile, dtype_label, header_bytes, write_array_bytes
 
 __all__ = ["SUFFIXES", "file_kind", "open_arrays", "ArrayWriter"]
 

@@ -40,15 +40,15 @@ from typing import Any, Mapping
 import ml_dtypes
 import numpy as np
 
-from .. import formats as F
-from ..backend import asnumpy_explicit
-from ..grouped_tensor import GroupedTensor
-from ..quantized_tensor import QuantizedTensor
-from ._common import CheckpointError, describe
-from .arrays import ArrayWriter, check_metadata, file_kind, open_arrays
-from .layout import array_names, bad, build, check_entry, flatten, plan
-from .safetensors import SafetensorsFile
-from .serving import to_layout
+from lowprec_moe import formats as F
+from lowprec_moe.backend import asnumpy_explicit
+from lowprec_moe.tensors.grouped_tensor import GroupedTensor
+from lowprec_moe.tensors.quantized_tensor import QuantizedTensor
+from lowprec_moe.io._common import CheckpointError, describe
+from lowprec_moe.io.arrays import ArrayWriter, check_metadata, file_kind, open_arrays
+from lowprec_moe.io.layout import array_names, bad, build, check_entry, flatten, plan
+from lowprec_moe.io.safetensors import SafetensorsFile
+from lowprec_moe.io.serving import to_layout
 
 __all__ = ["save", "load", "open_checkpoint", "Checkpoint", "CheckpointWriter", "array_names",
            "META_KEY", "LAYOUT_VERSION"]
@@ -269,7 +269,7 @@ class CheckpointWriter:
 
     def commit(self, metadata: Mapping[str, str] | None = None) -> None:
         """Write the library metadata (plus ``metadata``) and publish the file."""
-        from .. import __version__
+        from lowprec_moe import __version__
 
         meta = dict(metadata or {})
         check_metadata(meta)

@@ -14,11 +14,11 @@ from typing import Any, Callable, Iterable, Sequence
 import ml_dtypes
 import numpy as np
 
-from .. import _validate as V
-from .. import formats as F
-from ..grouped_tensor import GroupedTensor
-from ..quantized_tensor import QuantizedTensor
-from .checkpoint import Checkpoint, open_checkpoint
+from lowprec_moe import _validate as V
+from lowprec_moe import formats as F
+from lowprec_moe.tensors.grouped_tensor import GroupedTensor
+from lowprec_moe.tensors.quantized_tensor import QuantizedTensor
+from lowprec_moe.io.checkpoint import Checkpoint, open_checkpoint
 
 __all__ = ["ConvertReport", "quantize_options", "select_device", "quantize_file",
            "dequantize_file", "inspect_file"]
@@ -60,7 +60,7 @@ def select_device(device: str):
     ValueError
         Unknown device, or "gpu" without CuPy and a CUDA GPU.
     """
-    from ..backend import cupy_available
+    from lowprec_moe.backend import cupy_available
 
     if device not in ("auto", "cpu", "gpu"):
         raise ValueError(f"device={device!r} must be 'auto', 'cpu' or 'gpu'")
@@ -151,7 +151,7 @@ def quantize_file(src, dst, format: str, *, columnwise: bool = False, row_scaled
     NotImplementedError
         The GPU kernels are not available for this operation.
     """
-    from .pipeline import quantize_model
+    from lowprec_moe.io.pipeline import quantize_model
 
     return quantize_model(src, dst, format, layout=layout, columnwise=columnwise,
                           row_scaled=row_scaled, block_2d=block_2d, fp8_dtype=fp8_dtype,
@@ -186,7 +186,7 @@ def dequantize_file(src, dst, *, dtype: str | None = None, direction: str = "row
     OSError
         Unreadable input or unwritable output.
     """
-    from .pipeline import dequantize_model
+    from lowprec_moe.io.pipeline import dequantize_model
 
     return dequantize_model(src, dst, dtype=dtype, direction=direction, force=force,
                             progress=progress)

@@ -13,11 +13,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .. import formats as F
-from ..backend import asnumpy_explicit
-from ..grouped_tensor import GroupedTensor, _offsets, columnwise_sizes
-from ..quantized_tensor import QuantizedTensor
-from ._common import CheckpointError, describe
+from lowprec_moe import formats as F
+from lowprec_moe.backend import asnumpy_explicit
+from lowprec_moe.tensors.grouped_tensor import GroupedTensor, _offsets, columnwise_sizes
+from lowprec_moe.tensors.quantized_tensor import QuantizedTensor
+from lowprec_moe.io._common import CheckpointError, describe
 
 __all__ = ["array_names", "flatten", "check_entry", "plan", "build", "bad"]
 

@@ -19,9 +19,9 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ._common import CheckpointError
-from ._safety import check_regular_file
-from .arrays import SUFFIXES
+from lowprec_moe.io._common import CheckpointError
+from lowprec_moe.io._safety import check_regular_file
+from lowprec_moe.io.arrays import SUFFIXES
 
 __all__ = ["Source", "open_source", "read_json", "output_directory", "INDEX_NAME"]
 

@@ -26,7 +26,7 @@ from typing import IO
 import ml_dtypes
 import numpy as np
 
-from ._common import CheckpointError, empty_readonly
+from lowprec_moe.io._common import CheckpointError, empty_readonly
 
 __all__ = ["NpyFile", "NpzFile", "read_npy_header"]
 

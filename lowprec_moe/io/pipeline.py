@@ -18,18 +18,18 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import formats as F
-from ..grouped_tensor import GroupedTensor
-from ..quantized_tensor import QuantizedTensor
-from ._common import CheckpointError, atomic_output, check_output_path
-from ._safety import check_output_target
-from .arrays import file_kind
-from .checkpoint import CheckpointWriter, array_names, open_checkpoint
-from .model_dir import INDEX_NAME, Source, open_source, output_directory
-from ._shard import default_jobs, quantize_shard
-from .progress import NoProgress
-from .selection import decide, expert_name
-from .serving import check_layout, hf_quant_config, quantization_config
+from lowprec_moe import formats as F
+from lowprec_moe.tensors.grouped_tensor import GroupedTensor
+from lowprec_moe.tensors.quantized_tensor import QuantizedTensor
+from lowprec_moe.io._common import CheckpointError, atomic_output, check_output_path
+from lowprec_moe.io._safety import check_output_target
+from lowprec_moe.io.arrays import file_kind
+from lowprec_moe.io.checkpoint import CheckpointWriter, array_names, open_checkpoint
+from lowprec_moe.io.model_dir import INDEX_NAME, Source, open_source, output_directory
+from lowprec_moe.io._shard import default_jobs, quantize_shard
+from lowprec_moe.io.progress import NoProgress
+from lowprec_moe.io.selection import decide, expert_name
+from lowprec_moe.io.serving import check_layout, hf_quant_config, quantization_config
 
 __all__ = ["quantize_model", "dequantize_model"]
 
@@ -47,7 +47,7 @@ def _check_output(source, dst, force: bool) -> None:
     check_output_target(dst, source.inputs(), force=force)
 
 def _version() -> str:
-    from .. import __version__
+    from lowprec_moe import __version__
 
     return __version__
 
@@ -129,7 +129,7 @@ def quantize_model(src, dst, format: str, *, layout: str = "modelopt",
                    device: str = "cpu", allow_nonfinite: bool = False, force: bool = False,
                    jobs: int | None = None, progress=None):
     """Quantize a checkpoint (file, index or directory); see :func:`convert.quantize_file`."""
-    from .convert import ConvertReport, quantize_options, select_device
+    from lowprec_moe.io.convert import ConvertReport, quantize_options, select_device
 
     opts = quantize_options(format, columnwise=columnwise, row_scaled=row_scaled,
                             block_2d=block_2d, fp8_dtype=fp8_dtype)
@@ -223,8 +223,8 @@ def _out_dtype(dtype: str | None, e: dict) -> str:
 def dequantize_model(src, dst, *, dtype: str | None = None, direction: str = "rowwise",
                      force: bool = False, progress=None):
     """Dequantize a checkpoint (file, index or directory); see :func:`convert.dequantize_file`."""
-    from .. import _validate as V
-    from .convert import ConvertReport
+    from lowprec_moe import _validate as V
+    from lowprec_moe.io.convert import ConvertReport
 
     if dtype is not None:
         dtype = V.check_dequant_dtype(dtype)

@@ -24,7 +24,7 @@ from typing import IO, Any
 import ml_dtypes
 import numpy as np
 
-from ._common import CheckpointError, describe, empty_readonly
+from lowprec_moe.io._common import CheckpointError, describe, empty_readonly
 
 __all__ = ["DTYPES", "dtype_label", "SafetensorsFile", "header_bytes", "write_array_bytes",
            "write_safetensors"]

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import _validate as V
+from lowprec_moe import _validate as V
 
 __all__ = ["DEFAULT_EXCLUDE", "Decision", "decide", "expert_name", "module_name"]
 

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import formats as F
+from lowprec_moe import formats as F
 
 __all__ = ["LAYOUTS", "check_layout", "to_layout", "quant_algo", "hf_quant_config",
            "quantization_config"]

@@ -1,6 +1,6 @@
 """CuPy launchers of the GroupedMLP activation kernels (``raw_kernels/activation.cu``).
 
-Called by :mod:`lowprec_moe.activations` with validated CuPy arrays:
+Called by :mod:`lowprec_moe.layers.activations` with validated CuPy arrays:
 
 * :func:`activation_forward` -- ``z = round(act(h) * p)`` in the layer dtype (optionally with
   its NVFP4 amax: per member, plus the RHT columnwise amax, or per row and per member column), or
@@ -174,7 +174,7 @@ def activation_forward(h, splits, act, probs, f: int, *, mxfp8: dict | None = No
     """``z`` ``[M, F]`` of h's dtype, or (``mxfp8`` given) the MXFP8 parts of a GroupedTensor.
 
     ``h`` ``[M, 2F | F]`` (CuPy), ``probs`` float32 ``[M]`` or None, ``act`` an
-    :class:`~lowprec_moe.activations.Activation`, ``mxfp8`` a dict with ``rowwise``,
+    :class:`~lowprec_moe.layers.activations.Activation`, ``mxfp8`` a dict with ``rowwise``,
     ``columnwise`` and ``fp8_dtype``. ``amax`` (one of :data:`AMAX_MODES`, not with ``mxfp8``):
     return ``(z, (amax_rowwise, amax_columnwise))``, the NVFP4 amax of z as
     ``grouped_quantize_nvfp4(z, splits, ...)`` would compute it (``"tensor"``: ``[G]`` twice;

@@ -19,7 +19,7 @@ def grouped_quantize(x2d, splits, format, *, rowwise, columnwise, row_scaled, bl
 
 def grouped_dequantize(gt, direction: str, dtype: str):
     """Dequantize all members of a GroupedTensor to ``[M_total, K]`` of ``dtype``."""
-    from lowprec_moe.quantized_tensor import _cast
+    from lowprec_moe.tensors.quantized_tensor import _cast
 
     if direction == "rowwise" and gt.rowwise_data is None or \
             direction == "columnwise" and gt.columnwise_data is None:

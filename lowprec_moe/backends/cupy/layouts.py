@@ -1,6 +1,6 @@
 """CuPy launchers for the scale swizzle / unswizzle kernels (``raw_kernels/swizzle.cu``).
 
-Same signatures and results as :mod:`lowprec_moe.reference.layouts` (byte for byte), for
+Same signatures and results as :mod:`lowprec_moe.backends.numpy.layouts` (byte for byte), for
 ``cupy.ndarray`` inputs; the layout is documented there. Inputs are made C-contiguous
 explicitly (a copy on the device when they are not). Grouped calls run one kernel launch for
 all members. CuPy is imported lazily, so importing this module needs no GPU.
@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lowprec_moe import kernels
-from lowprec_moe.reference.layouts import _check_shape, round_up, swizzled_size
+from lowprec_moe.backends.numpy.layouts import _check_shape, round_up, swizzled_size
 
 __all__ = [
     "swizzle_scales_cp",

@@ -1,6 +1,6 @@
 """CuPy launchers for the MXFP8 kernels (``raw_kernels/mxfp8.cu``, code in ``mxfp8_*.cuh``).
 
-Same signatures and results (byte for byte) as :mod:`lowprec_moe.reference.mxfp8` and the
+Same signatures and results (byte for byte) as :mod:`lowprec_moe.backends.numpy.mxfp8` and the
 reference paths of :class:`~lowprec_moe.GroupedTensor`, for ``cupy.ndarray`` inputs:
 
 * :func:`quantize_mxfp8` / :func:`dequantize_mxfp8` -- one tensor;
@@ -187,7 +187,7 @@ def quantize_mxfp8(x2d, *, rowwise: bool = True, columnwise: bool = False,
                    block_2d: bool = False, fp8_dtype: str = "e4m3") -> dict:
     """Quantize a 2-D CuPy array to MXFP8 (one kernel launch, one read of ``x``).
 
-    Parameters and result as :func:`lowprec_moe.reference.mxfp8.quantize_mxfp8`:
+    Parameters and result as :func:`lowprec_moe.backends.numpy.mxfp8.quantize_mxfp8`:
     ``rowwise_data [M, K]``, ``rowwise_scale [M, K/32]``, ``columnwise_data [Mp, K]``,
     ``columnwise_scale [Mp/32, K]`` (``Mp = roundup(M, 32)``; uint8 CuPy arrays or None),
     ``amax_rowwise`` / ``amax_columnwise`` None.

@@ -1,6 +1,6 @@
 """CuPy launchers for the NVFP4 kernels (``raw_kernels/nvfp4.cu``, ``nvfp4_ext.cu``).
 
-Same signatures and results (byte for byte) as :mod:`lowprec_moe.reference.nvfp4` and the
+Same signatures and results (byte for byte) as :mod:`lowprec_moe.backends.numpy.nvfp4` and the
 reference paths of :class:`~lowprec_moe.GroupedTensor`, for ``cupy.ndarray`` inputs:
 
 * :func:`quantize_nvfp4` / :func:`dequantize_nvfp4` -- one tensor;
@@ -282,7 +282,7 @@ def quantize_nvfp4(x2d, *, rowwise: bool = True, columnwise: bool = False,
                    stochastic_rounding: bool = False, seed: int = 0, member: int = 0) -> dict:
     """Quantize a validated 2-D CuPy array to NVFP4 (GPU twin of the reference function).
 
-    Parameters and result: as :func:`lowprec_moe.reference.nvfp4.quantize_nvfp4`; every array of
+    Parameters and result: as :func:`lowprec_moe.backends.numpy.nvfp4.quantize_nvfp4`; every array of
     the result is a ``cupy.ndarray`` on the input's device.
     """
     x = _prep_input(x2d)
@@ -310,7 +310,7 @@ def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: boo
     """Quantize every member of ``x2d`` ``[M_total, K]`` (rows split by ``splits``).
 
     One launch per kernel stage covers all members. The result holds the fields of
-    ``lowprec_moe.grouped_tensor._grouped_quantize_reference`` for nvfp4: rowwise data and scales
+    ``lowprec_moe.tensors.grouped_tensor._grouped_quantize_reference`` for nvfp4: rowwise data and scales
     ``[M_total, ...]``; flat columnwise data and scales with host int64 ``columnwise_data_offsets``
     / ``columnwise_scale_offsets`` ``[G+1]``; ``amax_rowwise`` ``[G]`` (row-scaled:
     ``[M_total]``) and ``amax_columnwise`` ``[G]`` (row-scaled: ``[G, K]``). Member ``g`` uses

@@ -1,7 +1,7 @@
 """CuPy launcher of the per-expert column sums (``raw_kernels/reduce.cu``).
 
 :func:`grouped_colsum` has the signature and the semantics of
-:func:`lowprec_moe.reference.reduce.grouped_colsum` (float32 products, float32 sums; a different,
+:func:`lowprec_moe.backends.numpy.reduce.grouped_colsum` (float32 products, float32 sums; a different,
 fixed summation order). Two launches cover all experts: column sums of 128-row tiles of one expert
 each, then the sum of each expert's tiles in order. The host builds the small int64 tile table
 from ``splits`` (host integers) and uploads it; the data never leaves the device.

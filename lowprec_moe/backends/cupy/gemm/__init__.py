@@ -1,5 +1,5 @@
 """Grouped GEMMs on the GPU: plan a call, select a kernel config, launch it."""
 
-from .launch import grouped_gemm, kernel_info
+from lowprec_moe.backends.cupy.gemm.launch import grouped_gemm, kernel_info
 
 __all__ = ["grouped_gemm", "kernel_info"]

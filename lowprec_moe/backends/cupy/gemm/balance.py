@@ -22,9 +22,9 @@ import heapq
 
 import numpy as np
 
-from .plan import (BK, D_A_LD, D_A_OFF, D_A_SLD, D_A_SOFF, D_B_LD, D_B_OFF, D_B_SLD,
+from lowprec_moe.backends.cupy.gemm.plan import (BK, D_A_LD, D_A_OFF, D_A_SLD, D_A_SOFF, D_B_LD, D_B_OFF, D_B_SLD,
                         D_B_SOFF, D_LEN, D_OUT_OFF, D_ROWS, _cdiv)
-from .smem import WMX_SCALE_TILES
+from lowprec_moe.backends.cupy.gemm.smem import WMX_SCALE_TILES
 
 #: a tile's fixed cost, in k-tiles, for balancing (H200: ~4-6 us per tile against ~1.1 us per
 #: k-tile; benchmarks/RESULTS.md)

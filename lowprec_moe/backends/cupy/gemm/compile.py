@@ -13,8 +13,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from lowprec_moe import kernels
-from .configs import module_source, modules
-from .select import ALL_CONFIGS
+from lowprec_moe.backends.cupy.gemm.configs import module_source, modules
+from lowprec_moe.backends.cupy.gemm.select import ALL_CONFIGS
 
 #: Modules generated from the tables.
 GENERATED = tuple(modules(ALL_CONFIGS))

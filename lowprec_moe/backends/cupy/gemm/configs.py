@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .plan import KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K, KIND_HP_MN
+from lowprec_moe.backends.cupy.gemm.plan import KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K, KIND_HP_MN
 
 #: Operand kinds (A, B) of each format and layout, as the CUDA kernels name them.
 _KINDS = {

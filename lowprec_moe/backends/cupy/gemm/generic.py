@@ -9,10 +9,10 @@ the same products in the same order, so the split-dependent tile choice never ch
 
 from __future__ import annotations
 
-from .configs import KernelConfig, f16_arg, kind_args, operand_kinds
-from .plan import SIMT_TILE, THREADS
-from .rules import Facts, pick_small_tile
-from .smem import _smem_bytes
+from lowprec_moe.backends.cupy.gemm.configs import KernelConfig, f16_arg, kind_args, operand_kinds
+from lowprec_moe.backends.cupy.gemm.plan import SIMT_TILE, THREADS
+from lowprec_moe.backends.cupy.gemm.rules import Facts, pick_small_tile
+from lowprec_moe.backends.cupy.gemm.smem import _smem_bytes
 
 #: The SIMT kernel (``raw_kernels/grouped_gemm_simt.cu``): any format and layout, fp32 operand
 #: values, non-flushing fma accumulation -- the fp32-accurate path.

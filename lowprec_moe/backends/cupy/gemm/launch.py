@@ -40,12 +40,12 @@ from collections import OrderedDict
 import numpy as np
 
 from lowprec_moe import config, kernels
-from .balance import ragged_tile_list, ragged_tile_table
-from .compile import kernel_function
-from .plan import MMA_PARAMS, OUT_TYPES, SIMT_PARAMS, _cdiv, _flat_amax, descriptors, plan, tile_table
-from .ranges import mx_range_words
-from .select import choose_kernel
-from .tma_rules import _pair_geom, _pair_maps, _ptr, _tma_maps
+from lowprec_moe.backends.cupy.gemm.balance import ragged_tile_list, ragged_tile_table
+from lowprec_moe.backends.cupy.gemm.compile import kernel_function
+from lowprec_moe.backends.cupy.gemm.plan import MMA_PARAMS, OUT_TYPES, SIMT_PARAMS, _cdiv, _flat_amax, descriptors, plan, tile_table
+from lowprec_moe.backends.cupy.gemm.ranges import mx_range_words
+from lowprec_moe.backends.cupy.gemm.select import choose_kernel
+from lowprec_moe.backends.cupy.gemm.tma_rules import _pair_geom, _pair_maps, _ptr, _tma_maps
 
 __all__ = ["grouped_gemm", "kernel_info"]
 

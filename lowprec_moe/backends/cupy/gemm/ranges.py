@@ -6,14 +6,14 @@ Per expert ``g`` the words are ``ra`` entries for A's rows (the expert's output 
 ``rb`` for B's (the output columns), at ``g * (ra + rb) + row``: ``uint16`` with the row's
 largest E8M0 block code along the expert's contraction in the low byte and its smallest in the
 high byte (0 and 255 over no block). NumPy twin:
-:func:`lowprec_moe.reference.gemm.mx_code_range_words`.
+:func:`lowprec_moe.backends.numpy.gemm.mx_code_range_words`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .sm90 import RANGES_KERNEL, RANGES_MODULE
+from lowprec_moe.backends.cupy.gemm.sm90 import RANGES_KERNEL, RANGES_MODULE
 
 #: rows per CTA of the range kernel (kMxRangeThreads)
 RANGE_THREADS = 256
@@ -57,7 +57,7 @@ def mx_range_words(desc, a_scale, b_scale, a_mn: bool, b_mn: bool, a_e5m2: bool,
     flag = cp.zeros(1, dtype=cp.uint32)
     if words.size == 0:
         return words, flag
-    from .compile import kernel_function
+    from lowprec_moe.backends.cupy.gemm.compile import kernel_function
 
     fn = kernel_function(RANGES_MODULE, RANGES_KERNEL)
     grid = (-(-max(ra, rb) // RANGE_THREADS), num_experts, 2)

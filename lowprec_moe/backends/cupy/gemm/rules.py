@@ -11,9 +11,9 @@ from functools import cached_property
 import numpy as np
 
 from lowprec_moe import formats as F
-from .plan import BK, KIND_FP4_K, KIND_FP8_K, Operand, Plan, SWAP_TILE, SWAP_WIDE_TILE, WS_TILE, _cdiv
-from .smem import WMX_SCALE_TILES, WS_SCALE_TILES
-from . import tma_rules as T
+from lowprec_moe.backends.cupy.gemm.plan import BK, KIND_FP4_K, KIND_FP8_K, Operand, Plan, SWAP_TILE, SWAP_WIDE_TILE, WS_TILE, _cdiv
+from lowprec_moe.backends.cupy.gemm.smem import WMX_SCALE_TILES, WS_SCALE_TILES
+from lowprec_moe.backends.cupy.gemm import tma_rules as T
 
 #: CTAs of the wide swapped-operand build per SM (two resident, two waves) from which it is
 #: preferred: below that, the 128-column build's twice as many CTAs fill the GPU better.

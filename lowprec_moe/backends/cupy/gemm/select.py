@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import generic, sm90
-from .configs import KernelConfig
-from .rules import Facts
+from lowprec_moe.backends.cupy.gemm import generic, sm90
+from lowprec_moe.backends.cupy.gemm.configs import KernelConfig
+from lowprec_moe.backends.cupy.gemm.rules import Facts
 
 #: Every config, Hopper's first.
 ALL_CONFIGS: tuple[KernelConfig, ...] = sm90.CONFIGS + generic.CONFIGS

@@ -28,12 +28,12 @@ where they depend on which tiles a launch forms (see ``docs/NUMERICS.md``).
 
 from __future__ import annotations
 
-from .configs import KernelConfig, f16_arg, kind_args, operand_kinds
-from .plan import SWAP_TILE, SWAP_WIDE16_TILE, SWAP_WIDE_TILE, THREADS, WS_N256_THREADS, WS_THREADS, WS_TILE
-from .rules import PERSIST_MX_MAX_KTILES, Facts, pick_small_tile, swap_tile_fits
-from .smem import (_smem_bytes, _swap_smem_bytes, _ws_g_tma_smem_bytes, _ws_mx_p_smem_bytes,
+from lowprec_moe.backends.cupy.gemm.configs import KernelConfig, f16_arg, kind_args, operand_kinds
+from lowprec_moe.backends.cupy.gemm.plan import SWAP_TILE, SWAP_WIDE16_TILE, SWAP_WIDE_TILE, THREADS, WS_N256_THREADS, WS_THREADS, WS_TILE
+from lowprec_moe.backends.cupy.gemm.rules import PERSIST_MX_MAX_KTILES, Facts, pick_small_tile, swap_tile_fits
+from lowprec_moe.backends.cupy.gemm.smem import (_smem_bytes, _swap_smem_bytes, _ws_g_tma_smem_bytes, _ws_mx_p_smem_bytes,
                    _ws_mx_smem_bytes, _ws_p_smem_bytes, _ws_smem_bytes, _ws_tma_smem_bytes)
-from . import configs as _configs
+from lowprec_moe.backends.cupy.gemm import configs as _configs
 
 _MX_MN = {"kk": ("false", "false"), "kn": ("false", "true"), "nn": ("true", "true")}
 

@@ -6,7 +6,7 @@ launcher requests exactly what a kernel checks for (it traps when given less).
 from __future__ import annotations
 
 from lowprec_moe import formats as F
-from .plan import (BK, SWAP_TILE, SWAP_WIDE_TILE, WS_TILE, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K, KIND_HP_MN,
+from lowprec_moe.backends.cupy.gemm.plan import (BK, SWAP_TILE, SWAP_WIDE_TILE, WS_TILE, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K, KIND_HP_MN,
                         SWAP_STAGES, WS_AHEAD, WS_CANON_BUFFERS, _cdiv)
 
 # opt-in shared memory per block on sm_90 (kMaxSmem in raw_kernels/grouped_gemm_base.cuh)

@@ -15,8 +15,8 @@ import numpy as np
 
 from lowprec_moe import formats as F
 from lowprec_moe.backends.cupy import tensor_map as tma
-from .plan import BK, KIND_FP4_K, SWAP_TILE, SWAP_WIDE_TILE, WS_TILE, Operand, Plan
-from .smem import WMX_SCALE_TILES, WS_SCALE_TILES
+from lowprec_moe.backends.cupy.gemm.plan import BK, KIND_FP4_K, SWAP_TILE, SWAP_WIDE_TILE, WS_TILE, Operand, Plan
+from lowprec_moe.backends.cupy.gemm.smem import WMX_SCALE_TILES, WS_SCALE_TILES
 
 
 def _scales_word_aligned(op: Operand) -> bool:
@@ -224,8 +224,8 @@ def _pair_maps(geom: tuple, desc, a_data, b_data):
             return hit
     val = cp.zeros((num_experts, 4, tma.MAP_BYTES // 8), np.uint64)
     n = 4 * num_experts
-    from .compile import kernel_function
-    from .sm90 import PAIR_MAPS_KERNEL, PAIR_MAPS_MODULE
+    from lowprec_moe.backends.cupy.gemm.compile import kernel_function
+    from lowprec_moe.backends.cupy.gemm.sm90 import PAIR_MAPS_KERNEL, PAIR_MAPS_MODULE
 
     fn = kernel_function(PAIR_MAPS_MODULE, PAIR_MAPS_KERNEL)
     fn(((n + 127) // 128,), (128,), (_pair_templates(), desc, a_data, b_data,

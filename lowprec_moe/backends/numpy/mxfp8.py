@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import formats as F
-from .fp import as_float32, e8m0_inverse_f32, e8m0_to_f32, f32_bits, f32_to_fp8, fp8_to_f32
-from .nvfp4 import amax_f32
+from lowprec_moe import formats as F
+from lowprec_moe.backends.numpy.fp import as_float32, e8m0_inverse_f32, e8m0_to_f32, f32_bits, f32_to_fp8, fp8_to_f32
+from lowprec_moe.backends.numpy.nvfp4 import amax_f32
 
 _B = F.MXFP8_BLOCK
 

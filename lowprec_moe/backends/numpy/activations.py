@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import formats as F
+from lowprec_moe import formats as F
 
 ACTIVATIONS = ("swiglu", "clamped_swiglu", "srelu")
 GLU_ACTIVATIONS = ("swiglu", "clamped_swiglu")

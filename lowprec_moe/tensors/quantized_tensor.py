@@ -6,9 +6,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 
-from . import _validate as V
-from . import quant_formats
-from .backend import get_xp, is_cupy_array
+from lowprec_moe import _validate as V
+from lowprec_moe import quant_formats
+from lowprec_moe.backend import get_xp, is_cupy_array
 
 
 @dataclass(frozen=True)

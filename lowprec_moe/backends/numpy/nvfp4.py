@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import formats as F
-from .fp import as_float32, e2m1_to_f32, e4m3_to_f32, f32_to_e2m1, f32_to_fp8, pack_fp4, unpack_fp4
-from .philox import sr_random_bits
-from .rht import rht_forward, rht_inverse
+from lowprec_moe import formats as F
+from lowprec_moe.backends.numpy.fp import as_float32, e2m1_to_f32, e4m3_to_f32, f32_to_e2m1, f32_to_fp8, pack_fp4, unpack_fp4
+from lowprec_moe.backends.numpy.philox import sr_random_bits
+from lowprec_moe.backends.numpy.rht import rht_forward, rht_inverse
 
 _FLT_MAX = np.float32(F.FLT_MAX)
 _ONE_SIXTH = F.fp32_one_sixth()

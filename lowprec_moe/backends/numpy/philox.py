@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import formats as F
+from lowprec_moe import formats as F
 
 _MASK32 = np.uint64(0xFFFFFFFF)
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _validate as V
-from . import formats as F
-from .backend import get_xp, is_cupy_array
-from .quantized_tensor import QuantizedTensor, _quantize_2d, dequantize
+from lowprec_moe import _validate as V
+from lowprec_moe import formats as F
+from lowprec_moe.backend import get_xp, is_cupy_array
+from lowprec_moe.tensors.quantized_tensor import QuantizedTensor, _quantize_2d, dequantize
 
 
 def _roundup(v: int, b: int) -> int:
@@ -111,7 +111,7 @@ class GroupedTensor:
         if check_finite:
             V.check_finite("x", x2)
         if is_cupy_array(x2):
-            from .backends.cupy import grouped
+            from lowprec_moe.backends.cupy import grouped
 
             parts = grouped.grouped_quantize(
                 x2, splits, format, rowwise=rowwise, columnwise=columnwise,
@@ -181,7 +181,7 @@ class GroupedTensor:
                              f" this tensor is {self.format} without a columnwise copy")
         fp8_dtype = V.check_fp8_dtype(fp8_dtype or self.fp8_dtype)
         if is_cupy_array(self.rowwise_data):
-            from .backends.cupy import grouped
+            from lowprec_moe.backends.cupy import grouped
 
             parts = grouped.grouped_mxfp8_columnwise_from_rowwise(self, fp8_dtype)
         else:
@@ -237,7 +237,7 @@ class GroupedTensor:
         dtype = V.check_dequant_dtype(dtype)
         if is_cupy_array(self.rowwise_data if self.rowwise_data is not None
                          else self.columnwise_data):
-            from .backends.cupy import grouped
+            from lowprec_moe.backends.cupy import grouped
 
             return grouped.grouped_dequantize(
                 self, direction, dtype)

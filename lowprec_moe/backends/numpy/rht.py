@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import formats as F
-from .fp import f64_to_bf16
+from lowprec_moe import formats as F
+from lowprec_moe.backends.numpy.fp import f64_to_bf16
 
 
 def rht_matrix() -> np.ndarray:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
-from .. import formats as F
+from lowprec_moe import formats as F
 
 _E2M1_MAG = np.array(F.E2M1_MAGNITUDES, dtype=np.float32)
 #: value of each of the 16 E2M1 codes, as float32 (code 8 is -0.0).

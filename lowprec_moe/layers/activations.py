@@ -10,7 +10,7 @@ The activation sits between the two grouped GEMMs of an MoE expert block::
 
 Activations: ``swiglu``, ``clamped_swiglu`` (GPT-OSS; ``limit``, ``alpha``) and ``srelu``. Their
 exact arithmetic (fp32, a reproducible exponential, one rounding to the layer dtype) is defined in
-:mod:`lowprec_moe.reference.activations`; the NumPy and CUDA backends give the same bits for every
+:mod:`lowprec_moe.backends.numpy.activations`; the NumPy and CUDA backends give the same bits for every
 element of ``z`` and ``dh``. Reductions (``dprobs``, the bias gradient ``sum_rows dh``) are summed
 in another order on the GPU (deterministic, but not bitwise equal to NumPy's).
 
@@ -63,12 +63,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _validate as V
-from .backend import get_xp
-from .grouped_tensor import GroupedTensor, _offsets
-from .reference import activations as _ref
-from .reference.reduce import grouped_colsum
-from .reference.activations import ACTIVATIONS, GLU_ACTIVATIONS
+from lowprec_moe import _validate as V
+from lowprec_moe.backend import get_xp
+from lowprec_moe.tensors.grouped_tensor import GroupedTensor, _offsets
+from lowprec_moe.backends.numpy import activations as _ref
+from lowprec_moe.backends.numpy.reduce import grouped_colsum
+from lowprec_moe.backends.numpy.activations import ACTIVATIONS, GLU_ACTIVATIONS
 
 __all__ = [
     "ACTIVATIONS",
@@ -251,7 +251,7 @@ def _amax_mode(o: dict) -> str:
 
 def _nvfp4_from_amax(t, splits, o: dict, amax) -> GroupedTensor:
     """GroupedTensor.quantize(t, splits, "nvfp4", **o) with the amax already computed."""
-    from .backends.cupy.nvfp4 import grouped_quantize_nvfp4
+    from lowprec_moe.backends.cupy.nvfp4 import grouped_quantize_nvfp4
 
     parts = grouped_quantize_nvfp4(t, splits, amax=amax, **o)
     return GroupedTensor(format="nvfp4", shape=tuple(t.shape), splits=tuple(splits),
@@ -308,7 +308,7 @@ def activation_forward(h, activation="swiglu", probs=None, *, splits=None, glu_i
     if xp is np:
         z = _ref.forward(h, act, probs)
         return z if q is None else _quantize_grouped(z, splits, q)
-    from .backends.cupy import activation as _cu
+    from lowprec_moe.backends.cupy import activation as _cu
 
     p32 = _probs32(probs, xp)
     if fused and _fusable_mxfp8(q, act, f, backward=False):
@@ -384,7 +384,7 @@ def activation_backward(dz, h, activation="swiglu", probs=None, *, splits=None,
         dhq = None if q is None else _quantize_grouped(dh, splits, q)
         return ActivationGrads(dh=dh if want_dh else None, dh_quantized=dhq,
                                dprobs=dprobs, dbias=dbias)
-    from .backends.cupy import activation as _cu
+    from lowprec_moe.backends.cupy import activation as _cu
 
     p32 = _probs32(probs, xp)
     if fused and _fusable_mxfp8(q, act, f, backward=True):

@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import formats as F
-from .fp import e2m1_to_f32, e4m3_to_f32, unpack_fp4
-from .mxfp8 import dequantize_mxfp8
+from lowprec_moe import formats as F
+from lowprec_moe.backends.numpy.fp import e2m1_to_f32, e4m3_to_f32, unpack_fp4
+from lowprec_moe.backends.numpy.mxfp8 import dequantize_mxfp8
 
 _INV_GEMM_FACTOR = F.f32_from_bits(F.FP32_INV_NVFP4_GEMM_FACTOR_BITS)
 

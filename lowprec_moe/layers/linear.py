@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from . import _validate as V
-from .backend import get_xp
-from .gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
-from .grouped_tensor import GroupedTensor
-from .recipe import Recipe
+from lowprec_moe import _validate as V
+from lowprec_moe.backend import get_xp
+from lowprec_moe.gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
+from lowprec_moe.tensors.grouped_tensor import GroupedTensor
+from lowprec_moe.layers.recipe import Recipe
 
 
 @dataclass
@@ -373,9 +373,9 @@ def _bias_grads(dy_hp, ctx: GroupedLinearContext):
         return None, xp.zeros(ctx.m, dtype=ctx.probs.dtype)
     xp = get_xp(dy_hp)
     if xp is np:
-        from .reference.reduce import grouped_colsum as colsum
+        from lowprec_moe.backends.numpy.reduce import grouped_colsum as colsum
     else:
-        from .backends.cupy.reduce import grouped_colsum as colsum
+        from lowprec_moe.backends.cupy.reduce import grouped_colsum as colsum
     dbias = colsum(dy_hp, ctx.splits, ctx.probs)
     dbias = dbias.astype(ctx.bias.dtype)
     dprobs = None

@@ -12,7 +12,7 @@ Per expert ``g`` (rows ``offsets[g]:offsets[g+1]`` of the expert-sorted tokens):
 
 Each GEMM follows the recipe exactly as :func:`~lowprec_moe.grouped_linear_forward` does (NUMERICS §7:
 fprop x / W rowwise, dgrad dy rowwise / W columnwise, wgrad dy / x columnwise), and the
-activation is fused with the quantization of its output (see :mod:`lowprec_moe.activations`):
+activation is fused with the quantization of its output (see :mod:`lowprec_moe.layers.activations`):
 
 * forward: ``h`` (layer dtype) -> fc2's input quantized rowwise (fprop) and columnwise (wgrad of
   fc2, only if the weights need a gradient);
@@ -46,14 +46,14 @@ from types import SimpleNamespace
 from typing import Any
 
 
-from . import _validate as V
-from .activations import Activation, activation_backward, activation_forward, make_activation
-from .backend import get_xp
-from .gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
-from .grouped_tensor import GroupedTensor
-from .linear import (_bias_grads, _check_recipe, _columnwise_only, _np_dtype, _quantize_x,
+from lowprec_moe import _validate as V
+from lowprec_moe.layers.activations import Activation, activation_backward, activation_forward, make_activation
+from lowprec_moe.backend import get_xp
+from lowprec_moe.gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
+from lowprec_moe.tensors.grouped_tensor import GroupedTensor
+from lowprec_moe.layers.linear import (_bias_grads, _check_recipe, _columnwise_only, _np_dtype, _quantize_x,
                      check_backward_dy, check_wire, claim_context, quantize_weight, saved_arrays)
-from .recipe import Recipe
+from lowprec_moe.layers.recipe import Recipe
 
 __all__ = [
     "GroupedMLPContext",

@@ -2,23 +2,23 @@
 
 Converts compact block-scale matrices to and from the GEMM-swizzled (cuBLAS / Blackwell
 block-scaled) layout, for single tensors and grouped tensors (each member swizzled separately,
-buffers concatenated). The layout itself is documented in :mod:`lowprec_moe.reference.layouts`.
+buffers concatenated). The layout itself is documented in :mod:`lowprec_moe.backends.numpy.layouts`.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ._validate import check_direction
-from .backend import is_cupy_array
-from .grouped_tensor import GroupedTensor, columnwise_sizes
-from .quantized_tensor import QuantizedTensor
-from .reference import layouts as L
+from lowprec_moe._validate import check_direction
+from lowprec_moe.backend import is_cupy_array
+from lowprec_moe.tensors.grouped_tensor import GroupedTensor, columnwise_sizes
+from lowprec_moe.tensors.quantized_tensor import QuantizedTensor
+from lowprec_moe.backends.numpy import layouts as L
 
 def _impl(name: str, on_gpu: bool):
     if not on_gpu:
         return getattr(L, name + "_np")
-    from .backends.cupy import layouts
+    from lowprec_moe.backends.cupy import layouts
 
     return getattr(layouts, name + "_cp")
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .activations import make_activation
-from .linear import (GroupedLinearGrads, _check_recipe, _np_dtype, grouped_linear_backward,
+from lowprec_moe.layers.activations import make_activation
+from lowprec_moe.layers.linear import (GroupedLinearGrads, _check_recipe, _np_dtype, grouped_linear_backward,
                      grouped_linear_forward)
-from .mlp import GroupedMLPGrads, grouped_mlp_backward, grouped_mlp_forward
-from .recipe import Recipe
+from lowprec_moe.layers.mlp import GroupedMLPGrads, grouped_mlp_backward, grouped_mlp_forward
+from lowprec_moe.layers.recipe import Recipe
 
 __all__ = ["GroupedLinear", "GroupedMLP"]
 

@@ -43,7 +43,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .. import formats as F
+from lowprec_moe import formats as F
 
 __all__ = [
     "round_up",

@@ -1,0 +1,1 @@
+"""The NumPy backend: bit-exact reference of every kernel, the CPU path and the test oracle."""
