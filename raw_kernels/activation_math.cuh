@@ -13,7 +13,7 @@
 
 // ------------------------------------------------------------------------------------------
 // Exponential constants: fp32 bit patterns, mirrored by EXP_CONST_BITS in
-// lowprec_moe/backends/numpy/activations.py (tests/test_activations.py checks that they agree).
+// lowprec_moe/backends/numpy/activations.py (tests/layers/test_activations.py checks that they agree).
 constexpr unsigned int LPM_ACT_LOG2E_BITS = 0x3FB8AA3Bu;
 constexpr unsigned int LPM_ACT_LN2_HI_BITS = 0x3F317200u;
 constexpr unsigned int LPM_ACT_LN2_LO_BITS = 0x35BFBE8Eu;

@@ -1,7 +1,7 @@
 // lowprec_moe: format constants and non-flushing fp32 helpers shared by every kernel.
 //
 // Every constant here mirrors the one of the same name (without the LPM_ prefix) in
-// lowprec_moe/formats.py; tests/test_formats.py parses this file and checks that they agree.
+// lowprec_moe/formats.py; tests/formats/test_formats.py parses this file and checks that they agree.
 // Keep one definition per line in the form
 //
 //     constexpr <type> LPM_<NAME> = <value>;

@@ -5,7 +5,7 @@ kernels read (see :mod:`lowprec_moe.backends.cupy.gemm.launch` for the layout): 
 descriptor table ``int64 [G, DESC_WORDS]`` and the tile table ``int32 [entries, 2]``. The
 constants below mirror ``raw_kernels/grouped_gemm_base.cuh`` (descriptor words, operand kinds,
 tile constants), ``grouped_gemm_kernel.cuh`` (the kernel parameters) and ``grouped_gemm_simt.cu``;
-``tests/test_gemm_plan.py`` checks them against the CUDA sources and emulates the tables.
+``tests/gemm/test_gemm_plan.py`` checks them against the CUDA sources and emulates the tables.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ SWAP_WIDE16_TILE = (16, 256)
 #: raw stages of the swapped-operand kernel per format (swap_stages in grouped_gemm_base.cuh)
 SWAP_STAGES = {"nvfp4": 6, "mxfp8": 4}
 #: Parameter names, in order, of the tensor-core kernels (LPM_GG_PARAMS in
-#: grouped_gemm_base.cuh) and of grouped_gemm_simt_64x64; tests/test_gemm_plan.py checks them against the CUDA
+#: grouped_gemm_base.cuh) and of grouped_gemm_simt_64x64; tests/gemm/test_gemm_plan.py checks them against the CUDA
 #: sources.
 MMA_PARAMS = ("tiles", "n_col_tiles", "desc", "n_cols", "a_data", "a_scale", "a_ch", "a_e5m2",
               "b_data", "b_scale", "b_ch", "b_e5m2", "amax_a", "amax_b", "a_vec", "b_vec",

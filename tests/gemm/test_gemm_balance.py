@@ -138,6 +138,6 @@ def test_scale_tiles_mirror_kernel():
     from lowprec_moe.backends.cupy.gemm.smem import WMX_SCALE_TILES
 
     assert B.SCALE_TILES == WMX_SCALE_TILES
-    src = (Path(__file__).resolve().parents[1] / "raw_kernels"
+    src = (Path(__file__).resolve().parents[2] / "raw_kernels"
            / "grouped_gemm_ragged_list.cuh").read_text()
     assert re.search(rf"constexpr int kWmxGEntryWords = {B.ENTRY_WORDS};", src)

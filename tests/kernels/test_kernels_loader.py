@@ -20,7 +20,7 @@ from conftest import set_kernel_dir
 
 from lowprec_moe import kernels
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 RAW = REPO / "raw_kernels"
 
 

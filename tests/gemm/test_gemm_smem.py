@@ -34,7 +34,7 @@ def test_ws_tma_smem_formula():
     C = gemm_internals()
     from lowprec_moe.backends.cupy.gemm import smem as S
 
-    src = (Path(__file__).resolve().parents[1] / "raw_kernels"
+    src = (Path(__file__).resolve().parents[2] / "raw_kernels"
            / "grouped_gemm_base.cuh").read_text()
     assert int(re.search(r"constexpr int kWsFragSteps = (\d+);", src).group(1)) == \
         S.WS_FRAG_STEPS == 2
@@ -53,7 +53,7 @@ def test_ws_p_smem_formula():
     from conftest import gemm_internals
     C = gemm_internals()
 
-    src = (Path(__file__).resolve().parents[1] / "raw_kernels"
+    src = (Path(__file__).resolve().parents[2] / "raw_kernels"
            / "grouped_gemm_base.cuh").read_text()
     assert int(re.search(r"constexpr int kEpiWarpLd = (\d+);", src).group(1)) == C.EPI_WARP_LD
     pers = C._ws_p_smem_bytes()
@@ -89,7 +89,7 @@ def test_ws_mx_p_smem_formula():
     C = gemm_internals()
     from lowprec_moe.backends.cupy.gemm import smem as S
 
-    src = (Path(__file__).resolve().parents[1] / "raw_kernels"
+    src = (Path(__file__).resolve().parents[2] / "raw_kernels"
            / "grouped_gemm_base.cuh").read_text()
     assert re.search(r"constexpr int kWmxWinSlot = 128 \+ 256 \+ 32;", src)
     assert S.WMX_WIN_SLOT == 416
@@ -150,7 +150,7 @@ def test_ws_g_tma_smem_formula():
     mbarrier space; the look-ahead agrees with the kernel header."""
     from lowprec_moe.backends.cupy.gemm import smem as S
 
-    src = (Path(__file__).resolve().parents[1] / "raw_kernels"
+    src = (Path(__file__).resolve().parents[2] / "raw_kernels"
            / "grouped_gemm_ws_ragged_tma.cuh").read_text()
     assert int(re.search(r"constexpr int AHEAD = (\d+),", src).group(1)) == S.WS_G_TMA_AHEAD
     stage = (64 * 32 + 64 * 48 + 128 * 4) + (128 * 32 + 128 * 48 + 256 * 4)

@@ -91,7 +91,7 @@ def test_exp_f32_special_values():
 
 
 def test_constants_match_cuda_source():
-    raw = Path(__file__).resolve().parent.parent / "raw_kernels"
+    raw = Path(__file__).resolve().parents[2] / "raw_kernels"
     # exponential constants: activation_math.cuh; activation ids: activation.cu
     math_src = (raw / "activation_math.cuh").read_text()
     found = dict(re.findall(r"constexpr unsigned int LPM_ACT_(\w+)_BITS = (0x[0-9A-Fa-f]+)u;",

@@ -5,7 +5,7 @@ the CPU for every contraction length up to 40 scale groups.
 One producer thread refills raw stages (data of one k-tile) and scale slots (block scales of
 SGT k-tiles) at the top of each k-tile iteration, after the EMPTY barrier that says the
 consumers retired tile kt - NCB. The emulation checks, for the constants the kernels use (read
-from the Python mirrors, which tests/test_gemm_plan.py checks against the sources) and for the
+from the Python mirrors, which tests/gemm/test_gemm_plan.py checks against the sources) and for the
 issue rules written in the sources:
 
 * a refill never overwrites a stage or slot whose tiles are not all retired;
