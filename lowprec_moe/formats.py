@@ -2,7 +2,7 @@
 
 Every number that describes a format (maximum magnitudes, block sizes, exponent biases, the
 NVFP4 GEMM factor, the Philox constants, the Hadamard sign mask) lives here and nowhere else in
-the Python code. ``raw_kernels/lpm_formats.cuh`` mirrors these values for the CUDA kernels;
+the Python code. ``raw_kernels/common/lpm_formats.cuh`` mirrors these values for the CUDA kernels;
 ``tests/formats/test_formats.py`` checks that the two agree and that they agree with ``ml_dtypes``.
 
 Formats (NUMERICS §1)

@@ -30,6 +30,7 @@ from typing import Any
 __all__ = [
     "kernel_dir",
     "kernel_sources",
+    "source_path",
     "source_hash",
     "arch_flag",
     "build_options",
@@ -56,7 +57,7 @@ _functions: dict[tuple[int, str, str, str], Any] = {}
 
 
 def _has_sources(path: Path) -> bool:
-    return path.is_dir() and any(path.glob("*.cuh"))
+    return path.is_dir() and any(path.rglob("*.cuh"))
 
 
 def kernel_dir() -> Path:
@@ -117,7 +118,8 @@ def _resolve_dir(directory: str | os.PathLike[str] | None) -> Path:
 
 
 def kernel_sources(directory: str | os.PathLike[str] | None = None) -> list[Path]:
-    """All ``*.cu`` and ``*.cuh`` files of the kernel directory, sorted by name.
+    """All ``*.cu`` and ``*.cuh`` files of the kernel directory and its family folders
+    (``gemm/``, ``nvfp4/``, ...), sorted by path.
 
     Parameters
     ----------
@@ -129,14 +131,37 @@ def kernel_sources(directory: str | os.PathLike[str] | None = None) -> list[Path
     list of pathlib.Path
     """
     path = _resolve_dir(directory)
-    files = [p for p in path.iterdir() if p.is_file() and p.suffix in (".cu", ".cuh")]
-    return sorted(files, key=lambda p: p.name)
+    files = [p for p in path.rglob("*") if p.is_file() and p.suffix in (".cu", ".cuh")
+             and not any(part.startswith(("_", ".")) for part in p.relative_to(path).parts[:-1])]
+    return sorted(files, key=lambda p: p.relative_to(path).as_posix())
+
+
+def _include_dirs(path: Path) -> list[Path]:
+    """The kernel directory and its family folders: sources include each other by file name."""
+    return [path] + sorted(d for d in path.iterdir() if d.is_dir() and not d.name.startswith(
+        ("_", ".")))
+
+
+def source_path(filename: str, directory: str | os.PathLike[str] | None = None) -> Path:
+    """The path of one kernel source file, wherever its family folder is.
+
+    Raises
+    ------
+    FileNotFoundError
+        If no file of that name is in the kernel directory.
+    """
+    path = _resolve_dir(directory)
+    for d in _include_dirs(path):
+        cand = d / filename
+        if cand.is_file():
+            return cand
+    raise FileNotFoundError(f"kernel source {filename!r} not found under {path}")
 
 
 def _compute_hash(path: Path) -> str:
     h = hashlib.sha256()
     for f in kernel_sources(path):
-        name = f.name.encode("utf-8")
+        name = f.relative_to(path).as_posix().encode("utf-8")
         data = f.read_bytes()
         # Length-prefix both parts so that no two different file sets hash alike.
         h.update(len(name).to_bytes(8, "little"))
@@ -248,7 +273,7 @@ def build_options(
     digest = source_hash(None if directory is None else path)
     return (
         "-std=c++17",
-        f"-I{path}",
+        *(f"-I{d}" for d in _include_dirs(path)),
         arch,
         f"-DLPM_SOURCE_HASH={digest[:_HASH_DIGITS]}",
     )
@@ -298,7 +323,7 @@ def get_module(name: str, source: str | None = None) -> Any:
     Parameters
     ----------
     name : str
-        File stem of the source, e.g. ``"smoke"`` for ``raw_kernels/smoke.cu``.
+        File stem of the source, e.g. ``"smoke"`` for ``raw_kernels/common/smoke.cu``.
     source : str, optional
         The module's CUDA text when it is generated rather than a file (the grouped-GEMM
         instantiations, :mod:`lowprec_moe.backends.cupy.gemm.configs`); it includes the
@@ -328,11 +353,14 @@ def get_module(name: str, source: str | None = None) -> Any:
     if mod is not None:
         return mod
 
-    src_path = path / f"{name}.cu"
+    try:
+        src_path = source_path(f"{name}.cu", path)
+    except FileNotFoundError:
+        src_path = path / f"{name}.cu"
     if source is not None:
         pass
     elif not src_path.is_file():
-        available = sorted(p.stem for p in path.glob("*.cu"))
+        available = sorted(p.stem for p in path.rglob("*.cu"))
         raise FileNotFoundError(
             f"kernel source name={name!r} not found: no {src_path.name} in the kernel directory "
             f"(available: {available})"

@@ -4,7 +4,7 @@ options it takes) and how it is quantized and dequantized on each backend.
 Everything that differs between NVFP4 and MXFP8 at the tensor level lives in one
 :class:`QuantFormat` subclass each, so a new format (MXFP4, say) is one more subclass and one
 entry in :data:`FORMATS`. The constants themselves stay in :mod:`lowprec_moe.formats`
-(mirrored in ``raw_kernels/lpm_formats.cuh``); the backends are named by explicit imports, the
+(mirrored in ``raw_kernels/common/lpm_formats.cuh``); the backends are named by explicit imports, the
 NumPy reference on the host and the CuPy launchers on the GPU.
 """
 

@@ -122,7 +122,7 @@ def assert_source_has(name: str, *texts: str) -> None:
     that kernel mirrors); the message names the first one missing."""
     from lowprec_moe import kernels
 
-    src = (kernels.kernel_dir() / name).read_text()
+    src = kernels.source_path(name).read_text()
     for text in texts:
         assert text in src, f"{name} no longer contains: {text}"
 

@@ -14,15 +14,15 @@ exact arithmetic (fp32, a reproducible exponential, one rounding to the layer dt
 element of ``z`` and ``dh``. Reductions (``dprobs``, the bias gradient ``sum_rows dh``) are summed
 in another order on the GPU (deterministic, but not bitwise equal to NumPy's).
 
-Fusion on the GPU (``raw_kernels/activation.cu``)
+Fusion on the GPU (``raw_kernels/activation/activation.cu``)
 -------------------------------------------------
 The pre-activation ``h`` is kept between forward and backward (in the layer dtype), as TE does.
 
 * **Forward, MXFP8**: one kernel reads ``h`` (and probs) and writes fc2's input quantized to MXFP8
   rowwise *and* columnwise; ``z`` is never written to memory. The quantization stage performs the
-  MXFP8 quantizer's tile arithmetic (``raw_kernels/mxfp8_tile.cuh``: maxima, scale rule,
+  MXFP8 quantizer's tile arithmetic (``raw_kernels/mxfp8/mxfp8_tile.cuh``: maxima, scale rule,
   conversions, NaN bytes) on the rounded activation values, staged in shared memory row by row
-  (``raw_kernels/activation_stage.cuh``) with the maxima taken on the fly, so the result is bit
+  (``raw_kernels/activation/activation_stage.cuh``) with the maxima taken on the fly, so the result is bit
   for bit ``GroupedTensor.quantize(z)`` of the unfused chain.
 * **Backward, MXFP8**: one kernel reads ``dz``, ``h`` (and probs) and writes ``dh`` quantized
   rowwise and columnwise (E4M3, or E5M2 for the hybrid recipe), the per-row ``dprobs``

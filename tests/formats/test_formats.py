@@ -11,7 +11,7 @@ import pytest
 
 from lowprec_moe import formats as F
 
-HEADER = Path(__file__).resolve().parents[2] / "raw_kernels" / "lpm_formats.cuh"
+HEADER = Path(__file__).resolve().parents[2] / "raw_kernels" / "common" / "lpm_formats.cuh"
 
 _DECL = re.compile(
     r"^\s*(?:__device__\s+)?constexpr\s+(?P<type>float|double|int|unsigned int|long long)\s+"

@@ -1,4 +1,4 @@
-"""The bit manipulations of the NVFP4 decoder (``fp4_decode8``, raw_kernels/grouped_gemm_dequant.cuh),
+"""The bit manipulations of the NVFP4 decoder (``fp4_decode8``, raw_kernels/gemm/grouped_gemm_dequant.cuh),
 emulated on the CPU: every E2M1 nibble of a 32-bit word becomes the E4M3 byte of its value times
 2^-6 (exact, the E4M3 subnormals included), the even nibbles in ``lo`` and the odd ones in ``hi``,
 byte for byte in element order, whatever the neighbouring nibbles hold (the shifts carry bits

@@ -8,6 +8,7 @@ import pytest
 
 from lowprec_moe.backends.cupy.gemm import balance as B
 from lowprec_moe.backends.cupy.gemm.plan import BK
+from lowprec_moe import kernels
 
 
 def _loads(lst, length, ctas):
@@ -138,6 +139,5 @@ def test_scale_tiles_mirror_kernel():
     from lowprec_moe.backends.cupy.gemm.smem import WMX_SCALE_TILES
 
     assert B.SCALE_TILES == WMX_SCALE_TILES
-    src = (Path(__file__).resolve().parents[2] / "raw_kernels"
-           / "grouped_gemm_ragged_list.cuh").read_text()
+    src = kernels.source_path("grouped_gemm_ragged_list.cuh").read_text()
     assert re.search(rf"constexpr int kWmxGEntryWords = {B.ENTRY_WORDS};", src)

@@ -150,11 +150,11 @@ def test_kernel_parameter_order_matches_sources():
     from conftest import gemm_internals
     C = gemm_internals()
 
-    src = (kernels.kernel_dir() / "grouped_gemm_base.cuh").read_text()
+    src = kernels.source_path("grouped_gemm_base.cuh").read_text()
     m = re.search(r"#define LPM_GG_PARAMS\s*\\\n(.*?)\n\n", src, re.S)
     body = m.group(1).replace("\\\n", " ")
     assert tuple(_c_param_names(body)) == C.MMA_PARAMS
-    simt = (kernels.kernel_dir() / "grouped_gemm_simt.cu").read_text()
+    simt = kernels.source_path("grouped_gemm_simt.cu").read_text()
     m = re.search(r"grouped_gemm_simt_64x64\((.*?)\)\s*\{", simt, re.S)
     assert tuple(_c_param_names(m.group(1))) == C.SIMT_PARAMS
 
@@ -166,15 +166,15 @@ def test_kernel_constants_match_sources():
     from conftest import gemm_internals
     C = gemm_internals()
 
-    ws = (kernels.kernel_dir() / "grouped_gemm_ws_roles.cuh").read_text()
+    ws = kernels.source_path("grouped_gemm_ws_roles.cuh").read_text()
     assert "kWsThreads = kWsConsumers + kWsProducers;" in ws
     consumers = int(re.search(r"kWsConsumers = (\d+);", ws).group(1))
     producers = int(re.search(r"kWsProducers = (\d+);", ws).group(1))
     assert consumers + producers == C.WS_THREADS
-    wn = (kernels.kernel_dir() / "grouped_gemm_ws_n256.cuh").read_text()
+    wn = kernels.source_path("grouped_gemm_ws_n256.cuh").read_text()
     assert "kWnConsumers = kWsConsumers;" in wn and "kWnThreads = kWnConsumers + kWnProducers;" in wn
     assert consumers + int(re.search(r"kWnProducers = (\d+);", wn).group(1)) == C.WS_N256_THREADS
-    src = (kernels.kernel_dir() / "grouped_gemm_base.cuh").read_text()
+    src = kernels.source_path("grouped_gemm_base.cuh").read_text()
     for name in ("D_A_OFF", "D_A_LD", "D_A_SOFF", "D_A_SLD", "D_B_OFF", "D_B_LD", "D_B_SOFF",
                  "D_B_SLD", "D_ROWS", "D_LEN", "D_OUT_OFF", "D_AMAX_A", "D_AMAX_B", "D_BIAS",
                  "D_PROBS"):
@@ -199,7 +199,7 @@ def test_kernel_constants_match_sources():
     assert "constexpr int kWmxBStages = kWmxAhead + 1;" in src
     assert (C.WMX_A_STAGES, C.WMX_B_STAGES) == (C.WMX_AHEAD + C.WMX_CANON_BUFFERS,
                                                 C.WMX_AHEAD + 1)
-    simt = (kernels.kernel_dir() / "grouped_gemm_simt.cu").read_text()
+    simt = kernels.source_path("grouped_gemm_simt.cu").read_text()
     for name in ("EK_F32", "EK_BF16", "EK_F16", "EK_FP4", "EK_E4M3", "EK_E5M2"):
         assert int(re.search(rf"\b{name} = (\d+)", simt).group(1)) == getattr(C, name), name
 

@@ -1,5 +1,5 @@
 """The shared-memory formulas of the GPU GEMM kernels (``lowprec_moe.backends.cupy.gemm.smem``, mirrors
-of raw_kernels/grouped_gemm_base.cuh), checked on the CPU against hand-computed layouts and the
+of raw_kernels/gemm/grouped_gemm_base.cuh), checked on the CPU against hand-computed layouts and the
 227 KiB opt-in limit.
 """
 
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from lowprec_moe import kernels
 
 
 def test_ws_smem_formula():
@@ -34,8 +35,7 @@ def test_ws_tma_smem_formula():
     C = gemm_internals()
     from lowprec_moe.backends.cupy.gemm import smem as S
 
-    src = (Path(__file__).resolve().parents[2] / "raw_kernels"
-           / "grouped_gemm_base.cuh").read_text()
+    src = kernels.source_path("grouped_gemm_base.cuh").read_text()
     assert int(re.search(r"constexpr int kWsFragSteps = (\d+);", src).group(1)) == \
         S.WS_FRAG_STEPS == 2
     nv = C._ws_tma_smem_bytes()
@@ -53,8 +53,7 @@ def test_ws_p_smem_formula():
     from conftest import gemm_internals
     C = gemm_internals()
 
-    src = (Path(__file__).resolve().parents[2] / "raw_kernels"
-           / "grouped_gemm_base.cuh").read_text()
+    src = kernels.source_path("grouped_gemm_base.cuh").read_text()
     assert int(re.search(r"constexpr int kEpiWarpLd = (\d+);", src).group(1)) == C.EPI_WARP_LD
     pers = C._ws_p_smem_bytes()
     assert int(re.search(r"constexpr int kEpiColTable = (\d+);", src).group(1)) == \
@@ -89,8 +88,7 @@ def test_ws_mx_p_smem_formula():
     C = gemm_internals()
     from lowprec_moe.backends.cupy.gemm import smem as S
 
-    src = (Path(__file__).resolve().parents[2] / "raw_kernels"
-           / "grouped_gemm_base.cuh").read_text()
+    src = kernels.source_path("grouped_gemm_base.cuh").read_text()
     assert re.search(r"constexpr int kWmxWinSlot = 128 \+ 256 \+ 32;", src)
     assert S.WMX_WIN_SLOT == 416
     assert re.search(r"constexpr int kWmxPAhead = 2;", src)
@@ -150,8 +148,7 @@ def test_ws_g_tma_smem_formula():
     mbarrier space; the look-ahead agrees with the kernel header."""
     from lowprec_moe.backends.cupy.gemm import smem as S
 
-    src = (Path(__file__).resolve().parents[2] / "raw_kernels"
-           / "grouped_gemm_ws_ragged_tma.cuh").read_text()
+    src = kernels.source_path("grouped_gemm_ws_ragged_tma.cuh").read_text()
     assert int(re.search(r"constexpr int AHEAD = (\d+),", src).group(1)) == S.WS_G_TMA_AHEAD
     stage = (64 * 32 + 64 * 48 + 128 * 4) + (128 * 32 + 128 * 48 + 256 * 4)
     assert stage == 16896

@@ -1,6 +1,6 @@
 """The persistent form of the warp-specialised MXFP8 kernel
 (``grouped_gemm_sm90_mxfp8_wgmma_ws_tma_persistent_128x256_kk`` / ``_kn`` / ``_nn``,
-raw_kernels/grouped_gemm_ws_mx_persist.cuh) on the GPU: each CTA runs many tiles as
+raw_kernels/gemm/grouped_gemm_ws_mx_persist.cuh) on the GPU: each CTA runs many tiles as
 one sequence of k-tiles in the launch's staging mode (fp16 window when every row is in it, from
 the range kernel's verdict), its producers write each next tile's window exponents while the
 consumers finish the current one, and the epilogue runs from registers through a canonical

@@ -1,4 +1,4 @@
-"""MXFP8 on fp16 tensor cores (raw_kernels/grouped_gemm_mxf16.cuh), on the GPU.
+"""MXFP8 on fp16 tensor cores (raw_kernels/gemm/grouped_gemm_mxf16.cuh), on the GPU.
 
 The wgmma kernels stage an MXFP8 tile as ``q * 2^(e - e_max(row) + S_MAX)`` in fp16 when every
 row and column of the tile keeps its block codes within the fp16 window (E4M3: 21 codes, E5M2: 8),

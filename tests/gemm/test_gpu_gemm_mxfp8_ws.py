@@ -1,5 +1,5 @@
 """The warp-specialised MXFP8 kernel (``grouped_gemm_sm90_mxfp8_wgmma_ws_tma_128x256_kk`` /
-``_kn`` / ``_nn``, raw_kernels/grouped_gemm_ws_mx.cuh) on the GPU: MXFP8 fprop, dgrad and wgrad with the 128-row
+``_kn`` / ``_nn``, raw_kernels/gemm/grouped_gemm_ws_mx.cuh) on the GPU: MXFP8 fprop, dgrad and wgrad with the 128-row
 tile, TMA loads, producers widening B (dgrad: W's columnwise copy, wgrad: x's, MN-major) and
 consumers widening A into wgmma registers (wgrad: dy's columnwise copy, MN-major, read with
 ldmatrix.trans in row pairs), each tile on fp16 (fp16 window) or bf16.

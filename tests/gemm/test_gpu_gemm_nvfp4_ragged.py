@@ -1,6 +1,6 @@
 """The ragged persistent NVFP4 kernel (its row-pair TMA build
 ``grouped_gemm_sm90_nvfp4_wgmma_ws_rowpair_tma_ragged_128x256_kk`` / ``..._kk_chunk8``,
-raw_kernels/grouped_gemm_ws_ragged.cuh) on the GPU: each CTA runs a balanced list of tiles whose
+raw_kernels/gemm/grouped_gemm_ws_ragged.cuh) on the GPU: each CTA runs a balanced list of tiles whose
 experts contract different token counts, the pipeline running on the CTA's k-tile sequence
 across tile boundaries, empty experts' tiles zeroed by the consumers.
 

@@ -1,4 +1,4 @@
-"""The register epilogue of the warp-specialised kernels (raw_kernels/grouped_gemm_epi_regs.cuh)
+"""The register epilogue of the warp-specialised kernels (raw_kernels/gemm/grouped_gemm_epi_regs.cuh)
 on the GPU: 16-bit output without bias from the NVFP4 TMA kernel
 (``grouped_gemm_sm90_nvfp4_wgmma_ws_tma_128x256_kk``, per-tensor and row-scaled factors), its
 persistent form (``..._ws_tma_persistent_128x256_kk``: 128 columns at a time) and the MXFP8

@@ -1,5 +1,5 @@
 """The fp16-window rescale of the MXFP8 wgmma kernels (``mx_rescale``,
-raw_kernels/grouped_gemm_mxf16.cuh), emulated on the CPU with float32 arithmetic (round to
+raw_kernels/gemm/grouped_gemm_mxf16.cuh), emulated on the CPU with float32 arithmetic (round to
 nearest, no flush, as fmul.rn on the GPU).
 
 When the tile's range of row and column e_max (``mx_tile_range``) keeps every exponent sum

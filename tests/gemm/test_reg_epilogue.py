@@ -1,4 +1,4 @@
-"""The register epilogue of the warp-specialised kernels (raw_kernels/grouped_gemm_epi_regs.cuh),
+"""The register epilogue of the warp-specialised kernels (raw_kernels/gemm/grouped_gemm_epi_regs.cuh),
 emulated on the CPU.
 
 Each consumer warp hands its 16 x 256 accumulators (wgmma fragment layout), converted to 16-bit

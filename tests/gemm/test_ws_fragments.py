@@ -1,5 +1,5 @@
 """The MN-major A fragments of the warp-specialised MXFP8 wgrad build (``_nn_y``,
-raw_kernels/grouped_gemm_ws_mx.cuh), emulated on the CPU: the raw panel as TMA stores it (64
+raw_kernels/gemm/grouped_gemm_ws_mx.cuh), emulated on the CPU: the raw panel as TMA stores it (64
 contraction lines of 128 bytes, 128-byte swizzle), the consumers' ``ldmatrix.x4.trans``
 addresses, the PTX fragment layout of ``ldmatrix .trans`` on 16-bit elements, the two byte
 selectors per step, and ``frag_row``'s map from fragment rows to tile rows.
@@ -63,7 +63,7 @@ def _frag_row(m0: int, lane: int, hf: int, paired: bool) -> int:
 
 def test_frag_row_matches_source():
     """The emulated frag_row is the header's formula."""
-    src = (Path(kernels.kernel_dir()) / "grouped_gemm_tile.cuh").read_text()
+    src = kernels.source_path("grouped_gemm_tile.cuh").read_text()
     body = re.search(r"int frag_row\(int m0, int lane, int hf\) \{\s*return (.*?);", src, re.S)
     assert body is not None
     assert " ".join(body.group(1).split()) == (

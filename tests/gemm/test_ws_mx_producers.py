@@ -1,5 +1,5 @@
 """The MN-major B producers of the warp-specialised MXFP8 kernel (``_kn_y`` dgrad, ``_nn_y``
-wgrad; raw_kernels/grouped_gemm_ws_mx_produce.cuh), emulated on the CPU.
+wgrad; raw_kernels/gemm/grouped_gemm_ws_mx_produce.cuh), emulated on the CPU.
 
 * Address map: each of the 256 producer threads widens 8 columns x 8 contraction lines per
   k-tile. Checked for every thread and line: the 8 raw bytes it loads (two raw panels of

@@ -1,5 +1,5 @@
-"""The copy schedule of the warp-specialised TMA kernels (raw_kernels/grouped_gemm_ws.cuh,
-``_kk_y`` NVFP4; raw_kernels/grouped_gemm_ws_mx.cuh, ``_kk_y`` / ``_kn_y`` MXFP8), emulated on
+"""The copy schedule of the warp-specialised TMA kernels (raw_kernels/gemm/grouped_gemm_ws.cuh,
+``_kk_y`` NVFP4; raw_kernels/gemm/grouped_gemm_ws_mx.cuh, ``_kk_y`` / ``_kn_y`` MXFP8), emulated on
 the CPU for every contraction length up to 40 scale groups.
 
 One producer thread refills raw stages (data of one k-tile) and scale slots (block scales of
@@ -14,7 +14,7 @@ issue rules written in the sources:
 * MXFP8, whose B tiles have a ring of their own (kWmxBStages = kWmxAhead + 1, refilled once
   every producer has widened the stage's tile, iteration kt - 1): a B stage holds its tile
   while the producers widen it. Also with the persistent MXFP8 kernels' constants
-  (raw_kernels/grouped_gemm_ws_mx_persist.cuh: copies kWmxPAhead ahead, B's ring one stage
+  (raw_kernels/gemm/grouped_gemm_ws_mx_persist.cuh: copies kWmxPAhead ahead, B's ring one stage
   more, A's ring of kWmxAStages).
 """
 

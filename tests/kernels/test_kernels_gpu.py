@@ -52,7 +52,7 @@ def test_missing_module_and_kernel():
 def test_compile_error_is_runtime_error_with_log_and_source(monkeypatch, tmp_path):
     d = tmp_path / "k"
     d.mkdir()
-    shutil.copy(RAW / "lpm_formats.cuh", d / "lpm_formats.cuh")
+    shutil.copy(kernels.source_path("lpm_formats.cuh"), d / "lpm_formats.cuh")
     _write(
         d / "broken.cu",
         """\
@@ -82,7 +82,7 @@ def test_sm90a_features_compile_on_hopper(monkeypatch, tmp_path):
         pytest.skip(f"compute capability {cc} is not 9.0")
     d = tmp_path / "k"
     d.mkdir()
-    shutil.copy(RAW / "lpm_formats.cuh", d / "lpm_formats.cuh")
+    shutil.copy(kernels.source_path("lpm_formats.cuh"), d / "lpm_formats.cuh")
     _write(
         d / "wg.cu",
         """\

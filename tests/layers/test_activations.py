@@ -25,6 +25,7 @@ from lowprec_moe.backends.numpy import activations as R
 from lowprec_moe.backends.numpy.reduce import grouped_colsum
 
 from conftest import assert_bytes_equal, assert_quantized_equal, to_host
+from lowprec_moe import kernels
 
 BF16 = ml_dtypes.bfloat16
 DTYPES = {"fp32": np.float32, "bf16": BF16, "fp16": np.float16}
@@ -91,13 +92,12 @@ def test_exp_f32_special_values():
 
 
 def test_constants_match_cuda_source():
-    raw = Path(__file__).resolve().parents[2] / "raw_kernels"
     # exponential constants: activation_math.cuh; activation ids: activation.cu
-    math_src = (raw / "activation_math.cuh").read_text()
+    math_src = kernels.source_path("activation_math.cuh").read_text()
     found = dict(re.findall(r"constexpr unsigned int LPM_ACT_(\w+)_BITS = (0x[0-9A-Fa-f]+)u;",
                             math_src))
     assert {k: int(v, 16) for k, v in found.items()} == R.EXP_CONST_BITS
-    src = (raw / "activation.cu").read_text()
+    src = kernels.source_path("activation.cu").read_text()
     ids = dict(re.findall(r"constexpr int LPM_ACT_(SWIGLU|CLAMPED_SWIGLU|SRELU) = (\d+);", src))
     from lowprec_moe.backends.cupy import activation as cu
 

@@ -1,4 +1,4 @@
-"""GPU activation kernels (``raw_kernels/activation.cu``): fused == unfused, GPU == NumPy.
+"""GPU activation kernels (``raw_kernels/activation/activation.cu``): fused == unfused, GPU == NumPy.
 
 * **Fused == unfused, bitwise**: the fused activation + MXFP8 quantize kernels (forward: z
   rowwise / columnwise; backward: dh rowwise / columnwise, E4M3 / E5M2) against the activation

@@ -1,4 +1,4 @@
-"""CuPy launchers of the GroupedMLP activation kernels (``raw_kernels/activation.cu``).
+"""CuPy launchers of the GroupedMLP activation kernels (``raw_kernels/activation/activation.cu``).
 
 Called by :mod:`lowprec_moe.layers.activations` with validated CuPy arrays:
 
@@ -27,10 +27,10 @@ from lowprec_moe.backends.cupy.reduce import segment_sum_tiles
 
 __all__ = ["MODULE", "AMAX_MODES", "activation_forward", "activation_backward"]
 
-#: Kernel module (``raw_kernels/activation.cu``).
+#: Kernel module (``raw_kernels/activation/activation.cu``).
 MODULE = "activation"
 
-# Must match raw_kernels/activation.cu (and mxfp8_formats.cuh for the flag bits).
+# Must match raw_kernels/activation/activation.cu (and mxfp8_formats.cuh for the flag bits).
 _WARPS_PER_CTA = 4
 _COLSUM_THREADS = 256
 _FLAG_ROWWISE = 1

@@ -1,4 +1,4 @@
-"""CuPy launchers for the scale swizzle / unswizzle kernels (``raw_kernels/swizzle.cu``).
+"""CuPy launchers for the scale swizzle / unswizzle kernels (``raw_kernels/layouts/swizzle.cu``).
 
 Same signatures and results as :mod:`lowprec_moe.backends.numpy.layouts` (byte for byte), for
 ``cupy.ndarray`` inputs; the layout is documented there. Inputs are made C-contiguous

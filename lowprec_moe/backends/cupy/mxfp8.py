@@ -1,4 +1,4 @@
-"""CuPy launchers for the MXFP8 kernels (``raw_kernels/mxfp8.cu``, code in ``mxfp8_*.cuh``).
+"""CuPy launchers for the MXFP8 kernels (``raw_kernels/mxfp8/mxfp8.cu``, code in ``mxfp8_*.cuh``).
 
 Same signatures and results (byte for byte) as :mod:`lowprec_moe.backends.numpy.mxfp8` and the
 reference paths of :class:`~lowprec_moe.GroupedTensor`, for ``cupy.ndarray`` inputs:
@@ -42,7 +42,7 @@ __all__ = [
 #: Kernel module: "mxfp8" (hardware fp32 -> fp8 conversion) or "mxfp8_intcvt" (integer).
 MODULE = "mxfp8"
 
-# Must match raw_kernels/mxfp8_formats.cuh (part of mxfp8_impl.cuh).
+# Must match raw_kernels/mxfp8/mxfp8_formats.cuh (part of mxfp8_impl.cuh).
 _WARPS_PER_CTA = 4
 _ROWS_PER_TILE = 32  # = F.MXFP8_BLOCK
 _DEQ_THREADS = 256

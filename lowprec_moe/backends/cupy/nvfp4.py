@@ -1,4 +1,4 @@
-"""CuPy launchers for the NVFP4 kernels (``raw_kernels/nvfp4.cu``, ``nvfp4_ext.cu``).
+"""CuPy launchers for the NVFP4 kernels (``raw_kernels/nvfp4/nvfp4.cu``, ``nvfp4_ext.cu``).
 
 Same signatures and results (byte for byte) as :mod:`lowprec_moe.backends.numpy.nvfp4` and the
 reference paths of :class:`~lowprec_moe.GroupedTensor`, for ``cupy.ndarray`` inputs:
@@ -40,7 +40,7 @@ MODULE = "nvfp4"
 #: Kernel module of the quantizers with stochastic rounding / RHT.
 EXT_MODULE = "nvfp4_ext"
 
-# Must match raw_kernels/nvfp4_common.cuh: its parts nvfp4_scalar.cuh (flags), nvfp4_tiles.cuh
+# Must match raw_kernels/nvfp4/nvfp4_common.cuh: its parts nvfp4_scalar.cuh (flags), nvfp4_tiles.cuh
 # (tile shape) and nvfp4_amax.cuh (Q_TAB_STRIDE).
 _FLAG_ROWWISE = 1
 _FLAG_COLWISE = 2

@@ -1,4 +1,4 @@
-"""CuPy launcher of the per-expert column sums (``raw_kernels/reduce.cu``).
+"""CuPy launcher of the per-expert column sums (``raw_kernels/reduce/reduce.cu``).
 
 :func:`grouped_colsum` has the signature and the semantics of
 :func:`lowprec_moe.backends.numpy.reduce.grouped_colsum` (float32 products, float32 sums; a different,
@@ -15,9 +15,9 @@ from lowprec_moe import kernels
 
 __all__ = ["MODULE", "TILE_ROWS", "grouped_colsum", "segment_sum_tiles"]
 
-#: Kernel module (``raw_kernels/reduce.cu``).
+#: Kernel module (``raw_kernels/reduce/reduce.cu``).
 MODULE = "reduce"
-#: Rows per tile and threads (columns) per CTA; must match raw_kernels/reduce.cu.
+#: Rows per tile and threads (columns) per CTA; must match raw_kernels/reduce/reduce.cu.
 TILE_ROWS = 128
 _THREADS = 256
 _SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}

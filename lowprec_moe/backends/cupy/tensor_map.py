@@ -4,7 +4,7 @@ A tensor map (the driver's ``CUtensorMap``, 128 opaque bytes) describes a tiled 
 global array to the tensor memory accelerator. CuPy does not wrap the encoder, so this module
 calls the driver's ``cuTensorMapEncodeTiled`` through :mod:`ctypes` and returns the map as a
 NumPy structured scalar, which CuPy passes to a kernel by value (the kernel declares it a
-``const __grid_constant__ TmaMap`` parameter, ``raw_kernels/grouped_gemm_tma.cuh``). Encoding
+``const __grid_constant__ TmaMap`` parameter, ``raw_kernels/gemm/grouped_gemm_tma.cuh``). Encoding
 is a host-only call (no device work, no synchronisation); maps are cached by their arguments.
 """
 

@@ -1,7 +1,7 @@
 """GroupedMLP activations, NumPy reference (NUMERICS §8).
 
 This module defines the exact arithmetic of the activations; the CUDA kernels
-(``raw_kernels/activation.cu``, arithmetic in ``activation_math.cuh``) perform the same fp32
+(``raw_kernels/activation/activation.cu``, arithmetic in ``activation_math.cuh``) perform the same fp32
 operations in the same order and give the same bits.
 
 Semantics: fp32 math, every operation rounded once (IEEE round-to-nearest-even, subnormals kept,
@@ -62,7 +62,7 @@ def _f32(bits: int) -> np.float32:
     return np.array([bits], dtype=np.uint32).view(np.float32)[0]
 
 
-# fp32 bit patterns of the constants; raw_kernels/activation_math.cuh defines the same (tested).
+# fp32 bit patterns of the constants; raw_kernels/activation/activation_math.cuh defines the same (tested).
 EXP_CONST_BITS = {
     "LOG2E": 0x3FB8AA3B,      # fp32(log2(e))
     "LN2_HI": 0x3F317200,     # 0.693145751953125 (15 significant bits)

@@ -3,7 +3,7 @@
 ``grouped_colsum(a, splits, probs)`` is ``out[g] = sum over expert g's rows of a * probs``:
 each element converted to float32 and multiplied by its row's float32 prob (one float32
 rounding), the products summed in float64 and the sum rounded once to float32. An expert without
-rows gets zeros. The CUDA twin (``raw_kernels/reduce.cu``) computes the same products and sums
+rows gets zeros. The CUDA twin (``raw_kernels/reduce/reduce.cu``) computes the same products and sums
 them in float32 in a fixed order (rows of 128-row tiles in order, then the tiles in order), so the
 two agree to float32 summation error, not bit for bit; each is deterministic, and an expert's
 sums depend on its own rows only. NaN / inf propagate as in IEEE arithmetic.

@@ -1,6 +1,6 @@
 """Tile lists of the ragged persistent NVFP4 wgrad kernel
 (``grouped_gemm_sm90_nvfp4_wgmma_ws_rowpair_tma_ragged_128x256_kk``; entry layout in
-``raw_kernels/grouped_gemm_ragged_list.cuh``).
+``raw_kernels/gemm/grouped_gemm_ragged_list.cuh``).
 
 That kernel runs one CTA per multiprocessor over tiles of different contraction lengths (K-grouped
 wgrad: each expert contracts its own tokens). CTA ``b`` runs the entries ``b, b + ctas, ...`` of

@@ -14,7 +14,7 @@ from lowprec_moe.backends.cupy.gemm.plan import SIMT_TILE, THREADS
 from lowprec_moe.backends.cupy.gemm.rules import Facts, pick_small_tile
 from lowprec_moe.backends.cupy.gemm.smem import _smem_bytes
 
-#: The SIMT kernel (``raw_kernels/grouped_gemm_simt.cu``): any format and layout, fp32 operand
+#: The SIMT kernel (``raw_kernels/gemm/grouped_gemm_simt.cu``): any format and layout, fp32 operand
 #: values, non-flushing fma accumulation -- the fp32-accurate path.
 SIMT = KernelConfig("any", "any", "any", "simt", "plain", "cpasync", "tile", SIMT_TILE,
                     SIMT_TILE, THREADS, 0, 0, "grouped_gemm_simt", "")

@@ -25,7 +25,7 @@ and uploads two small tables (cached by content, so repeated calls with the same
 nothing): the tile table ``int32 [entries, 2] = (expert, row tile)`` and the descriptor table
 ``int64 [G, 16]`` (byte offsets / leading dimensions of both operands and their scales, valid
 rows, contraction length, output / amax / bias / probs bases; layout in
-``raw_kernels/grouped_gemm_base.cuh``).
+``raw_kernels/gemm/grouped_gemm_base.cuh``).
 
 Which kernel runs is decided by :mod:`lowprec_moe.backends.cupy.gemm.choice` (its docstring lists the
 kernels and the environment overrides); this module re-exports its names.

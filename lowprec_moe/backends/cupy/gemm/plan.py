@@ -3,7 +3,7 @@
 Turns a validated :class:`lowprec_moe.gemm.GemmProblem` into the canonical per-expert form the
 kernels read (see :mod:`lowprec_moe.backends.cupy.gemm.launch` for the layout): an :class:`Operand` per side, the
 descriptor table ``int64 [G, DESC_WORDS]`` and the tile table ``int32 [entries, 2]``. The
-constants below mirror ``raw_kernels/grouped_gemm_base.cuh`` (descriptor words, operand kinds,
+constants below mirror ``raw_kernels/gemm/grouped_gemm_base.cuh`` (descriptor words, operand kinds,
 tile constants), ``grouped_gemm_kernel.cuh`` (the kernel parameters) and ``grouped_gemm_simt.cu``;
 ``tests/gemm/test_gemm_plan.py`` checks them against the CUDA sources and emulates the tables.
 """
@@ -22,7 +22,7 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
-# ---- mirrored from raw_kernels/grouped_gemm_base.cuh (descriptor words, kinds, LPM_GG_PARAMS) --
+# ---- mirrored from raw_kernels/gemm/grouped_gemm_base.cuh (descriptor words, kinds, LPM_GG_PARAMS) --
 DESC_WORDS = 16
 (D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD, D_B_SOFF, D_B_SLD, D_ROWS, D_LEN,
  D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS) = range(15)
@@ -57,7 +57,7 @@ MMA_PARAMS = ("tiles", "n_col_tiles", "desc", "n_cols", "a_data", "a_scale", "a_
               "accumulate", "zero_if_empty", "mx_bf16")
 SIMT_PARAMS = tuple({"a_ch": "a_kind", "a_e5m2": "a_mn", "b_ch": "b_kind",
                      "b_e5m2": "b_mn"}.get(n, n) for n in MMA_PARAMS if n != "mx_bf16")
-# ---- mirrored from raw_kernels/grouped_gemm_simt.cu ----------------------------------------
+# ---- mirrored from raw_kernels/gemm/grouped_gemm_simt.cu ----------------------------------------
 EK_F32, EK_BF16, EK_F16, EK_FP4, EK_E4M3, EK_E5M2 = range(6)
 SIMT_TILE = 64
 

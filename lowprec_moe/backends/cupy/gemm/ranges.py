@@ -1,5 +1,5 @@
 """Block-code ranges of MXFP8 GEMM operand rows on the GPU (``RANGES_KERNEL`` of
-:mod:`.sm90`, raw_kernels/grouped_gemm_mx_ranges.cuh), which the warp-specialised MXFP8 kernels check their
+:mod:`.sm90`, raw_kernels/gemm/grouped_gemm_mx_ranges.cuh), which the warp-specialised MXFP8 kernels check their
 tiles against the fp16 window with.
 
 Per expert ``g`` the words are ``ra`` entries for A's rows (the expert's output rows), then

@@ -1,5 +1,5 @@
 """Shared-memory sizes of the grouped-GEMM tensor-core kernels, mirroring the formulas in
-``raw_kernels/grouped_gemm_base.cuh`` (gemm_smem_bytes, ws_smem_bytes, swap_smem_bytes): the
+``raw_kernels/gemm/grouped_gemm_base.cuh`` (gemm_smem_bytes, ws_smem_bytes, swap_smem_bytes): the
 launcher requests exactly what a kernel checks for (it traps when given less).
 """
 
@@ -9,7 +9,7 @@ from lowprec_moe import formats as F
 from lowprec_moe.backends.cupy.gemm.plan import (BK, SWAP_TILE, SWAP_WIDE_TILE, WS_TILE, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN, KIND_HP_K, KIND_HP_MN,
                         SWAP_STAGES, WS_AHEAD, WS_CANON_BUFFERS, _cdiv)
 
-# opt-in shared memory per block on sm_90 (kMaxSmem in raw_kernels/grouped_gemm_base.cuh)
+# opt-in shared memory per block on sm_90 (kMaxSmem in raw_kernels/gemm/grouped_gemm_base.cuh)
 MAX_SMEM = 227 * 1024
 
 
@@ -45,7 +45,7 @@ def _epi_bytes(bm: int, bn: int) -> int:
 
 def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) -> int:
     """Dynamic shared memory of a tensor-core kernel (mirrors gemm_smem_bytes in
-    raw_kernels/grouped_gemm_base.cuh)."""
+    raw_kernels/gemm/grouped_gemm_base.cuh)."""
     direct = a_kind in (KIND_HP_K, KIND_HP_MN)
     ca, cb = _canon(bm), _canon(bn)
     if direct:
@@ -63,7 +63,7 @@ def _smem_bytes(a_kind: int, b_kind: int, bm: int, bn: int, wg: bool = False) ->
 
 def _ws_smem_bytes(a_kind: int, b_kind: int) -> int:
     """Dynamic shared memory of the warp-specialised NVFP4 kernel (ws_smem_bytes in
-    raw_kernels/grouped_gemm_base.cuh): WS_AHEAD + WS_CANON_BUFFERS raw stages, canonical
+    raw_kernels/gemm/grouped_gemm_base.cuh): WS_AHEAD + WS_CANON_BUFFERS raw stages, canonical
     buffers of the B tile only (A goes from the raw stage to wgmma registers), alignment; the
     fp32 epilogue tile reuses it."""
     bm, bn = WS_TILE
@@ -72,13 +72,13 @@ def _ws_smem_bytes(a_kind: int, b_kind: int) -> int:
 
 
 #: k-tiles requested ahead by the ragged NVFP4 kernel's TMA build (WsgTmaLayout::AHEAD in
-#: raw_kernels/grouped_gemm_ws_ragged_tma.cuh)
+#: raw_kernels/gemm/grouped_gemm_ws_ragged_tma.cuh)
 WS_G_TMA_AHEAD = 2
 
 
 def _ws_g_tma_smem_bytes() -> int:
     """Dynamic shared memory of the ragged NVFP4 kernel's TMA build (``rowpair_tma_ragged``;
-    ws_g_tma_smem_bytes in raw_kernels/grouped_gemm_ws_ragged_tma.cuh): WS_G_TMA_AHEAD +
+    ws_g_tma_smem_bytes in raw_kernels/gemm/grouped_gemm_ws_ragged_tma.cuh): WS_G_TMA_AHEAD +
     WS_CANON_BUFFERS stages -- per operand its even rows' k-tile boxes (32 bytes a row), its odd
     rows' (48) and its block scales -- rounded up to 1 KiB, the canonical B buffers (the
     epilogue is staged in one), alignment."""
@@ -90,7 +90,7 @@ def _ws_g_tma_smem_bytes() -> int:
 
 
 #: k-tiles of block scales per TMA scale slot, and slots, of the warp-specialised kernel's TMA
-#: build (kWsScaleTiles / kWsScaleSlots in raw_kernels/grouped_gemm_base.cuh)
+#: build (kWsScaleTiles / kWsScaleSlots in raw_kernels/gemm/grouped_gemm_base.cuh)
 WS_SCALE_TILES = 4
 WS_SCALE_SLOTS = 3
 WS_FRAG_STEPS = 2  # 16-deep steps of A fragments the producers decode (kWsFragSteps)
@@ -98,7 +98,7 @@ WS_FRAG_STEPS = 2  # 16-deep steps of A fragments the producers decode (kWsFragS
 
 def _ws_tma_smem_bytes() -> int:
     """Dynamic shared memory of the warp-specialised NVFP4 kernel's TMA build (ws_tma_smem_bytes
-    in raw_kernels/grouped_gemm_base.cuh): raw stages of the two data tiles only, canonical B
+    in raw_kernels/gemm/grouped_gemm_base.cuh): raw stages of the two data tiles only, canonical B
     buffers, then WS_SCALE_SLOTS slots of WS_SCALE_TILES k-tiles of block scales (16 bytes per
     row of A and B), one A-fragment buffer per canonical buffer (WS_FRAG_STEPS steps x 256
     consumer threads x 16 bytes), alignment; the fp32 epilogue tile reuses it."""
@@ -110,7 +110,7 @@ def _ws_tma_smem_bytes() -> int:
 
 
 #: floats per row of a consumer warp's epilogue staging buffer in the persistent kernel
-#: (kEpiWarpLd in raw_kernels/grouped_gemm_base.cuh): 64 columns and 4 of padding
+#: (kEpiWarpLd in raw_kernels/gemm/grouped_gemm_base.cuh): 64 columns and 4 of padding
 EPI_WARP_LD = 68
 #: ... and floats per consumer warp of its column-amax table (kEpiColTable)
 EPI_COL_TABLE = 128
@@ -118,7 +118,7 @@ EPI_COL_TABLE = 128
 
 def _ws_p_smem_bytes() -> int:
     """Dynamic shared memory of the persistent form of the NVFP4 TMA build (ws_p_smem_bytes in
-    raw_kernels/grouped_gemm_base.cuh): the TMA build's stages, canonical buffers and scale
+    raw_kernels/gemm/grouped_gemm_base.cuh): the TMA build's stages, canonical buffers and scale
     slots, then a 16-row staging buffer and a column-amax table per consumer warp (8) for the
     epilogue, alignment."""
     bm, bn = WS_TILE
@@ -128,7 +128,7 @@ def _ws_p_smem_bytes() -> int:
             + 8 * (16 * EPI_WARP_LD + EPI_COL_TABLE) * 4 + 1024)
 
 
-#: the warp-specialised MXFP8 kernel (kWmx* in raw_kernels/grouped_gemm_base.cuh): raw tiles in
+#: the warp-specialised MXFP8 kernel (kWmx* in raw_kernels/gemm/grouped_gemm_base.cuh): raw tiles in
 #: flight ahead of the expansion, canonical B buffers, k-tiles per scale slot, scale slots
 WMX_AHEAD = 3
 WMX_CANON_BUFFERS = 3
@@ -142,7 +142,7 @@ WMX_B_STAGES = WMX_AHEAD + 1
 
 def _ws_mx_smem_bytes() -> int:
     """Dynamic shared memory of the warp-specialised MXFP8 kernel (ws_mx_smem_bytes in
-    raw_kernels/grouped_gemm_base.cuh): WMX_A_STAGES raw A tiles and WMX_B_STAGES raw B tiles of
+    raw_kernels/gemm/grouped_gemm_base.cuh): WMX_A_STAGES raw A tiles and WMX_B_STAGES raw B tiles of
     fp8 data, the canonical B buffers, WMX_SCALE_SLOTS slots of WMX_SCALE_TILES k-tiles of E8M0
     codes (16 bytes per row of A and B), the rows' and columns' largest codes (one byte each),
     alignment; the fp32 epilogue tile reuses the front."""
@@ -166,7 +166,7 @@ WMX_EPI_STAGING = 8 * 16 * (2 * 64 + 16)
 
 def _ws_mx_p_smem_bytes(win_slots: int = 2) -> int:
     """Dynamic shared memory of the persistent warp-specialised MXFP8 kernel (ws_mx_p_smem_bytes
-    in raw_kernels/grouped_gemm_base.cuh): WMX_A_STAGES raw A tiles, WMX_P_AHEAD + 1 raw B tiles,
+    in raw_kernels/gemm/grouped_gemm_base.cuh): WMX_A_STAGES raw A tiles, WMX_P_AHEAD + 1 raw B tiles,
     the canonical buffers and scale slots of the per-tile kernel, the consumer warps' staging
     buffers, `win_slots` window slots, alignment."""
     bm, bn = WS_TILE
@@ -178,7 +178,7 @@ def _ws_mx_p_smem_bytes(win_slots: int = 2) -> int:
 
 def _swap_smem_bytes(x_kind: int, w_kind: int, wide: bool = False) -> int:
     """Dynamic shared memory of the swapped-operand kernel (swap_smem_bytes in
-    raw_kernels/grouped_gemm_base.cuh): raw ring, two canonical buffers (NVFP4: the token tile
+    raw_kernels/gemm/grouped_gemm_base.cuh): raw ring, two canonical buffers (NVFP4: the token tile
     only), alignment. ``wide``: the 256-column NVFP4 TMA builds (``swap_tma_32x256``, and ``swap_tma_16x256``,
     whose 16-token tiles keep the 32-row layout)."""
     tokens, cols = SWAP_WIDE_TILE if wide else SWAP_TILE

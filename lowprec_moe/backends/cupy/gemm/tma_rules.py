@@ -210,7 +210,7 @@ def _pair_maps(geom: tuple, desc, a_data, b_data):
     of each pair (past them it reads zeros) in boxes of ``BK / 2`` bytes, the odd rows' map the
     whole pair in boxes of ``BK / 2 + 16`` bytes (a box must start 16-byte aligned: the kernel
     reads an odd row's k-tile from ``ld % 16`` bytes into its box), each box half the tile's
-    rows (raw_kernels/grouped_gemm_ws_ragged_tma.cuh, WsgTmaLayout). Built on the device from
+    rows (raw_kernels/gemm/grouped_gemm_ws_ragged_tma.cuh, WsgTmaLayout). Built on the device from
     :func:`_pair_templates` and the descriptor table ``desc`` (one small kernel, no host
     encoding per expert), cached by the data pointers and ``geom`` (:func:`_pair_geom`)."""
     import cupy as cp

@@ -1,5 +1,5 @@
-// lowprec_moe: extern "C" MXFP8 kernels. Included once by raw_kernels/mxfp8.cu and once by
-// raw_kernels/mxfp8_intcvt.cu, which define LPM_MX_HW_CVT (true: hardware fp32 -> fp8
+// lowprec_moe: extern "C" MXFP8 kernels. Included once by raw_kernels/mxfp8/mxfp8.cu and once by
+// raw_kernels/mxfp8/mxfp8_intcvt.cu, which define LPM_MX_HW_CVT (true: hardware fp32 -> fp8
 // conversion, false: integer conversion) first. Both modules export the same kernel names.
 
 #ifndef LPM_MX_HW_CVT

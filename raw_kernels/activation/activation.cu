@@ -34,7 +34,7 @@
 // order, then a butterfly over the 16 lanes of the row (xor 1, 2, 4, 8); lpm_act_row_sum adds
 // the partials of a row in order. Column sums: fp32 sum of the lane's 16 rows in order, plus the
 // other row parity (xor 16); per expert, lpm_segment_sum_tiles
-// (raw_kernels/reduce.cu) adds the tiles in order.
+// (raw_kernels/reduce/reduce.cu) adds the tiles in order.
 // Deterministic and independent of the other experts (grouped == per expert, bitwise); not the
 // NumPy summation order.
 //

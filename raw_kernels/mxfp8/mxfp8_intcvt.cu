@@ -1,5 +1,5 @@
 // lowprec_moe: MXFP8 kernels with a pure integer fp32 -> fp8 conversion. Same kernels and names
-// as raw_kernels/mxfp8.cu (see mxfp8_impl.cuh); the tests compare the two modules and the NumPy
+// as raw_kernels/mxfp8/mxfp8.cu (see mxfp8_impl.cuh); the tests compare the two modules and the NumPy
 // reference, and lowprec_moe/backends/cupy/mxfp8.py can be pointed at this module should the hardware
 // conversion ever disagree with the reference. Also holds a conversion probe kernel.
 #define LPM_MX_HW_CVT false

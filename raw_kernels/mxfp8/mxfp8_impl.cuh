@@ -1,6 +1,6 @@
 // lowprec_moe: MXFP8 quantization / dequantization, device code shared by the kernel modules
-// raw_kernels/mxfp8.cu (production: hardware fp32 -> fp8 conversion) and
-// raw_kernels/mxfp8_intcvt.cu (same kernels with a pure integer conversion; tests use it as a
+// raw_kernels/mxfp8/mxfp8.cu (production: hardware fp32 -> fp8 conversion) and
+// raw_kernels/mxfp8/mxfp8_intcvt.cu (same kernels with a pure integer conversion; tests use it as a
 // cross-check and it is the fallback should the hardware conversion ever disagree).
 //
 // NUMERICS §3 (MXFP8) and section 5 (GroupedTensor). Bit-exact with
