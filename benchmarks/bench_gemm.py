@@ -131,7 +131,7 @@ def _burst_median_ms(event, sync, elapsed, fn, warmup, iters) -> tuple[float, fl
 def _paired_median_ms(ours, peer, warmup, iters) -> tuple[float, float, float, float]:
     """Ours and a peer timed in alternation: each of `iters` rounds takes one peer sample, then
     one of ours, so both see the same clocks (back-to-back runs of the same code on the H200
-    differ by up to ~12 %, see benchmarks/RESULTS.md). `ours` / `peer`: (event, sync, elapsed,
+    differ by up to ~12 %). `ours` / `peer`: (event, sync, elapsed,
     fn). Returns (ours median ms, ours median host us, peer median ms, median of the per-round
     ratios peer ms / ours ms)."""
     reps_o = _calibrate(*ours, warmup)

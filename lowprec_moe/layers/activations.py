@@ -29,7 +29,7 @@ The pre-activation ``h`` is kept between forward and backward (in the layer dtyp
   contribution and the per-tile column sums of ``dh`` (for fc1's bias gradient); ``dh`` is never
   written to memory. Needs ``F % 32 == 0`` and ``glu_interleave`` a multiple of 32 (or none), so
   that every 32-column block of ``dh`` is all gate or all linear; otherwise the unfused path runs.
-  Speed (H200, ``benchmarks/RESULTS.md``): the activation kernels are compute-bound (the exact
+  Speed (H200): the activation kernels are compute-bound (the exact
   fp32 exponential and IEEE division), so the quantization arithmetic added to the fused kernel
   costs about what the separate bandwidth-bound quantize pass costs: the fused forward is faster
   than the unfused chain, the fused backward is still ~3-5 % slower at the bench_mlp shapes.

@@ -27,7 +27,7 @@
 //     6 raw stages, 3 canonical B buffers: ws_smem_bytes) hands the copies and B's expansion to
 //     two producer warpgroups; its two consumer warpgroups decode A straight into wgmma
 //     registers. The swapped-operand kernel (grouped_gemm_swap.cuh) does the same with its
-//     NVFP4 weights; its NVFP4 build _kk_u loads the data tiles with TMA instead of cp.async
+//     NVFP4 weights; its NVFP4 build the 32x128 TMA build loads the data tiles with TMA instead of cp.async
 //     (grouped_gemm_tma.cuh).
 //     No dequantized copy of an operand ever exists in global memory.
 // Canonical tiles (16-bit): K-major [R][64] (128-byte rows, 16-byte chunk c of row r stored at
@@ -94,7 +94,7 @@
 //   grouped_gemm_ws_mx_produce.cuh  its shared-memory layout (WmxLayout) and producers'
 //                             k-loops (wmx_produce_b: B widened per K-major or MN-major layout)
 //   grouped_gemm_mx_ranges.cuh  the block-code range of every MXFP8 operand row
-//                             (lpm_gg_mx_ranges, LPM_GG_DEFINE_MX_RANGES), which the
+//                             (grouped_gemm_sm90_mxfp8_block_code_ranges, LPM_GG_DEFINE_MX_RANGES), which the
 //                             warp-specialised MXFP8 kernels check the fp16 window with
 //   grouped_gemm_ws_mx_consume.cuh  its consumers' k-loop (wmx_consume: A widened into
 //                             registers, m64n128k16 on the canonical B)

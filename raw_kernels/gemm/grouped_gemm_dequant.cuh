@@ -264,7 +264,7 @@ __device__ __forceinline__ void fp4_unit_decode(const UnitRaw<KIND_FP4_K>& x,
 // S32: store through 32-bit shared addresses (canon 64-byte aligned); false: through canon's
 // generic pointer, the same places -- ptxas gives the warp-specialised cp.async producers
 // (80 registers) more spills with the 32-bit stores, the full-register kernels fewer
-// instructions (SASS, fifteenth session).
+// instructions (SASS).
 template <int KIND, int R, bool E5M2, bool H = false, bool S32 = true>
 __device__ __forceinline__ void unit_store(const UnitRaw<KIND>& x, unsigned char* canon, int u) {
     const int r = u >> 1, h = u & 1;

@@ -6,7 +6,7 @@
 // smallest E8M0 code of its blocks along the contraction. Scanning the tile's block scales in
 // the GEMM (mx_scan: 384 rows x K / 32 codes, every tile again) costs a few microseconds per
 // tile on long contractions, which the persistent kernel cannot hide. Instead a small kernel
-// first reduces every operand row once, lpm_gg_mx_ranges, into one 16-bit word per row and
+// first reduces every operand row once, grouped_gemm_sm90_mxfp8_block_code_ranges, into one 16-bit word per row and
 // expert (mx_range_word: largest code in the low byte, smallest in the high byte; over no block
 // 0 and 255, mx_scan's initial values), and the GEMM reads 384 words per tile
 // (mx_window_check_ranges), with the same verdict and exponents as mx_window_check.
@@ -23,7 +23,7 @@
 
 namespace lpm_gg {
 
-constexpr int kMxRangeThreads = 256;  // rows per CTA of lpm_gg_mx_ranges
+constexpr int kMxRangeThreads = 256;  // rows per CTA of grouped_gemm_sm90_mxfp8_block_code_ranges
 
 __device__ __forceinline__ unsigned short mx_range_word(unsigned hi, unsigned lo) {
     return static_cast<unsigned short>(hi | (lo << 8));

@@ -217,7 +217,7 @@ __device__ __forceinline__ unsigned pack_bf16x2_rn(float lo, float hi) {
 
 // One 16-byte global store (p 16-byte aligned) of the epilogues' 16-bit output, which the kernel
 // never reads back: no L1 line is allocated for it (0.1-1.8 % faster in 28 of 30 MXFP8 / NVFP4
-// cases, none slower: benchmarks/RESULTS.md). (The compiler split the equivalent uint4 store
+// cases, none slower). (The compiler split the equivalent uint4 store
 // into four 4-byte ones.)
 __device__ __forceinline__ void st_global_v4(void* p, unsigned a, unsigned b, unsigned c,
                                              unsigned d) {

@@ -203,7 +203,7 @@ struct OperandCopy {
     // the accumulators of output rows / columns that are never stored (each wgmma output
     // element reads its own A row and B column only). Used by the swapped-operand kernel, whose
     // k-loop is bound by integer work (membound NVFP4 dgrad -10 %); the 128 x 256 kernels lost
-    // 10-20 % with it (bf16 dgrad / wgrad; benchmarks/RESULTS.md), so they keep issue().
+    // 10-20 % with it (bf16 dgrad / wgrad), so they keep issue().
     __device__ __forceinline__ void issue_split(unsigned sdst, long long k0, int rows_valid,
                                                 long long len_left,
                                                 const unsigned char* safe) const {

@@ -23,29 +23,29 @@
 // GPU tests check that the results are bitwise those of gemm_mma. The accumulators are staged
 // transposed ([token][column]) so the shared epilogue runs as is.
 //
-// The NVFP4 build lpm_gg_nvfp4_kk_u loads both data tiles of a k-tile with two TMA copies
+// The NVFP4 build grouped_gemm_sm90_nvfp4_wgmma_swap_tma_32x128_kk loads both data tiles of a k-tile with two TMA copies
 // issued by one thread (LPM_GG_DEFINE_SWAP_TMA): the per-thread cp.async address work leaves
 // the k-loop (static loop 398 -> 299 instructions); on the membound NVFP4 shape the medians of
 // six alternated pairs moved by -19 % (fprop) / -15 % (dgrad), about as much as this machine's
-// run-to-run spread (benchmarks/RESULTS.md, twelfth session).
+// run-to-run spread.
 //
-// Measured (benchmarks/RESULTS.md): the NVFP4 kernel is bound by the weight decode (~3
+// Measured: the NVFP4 kernel is bound by the weight decode (~3
 // instructions per element) and by the four dependent wgmma per k-tile that each warp waits
 // for, not by memory. Decoding tile k+1 into a second register set while tile k's wgmma run
 // would hide the latter; in the form tried, ptxas serialized the wgmma (C7513). The
 // warp-specialised kernel decodes with one commit group per 16-deep step, which ptxas does not
 // serialize (grouped_gemm_ws.cuh); not tried here.
 //
-// The wide NVFP4 TMA builds (MW = 2; sixteenth session): lpm_gg_nvfp4_kk_r, 256 weight rows x
-// 32 tokens per CTA, and lpm_gg_nvfp4_kk_p, the same with 16 token rows (m64n16k16) for experts
+// The wide NVFP4 TMA builds (MW = 2): grouped_gemm_sm90_nvfp4_wgmma_swap_tma_32x256_kk, 256 weight rows x
+// 32 tokens per CTA, and grouped_gemm_sm90_nvfp4_wgmma_swap_tma_16x256_kk, the same with 16 token rows (m64n16k16) for experts
 // of at most 16 tokens. Each warpgroup decodes and multiplies two 64-row halves per k-tile, one
 // commit group each (the second half is decoded while the first half's wgmma run; ptxas does
 // not serialize this form), two CTAs per SM at 117 registers. The k-loop is 420 SASS
 // instructions per 256 weight rows against 289 per 128 (-27 % per weight row). GPU time on the
-// membound shape (E = 128 x 16 tokens, 2048 -> 1536, interleaved A/B): fprop 0.177 ms (_kk_u)
-// -> 0.159 (_kk_r) -> 0.153 (_kk_p), 1.40x -> 1.62x torch bf16; dgrad 0.172 -> 0.145 ms.
+// membound shape (E = 128 x 16 tokens, 2048 -> 1536, interleaved A/B): fprop 0.177 ms (the 32x128 TMA build)
+// -> 0.159 (the 32x256 build) -> 0.153 (the 16x256 build), 1.40x -> 1.62x torch bf16; dgrad 0.172 -> 0.145 ms.
 // Tried and reverted: moving the token-tile expansion to warps 4-7 and precomputing the
-// fragment / token-word shared offsets (6244301); it measured 12-15 % slower than _kk_r, but on
+// fragment / token-word shared offsets (6244301); it measured 12-15 % slower than the 32x256 build, but on
 // host-bound timing (before the benchmarks' GPU hold), so the question is open.
 
 #ifndef LPM_GROUPED_GEMM_SWAP_CUH
@@ -129,12 +129,12 @@ __device__ __forceinline__ void wgmma_m64n32k16_rs(float* d, const unsigned (&a)
 //   The launcher guarantees uniform row strides, expert offsets that are whole rows and a
 //   contraction that is a multiple of the k-tile (whole k-tiles only).
 // MW: m64 weight blocks per warpgroup -- 1 (128 weight rows per CTA), or 2 for the wide NVFP4
-//   TMA build (256 weight rows per CTA, lpm_gg_nvfp4_kk_r): a warpgroup decodes and multiplies
+//   TMA build (256 weight rows per CTA, grouped_gemm_sm90_nvfp4_wgmma_swap_tma_32x256_kk): a warpgroup decodes and multiplies
 //   two 64-row halves per k-tile (the second half decoded while the first half's wgmma run), so
 //   the per-k-tile work that does not grow with the weight rows -- the barrier, the copy issue,
 //   the token-tile expansion, the mbarrier waits -- is spread over twice the weights.
 // NTOK: token rows per tile, the wgmma N -- kSwapTokens (32), or 16 for the wide build when no
-//   expert has more than 16 tokens (lpm_gg_nvfp4_kk_p: m64n16k16, half the MMA work of a 32-row
+//   expert has more than 16 tokens (grouped_gemm_sm90_nvfp4_wgmma_swap_tma_16x256_kk: m64n16k16, half the MMA work of a 32-row
 //   tile of which 16 rows are valid); the shared-memory layout stays that of 32 token rows.
 template <int XKIND, int WKIND, bool F16, int CH, bool TMA, int MW = 1, int NTOK = kSwapTokens>
 __device__ __forceinline__ void gemm_swap(LPM_GG_PARAMS, const TmaMap* tmx, const TmaMap* tmw) {

@@ -44,7 +44,7 @@ namespace lpm_gg {
 // barriers and 384 loads, overlapping the first copies, and the rescale of 128 accumulators
 // per consumer thread) are small, and on the H200 a widened k-tile costs ~1.10 us on fp16
 // against ~1.55 us on bf16 (wgrad, both operands MN-major), but tiles of one or two k-tiles
-// measured 11 % and 5 % slower on fp16, four 4 % faster, eight 12 % (benchmarks/RESULTS.md).
+// measured 11 % and 5 % slower on fp16, four 4 % faster, eight 12 %.
 constexpr int kWmxMinKTiles = 4;
 
 // Registers per thread after the role split (setmaxnreg; the launch share is kWsLaunchRegs),

@@ -123,7 +123,7 @@ __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& 
                 // a code outside it, would make 0 * NaN or 0 * inf). Once per tile, instead of
                 // zeroing the A fragments after decoding in every step past the end -- which
                 // measured 0.5-2 % faster on four wgrad shapes (H200), though its code sits in
-                // every step (benchmarks/RESULTS.md).
+                // every step.
                 if (kt == jend - 1) {
                     const unsigned tail = lds_u32_volatile(tail_len);
                     if (tail < kBK) {

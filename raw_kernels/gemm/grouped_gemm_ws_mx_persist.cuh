@@ -25,7 +25,7 @@
 //     time) through each warp's own staging buffer; the producers meanwhile widen the next
 //     tile's first three k-tiles. (Staged through the last canonical buffer, which went back
 //     only after the epilogue, the producers sat idle for ~4.5 us of a ~15 us tile:
-//     benchmarks/RESULTS.md. The staging buffers take the space of one B stage: the copies
+//     The staging buffers take the space of one B stage: the copies
 //     are requested kWmxPAhead = 2 k-tiles ahead instead of 3.) The launcher allows no
 //     output scaling, so the epilogue is reg_epi_unscaled: two variants inlined per k-loop
 //     build instead of reg_epi's six, which halved the module's code. (Together: 1-6 %

@@ -4,8 +4,7 @@ emulated on the CPU: every E2M1 nibble of a 32-bit word becomes the E4M3 byte of
 byte for byte in element order, whatever the neighbouring nibbles hold (the shifts carry bits
 across byte boundaries, the masks must drop them).
 
-The same check covers a variant built and not yet run on a GPU (benchmarks/RESULTS.md,
-twenty-fourth session): the odd nibbles' right shift as a multiply-high, ``__umulhi(w, 1 << 30)``,
+The same check covers an alternative the decoder may take: the odd nibbles' right shift as a multiply-high, ``__umulhi(w, 1 << 30)``,
 which ptxas issues on the FMA pipe instead of the integer ALU pipe.
 """
 

@@ -1,6 +1,6 @@
 """Block-code range words of MXFP8 operand rows (the warp-specialised MXFP8 kernels' window
 check input): the NumPy twin ``mx_code_range_words`` on the CPU, and the GPU range kernel
-``lpm_gg_mx_ranges`` bit for bit against it, for the operand layouts of fprop (both K-major),
+``grouped_gemm_sm90_mxfp8_block_code_ranges`` bit for bit against it, for the operand layouts of fprop (both K-major),
 dgrad (B MN-major) and wgrad (both MN-major; every expert its own token count), ragged and
 empty experts, block codes spread over ~200 exponents and NaN scales."""
 

@@ -214,7 +214,7 @@ def _bf16():
 
 def mx_code_range_words(codes: np.ndarray) -> np.ndarray:
     """Block-code range words of MXFP8 operand rows (the GPU range kernel's twin,
-    ``lpm_gg_mx_ranges``): ``codes`` is ``uint8 [rows, blocks]`` (E8M0 codes of each row's blocks
+    ``grouped_gemm_sm90_mxfp8_block_code_ranges``): ``codes`` is ``uint8 [rows, blocks]`` (E8M0 codes of each row's blocks
     along the contraction); returns ``uint16 [rows]`` with each row's largest code in the low
     byte and its smallest in the high byte (0 and the NaN code for rows of no block). Integer
     max / min: NaN codes (``formats.E8M0_NAN``) count as the largest."""

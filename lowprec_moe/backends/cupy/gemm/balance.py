@@ -27,7 +27,7 @@ from lowprec_moe.backends.cupy.gemm.plan import (BK, D_A_LD, D_A_OFF, D_A_SLD, D
 from lowprec_moe.backends.cupy.gemm.smem import WMX_SCALE_TILES
 
 #: a tile's fixed cost, in k-tiles, for balancing (H200: ~4-6 us per tile against ~1.1 us per
-#: k-tile; benchmarks/RESULTS.md)
+#: k-tile)
 TILE_COST = 4
 #: an empty expert's tile (written with zeros), in k-tiles
 ZERO_COST = 1

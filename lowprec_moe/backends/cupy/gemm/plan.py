@@ -243,7 +243,7 @@ def tile_table(rows: np.ndarray, include: np.ndarray, bm: int,
     uneven experts) longest contraction first, expert order among equals: the hardware starts
     CTAs in index order as multiprocessors free up, so the longest tiles start first and the
     short ones fill in at the end (longest-processing-time-first: a largest expert started late
-    leaves most multiprocessors idle while its tiles finish; benchmarks/RESULTS.md). Each tile
+    leaves most multiprocessors idle while its tiles finish). Each tile
     is computed alike wherever it runs: the results do not depend on the order.
     """
     nrt = np.where(include, _cdiv(rows, bm), 0).astype(np.int64)
