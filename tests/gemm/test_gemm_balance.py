@@ -8,7 +8,6 @@ import pytest
 
 from lowprec_moe.backends.cupy.gemm import balance as B
 from lowprec_moe.backends.cupy.gemm.plan import BK
-from lowprec_moe import kernels
 
 
 def _loads(lst, length, ctas):
@@ -132,12 +131,8 @@ def test_ragged_tile_table_entries():
 
 
 def test_scale_tiles_mirror_kernel():
-    """SCALE_TILES and ENTRY_WORDS agree with the kernel headers."""
-    import re
-    from pathlib import Path
-
+    """SCALE_TILES is the MXFP8 scale group (ENTRY_WORDS is checked against the kernel by the
+    generated modules' static_asserts)."""
     from lowprec_moe.backends.cupy.gemm.smem import WMX_SCALE_TILES
 
     assert B.SCALE_TILES == WMX_SCALE_TILES
-    src = kernels.source_path("grouped_gemm_ragged_list.cuh").read_text()
-    assert re.search(rf"constexpr int kWmxGEntryWords = {B.ENTRY_WORDS};", src)

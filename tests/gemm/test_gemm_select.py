@@ -249,3 +249,21 @@ def test_write_sources(tmp_path):
     for p in paths:
         assert p.read_text() == comp.source(p.stem)
         assert '#include "grouped_gemm_common.cuh"' in p.read_text()
+
+
+def test_constant_checks_cover_the_launcher():
+    """Every generated module asserts the launcher's constants against the CUDA ones (nvcc in
+    CI and NVRTC on first use fail on a mismatch); the checks name each constant once."""
+    from lowprec_moe.backends.cupy.gemm import compile as comp
+    from lowprec_moe.backends.cupy.gemm import plan as P
+    from lowprec_moe.backends.cupy.gemm.configs import constant_checks
+
+    checks = constant_checks()
+    names = [c.split("lpm_gg::", 1)[1].split(" ==")[0] for c in checks]
+    assert len(set(names)) == len(names)
+    for want in ("kBK", "kDescWords", "D_PROBS", "KIND_FP8_MN", "kWsAhead", "kWmxScaleTiles",
+                 "kWmxGEntryWords", "kMxRangeThreads", "WsgTmaLayout::AHEAD"):
+        assert want in names, want
+    assert f"static_assert(lpm_gg::kBK == {P.BK}," in checks[0]
+    for m in comp.GENERATED:
+        assert all(c in comp.source(m) for c in checks), m

@@ -194,15 +194,51 @@ def f16_arg(fmt: str) -> str:
 EXTRA_ENTRIES: dict[str, tuple[str, ...]] = {}
 
 
+def constant_checks() -> list[str]:
+    """``static_assert`` lines tying every host constant of the launcher (:mod:`.plan`,
+    :mod:`.smem`, :mod:`.ranges`) to the CUDA constant it mirrors; every generated module
+    carries them, so a change on one side alone fails to compile."""
+    from . import plan as P
+    from . import smem as S
+
+    pairs = [("kBK", P.BK), ("kDescWords", P.DESC_WORDS), ("kThreads", P.THREADS),
+             ("kWsThreads", P.WS_THREADS), ("kWnThreads", P.WS_N256_THREADS),
+             ("kWsAhead", P.WS_AHEAD), ("kWsCanonBuffers", P.WS_CANON_BUFFERS),
+             ("kSwapTokens", P.SWAP_TILE[0]), ("kSwapCols", P.SWAP_TILE[1]),
+             ("swap_stages(lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K)", P.SWAP_STAGES["nvfp4"]),
+             ("swap_stages(lpm_gg::KIND_FP8_K, lpm_gg::KIND_FP8_K)", P.SWAP_STAGES["mxfp8"]),
+             ("kMaxSmem", S.MAX_SMEM), ("kWsScaleTiles", S.WS_SCALE_TILES),
+             ("kWsScaleSlots", S.WS_SCALE_SLOTS), ("kWsFragSteps", S.WS_FRAG_STEPS),
+             ("kEpiWarpLd", S.EPI_WARP_LD), ("kEpiColTable", S.EPI_COL_TABLE),
+             ("kWmxAhead", S.WMX_AHEAD), ("kWmxCanonBuffers", S.WMX_CANON_BUFFERS),
+             ("kWmxAStages", S.WMX_A_STAGES), ("kWmxBStages", S.WMX_B_STAGES),
+             ("kWmxScaleTiles", S.WMX_SCALE_TILES), ("kWmxScaleSlots", S.WMX_SCALE_SLOTS),
+             ("kWmxPAhead", S.WMX_P_AHEAD), ("kWmxEpiStaging", S.WMX_EPI_STAGING),
+             ("kWmxWinSlot", S.WMX_WIN_SLOT), ("WsgTmaLayout::AHEAD", S.WS_G_TMA_AHEAD)]
+    pairs += [(f"{name}", getattr(P, name)) for name in (
+        "D_A_OFF", "D_A_LD", "D_A_SOFF", "D_A_SLD", "D_B_OFF", "D_B_LD", "D_B_SOFF", "D_B_SLD",
+        "D_ROWS", "D_LEN", "D_OUT_OFF", "D_AMAX_A", "D_AMAX_B", "D_BIAS", "D_PROBS",
+        "KIND_HP_K", "KIND_HP_MN", "KIND_FP4_K", "KIND_FP8_K", "KIND_FP8_MN")]
+    pairs += [("OUT_F32", P.OUT_TYPES["float32"]), ("OUT_BF16", P.OUT_TYPES["bfloat16"]),
+              ("OUT_F16", P.OUT_TYPES["float16"])]
+    from .balance import ENTRY_WORDS
+    from .ranges import RANGE_THREADS
+
+    pairs += [("kMxRangeThreads", RANGE_THREADS), ("kWmxGEntryWords", ENTRY_WORDS)]
+    return [f'static_assert(lpm_gg::{c} == {v}, "host constant for lpm_gg::{c} differs");'
+            for c, v in pairs]
+
+
 def module_source(module: str, configs) -> str:
-    """The CUDA source of one generated module: the shared headers, then every config's
-    instantiation and checks, then the module's helper entries."""
+    """The CUDA source of one generated module: the shared headers, the host constants'
+    checks, then every config's instantiation and checks, then the module's helper entries."""
     mine = [c for c in configs if c.module == module]
     if not mine and module not in EXTRA_ENTRIES:
         raise ValueError(f"no kernel config is in module {module!r}")
     lines = ["// Generated from the grouped-GEMM kernel config tables "
              "(lowprec_moe/backends/cupy/gemm); not a file in raw_kernels/.",
              '#include "grouped_gemm_common.cuh"', ""]
+    lines += constant_checks() + [""]
     for c in mine:
         lines += c.checks()
         lines.append(c.instantiation())
