@@ -187,12 +187,12 @@ __host__ __device__ constexpr int ws_smem_bytes(int akind, int bkind) {
     const int epi = epi_bytes(128, 256);
     return (main > epi ? main : epi) + 1024;
 }
-// Its TMA build (NVFP4, uniform strides): the raw stages hold the two data tiles only; the block
+// The 384-thread TMA kernel (NVFP4, uniform strides; grouped_gemm_ws_n256.cuh): the raw stages hold the two data tiles only; the block
 // scales come in slots of kWsScaleTiles k-tiles (16 bytes per row: a tensor-map box is at least
 // 16 bytes wide), kWsScaleSlots of them, after the canonical buffers.
 constexpr int kWsScaleTiles = 4;
 constexpr int kWsScaleSlots = 3;
-// gemm_ws's TMA build: the producers decode the first kWsFragSteps 16-deep steps of every
+// Its fragment buffers: the producers may decode the first kWsFragSteps 16-deep steps of every
 // consumer thread's A fragments (grouped_gemm_ws_fp4.cuh) into one buffer per canonical buffer:
 // step s of consumer thread c at s * kWsFragStepBytes + 16 c.
 constexpr int kWsFragSteps = 2;

@@ -27,7 +27,7 @@
 //     6 raw stages, 3 canonical B buffers: ws_smem_bytes) hands the copies and B's expansion to
 //     two producer warpgroups; its two consumer warpgroups decode A straight into wgmma
 //     registers. The swapped-operand kernel (grouped_gemm_swap.cuh) does the same with its
-//     NVFP4 weights; its NVFP4 build the 32x128 TMA build loads the data tiles with TMA instead of cp.async
+//     NVFP4 weights; its NVFP4 builds load the data tiles with TMA instead of cp.async
 //     (grouped_gemm_tma.cuh).
 //     No dequantized copy of an operand ever exists in global memory.
 // Canonical tiles (16-bit): K-major [R][64] (128-byte rows, 16-byte chunk c of row r stored at
@@ -85,8 +85,8 @@
 //                             without bias: scale and convert in registers, stmatrix, 16-byte rows)
 //   grouped_gemm_ws_roles.cuh what the warp-specialised kernels share: role sizes, register
 //                             budgets, named barriers, the consumers' step start and epilogue
-//   grouped_gemm_ws_fp4.cuh   the NVFP4 TMA build's k-tile steps (layout, copy requests,
-//                             producer and consumer k-tiles), shared by gemm_ws and gemm_ws_p
+//   grouped_gemm_ws_fp4.cuh   the NVFP4 TMA kernels' k-tile steps (layout, copy requests,
+//                             producer and consumer k-tiles), shared by gemm_ws_n256 and gemm_ws_p
 //   grouped_gemm_ws.cuh       the warp-specialised wgmma kernel body gemm_ws (instantiated
 //                             for NVFP4: two producer warpgroups copy and expand B, two
 //                             consumer warpgroups decode A into registers and multiply)
@@ -100,7 +100,7 @@
 //                             registers, m64n128k16 on the canonical B)
 //   grouped_gemm_ws_mx.cuh    the warp-specialised MXFP8 kernel gemm_ws_mx (fprop, TMA loads,
 //                             fp16 window or bf16 per tile) and LPM_GG_DEFINE_WS_MX
-//   grouped_gemm_ws_n256.cuh  the 384-thread form of gemm_ws's TMA build, gemm_ws_n256 (one
+//   grouped_gemm_ws_n256.cuh  the 384-thread NVFP4 TMA kernel gemm_ws_n256 (one
 //                             producer warpgroup, consumers on m64n256k16), and
 //                             LPM_GG_DEFINE_WS_N256
 //   grouped_gemm_ws_persist.cuh  the persistent form of gemm_ws_n256, gemm_ws_p (one CTA per

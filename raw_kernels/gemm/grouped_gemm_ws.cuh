@@ -36,19 +36,8 @@
 
 namespace lpm_gg {
 
-// TMA build (TMA = true; LPM_GG_DEFINE_WS_TMA): one producer thread loads each k-tile's two data
-// tiles with one tensor-map copy each into the raw stage, and the block scales of
-// kWsScaleTiles k-tiles at a time (a 16-byte box per row) into one of kWsScaleSlots scale
-// slots; both complete on mbarriers that the producers wait on before expanding B and the
-// consumers before decoding A. The other producer threads only expand. A scale slot is refilled
-// at the same point of the loop as a raw stage, once the consumers retired the last tile that
-// reads it. Rows past an expert's extent load the next expert's rows (or zeros past the
-// array); they only reach outputs that are never stored. The launcher guarantees uniform row
-// strides (multiples of 16 bytes) for data and scales, experts starting at whole rows and one
-// contraction length that is a multiple of the k-tile.
-template <int AKIND, int BKIND, bool F16, int CH, bool TMA>
-__device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
-                                        const TmaMap* tm_as, const TmaMap* tm_bs) {
+template <int AKIND, int BKIND, bool F16, int CH>
+__device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS) {
     constexpr int BM = 128, BN = 256;
     static_assert(AKIND == KIND_FP4_K && BKIND == KIND_FP4_K && F16, "NVFP4 operands only");
     constexpr int CANON_B = canon_bytes(BN);
@@ -59,16 +48,12 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
     constexpr int B_SC = RAW_A + round16(raw_data_bytes(BKIND, BN));  // in a stage
     constexpr int CANON_OFF = raw_ring_bytes(AKIND, BKIND, BM, BN, NST);
     constexpr int EPI_LD = BN + 8;
-    constexpr int SMEM = TMA ? ws_tma_smem_bytes() : ws_smem_bytes(AKIND, BKIND);
+    constexpr int SMEM = ws_smem_bytes(AKIND, BKIND);
     static_assert(CANON_OFF % 1024 == 0 && CANON_B % 1024 == 0, "128-byte swizzle atoms");
     static_assert(CANON_OFF + NCB * CANON_B + 1024 <= SMEM, "shared memory");
     static_assert(BM * EPI_LD * 4 + 1024 <= SMEM, "epilogue staging");
     static_assert(AHEAD >= 2 && NCB >= 2 && NCB <= 3 && kBK == 64, "pipeline depth");
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
-    // TMA build: WsTmaLayout (raw stages of data only, canonical buffers, scale slots)
-    using L = WsTmaLayout;
-    constexpr int NSG = kWsScaleSlots, SGT = kWsScaleTiles;
-    static_assert(!TMA || SMEM == ws_tma_smem_bytes(), "TMA shared memory");
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned s0;
@@ -76,36 +61,8 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
 
     LPM_GG_TILE_SETUP(BM, BN, rows_valid, cols_valid, kWsThreads)
     const int KT = static_cast<int>((len + kBK - 1) / kBK);
-    const int NG = (KT + SGT - 1) / SGT;  // scale groups (TMA build)
 
-    // TMA build: mbarriers of the raw stages (data) and of the scale slots, one arrival each
-    // (the issuing thread's expect_tx) plus the copies' bytes.
-    __shared__ __align__(8) unsigned long long ws_bar[TMA ? NST + NSG : 1];
-    const unsigned dbar = smem_u32(ws_bar), sbar = dbar + 8 * NST;
-    if constexpr (TMA) ws_fp4_bars_init(dbar, threadIdx.x == kWsConsumers);
-
-    if (TMA && threadIdx.x >= kWsConsumers) {
-        // ---------------- producer warpgroups, TMA build ----------------
-        regs_release<kWsTmaProducerRegs>();
-        const unsigned t = threadIdx.x - kWsConsumers;
-        const bool leader = t == 0;
-        const WsRows rw = leader ? ws_rows(d, r0, c0) : WsRows{0, 0, 0, 0};
-        auto issue_data = [&](int kt) {
-            ws_fp4_issue_data(s0, dbar, kt % NST, kt, rw, tm_a, tm_b);
-        };
-        auto issue_scales = [&](int g) {
-            ws_fp4_issue_scales(s0, sbar, g % NSG, g, rw, tm_as, tm_bs);
-        };
-        if (leader) ws_fp4_issue_first(KT, NG, issue_data, issue_scales);
-        const WsFp4Units u(t);
-        const WsFragUnit fu(t);
-        for (int kt = 0; kt < KT; ++kt)
-            ws_fp4_produce<true>(kt, KT, NG, leader, s0, dbar, sbar, u, cols_valid, issue_data,
-                                 issue_scales, fu);
-        return;
-    }
-
-    if (!TMA && threadIdx.x >= kWsConsumers) {
+    if (threadIdx.x >= kWsConsumers) {
         // ---------------- producer warpgroups ----------------
         regs_release<kWsProducerRegs>();
         const unsigned t = threadIdx.x - kWsConsumers;
@@ -178,7 +135,7 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
     // m64n128k16 with A from registers (this thread's fragment rows ar, ar + 8, decoded from the
     // raw stage) and B from the canonical buffer. Each step is one commit group, so a step's
     // fragments are decoded while the previous step's wgmma run.
-    regs_claim<TMA ? kWsTmaConsumerRegs : kWsConsumerRegs>();
+    regs_claim<kWsConsumerRegs>();
     ep.init_alpha();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
@@ -189,25 +146,16 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
     float* const accf = &acc[0][0][0];
-    if constexpr (TMA) {
-        // this thread's A row in a raw stage and a scale slot, and its place in the fragment
-        // buffers (the producer thread of the same index decodes its first steps there)
-        const WsFragUnit me(threadIdx.x);
-        // whole ring periods: every ring index a constant of the unrolled k-tiles
-        for (int k0 = 0; k0 < KT; k0 += kWsRingPeriod)
-            ws_fp4_consume_period<NI * 4>(accf, k0, KT, s0, dbar, sbar, me, aq);
-    } else {
-        for (int kt = 0; kt < KT; ++kt) {
-            const int cb = kt % NCB;
-            named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt expanded into buffer cb
-            const int st = kt % NST;
-            const unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, 16, 1024);
-            const unsigned char* const rs = smem + st * STAGE;  // the raw stage
-            const unsigned char* const rsc = rs + A_SC;
-            ws_fp4_steps<NI * 4>(
-                accf, db, [&](int s) { ws_step_begin<NCB, NI * 4>(s, kt, KT, accf); },
-                [&](int s, unsigned (&f)[1][4]) { fp4_a_frags_at(s, rs, rsc, ar, aq, f); });
-        }
+    for (int kt = 0; kt < KT; ++kt) {
+        const int cb = kt % NCB;
+        named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt expanded into buffer cb
+        const int st = kt % NST;
+        const unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, 16, 1024);
+        const unsigned char* const rs = smem + st * STAGE;  // the raw stage
+        const unsigned char* const rsc = rs + A_SC;
+        ws_fp4_steps<NI * 4>(
+            accf, db, [&](int s) { ws_step_begin<NCB, NI * 4>(s, kt, KT, accf); },
+            [&](int s, unsigned (&f)[1][4]) { fp4_a_frags_at(s, rs, rsc, ar, aq, f); });
     }
     wg_wait0();
     wg_fence_acc<NI * 4>(accf);
@@ -221,7 +169,6 @@ __device__ __forceinline__ void gemm_ws(LPM_GG_PARAMS, const TmaMap* tm_a, const
 // never selects it there.
 #define LPM_GG_DEFINE_WS(NAME, AKIND, BKIND, F16, CH)                                          \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1) NAME(LPM_GG_PARAMS) {  \
-        lpm_gg::gemm_ws<AKIND, BKIND, F16, CH, false>(LPM_GG_ARGS, nullptr, nullptr, nullptr,  \
-                                                      nullptr);                               \
+        lpm_gg::gemm_ws<AKIND, BKIND, F16, CH>(LPM_GG_ARGS);                                   \
     }
 #endif  // LPM_GROUPED_GEMM_WS_CUH

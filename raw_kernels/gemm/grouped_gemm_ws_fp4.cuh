@@ -1,11 +1,9 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the k-tile
-// steps of the warp-specialised NVFP4 kernel's TMA build, shared by its one-tile-per-CTA form
-// (gemm_ws, grouped_gemm_ws.cuh), its persistent form (gemm_ws_p,
-// grouped_gemm_ws_persist.cuh) and its 384-thread form (gemm_ws_n256,
-// grouped_gemm_ws_n256.cuh): the shared-memory layout, a producer thread's k-tile (copy
-// requests on the scale-slot schedule, B expansion, FULL; in gemm_ws also the first two steps
-// of A fragments), a consumer thread's k-tile (A decode into registers, wgmma) and the
-// tensor-map rows of a tile.
+// steps of the 384-thread warp-specialised NVFP4 TMA kernel, shared by its one-tile-per-CTA
+// form (gemm_ws_n256, grouped_gemm_ws_n256.cuh) and its persistent form (gemm_ws_p,
+// grouped_gemm_ws_persist.cuh): the shared-memory layout, a producer thread's k-tile (copy
+// requests on the scale-slot schedule, B expansion, FULL), a consumer thread's k-tile (A
+// decode into registers, wgmma) and the tensor-map rows of a tile.
 
 #ifndef LPM_GROUPED_GEMM_WS_FP4_CUH
 #define LPM_GROUPED_GEMM_WS_FP4_CUH
@@ -17,7 +15,7 @@
 
 namespace lpm_gg {
 
-// The TMA build's expansion of one k-tile's B half by one producer thread (gemm_ws,
+// The TMA build's expansion of one k-tile's B half by one producer thread (gemm_ws_n256,
 // gemm_ws_p): its two units' raw words at rb and rb + 128 rows, their block-scale pairs at rsb
 // and rsb + 128 scale rows (a slot holds kWsScaleTiles k-tiles per row), decoded and stored at
 // the canonical offsets o_cn (second unit: 128 rows further on); units past the tile's columns
@@ -72,7 +70,7 @@ struct WsNoHook {
 };
 
 // The four 16-deep steps of an NVFP4 consumer's k-tile whose A fragments come from frag
-// (gemm_ws's cp.async build; gemm_ws_g, both builds): per step s, wait(s) (the previous step's wgmma,
+// (gemm_ws; gemm_ws_g): per step s, wait(s) (the previous step's wgmma,
 // and at step 1 the previous buffer's release), frag(s, f) (step s's fragment into f, one step
 // of fp4_a_frags' layout), then two m64n128k16 with B from the canonical buffer of descriptor
 // db, one commit group per step.
@@ -96,15 +94,15 @@ __device__ __forceinline__ void ws_fp4_steps(float* accf, unsigned long long db,
     }
 }
 
-// One k-tile of an NVFP4 consumer thread, TMA build (gemm_ws, gemm_ws_p), after its FULL
+// One k-tile of an NVFP4 consumer thread, TMA build (gemm_ws_n256, gemm_ws_p), after its FULL
 // barrier and copy waits: per 16-deep step the A fragment of rows ar, ar + 8 decoded from the
 // raw words at ra_s (row ar; row ar + 8 eight rows further on) and the rows' scale words at
 // rsc_s, then two m64n128k16 with B from the canonical buffer of descriptor db. Each step's raw
 // words are loaded one step ahead, before the wgmma wait, so that only the decode stands
 // between that wait and the next wgmma (the rows' scale words once per k-tile). `release`:
 // whether step 1 hands the previous k-tile's canonical buffer (pb) back to the producers.
-// PRE (gemm_ws): the first kWsFragSteps steps' fragments are the producers' (ws_fp4_produce's
-// AFR), loaded from this thread's place fr in the buffer's fragment buffer; the same values.
+// PRE: the first kWsFragSteps steps' fragments are the producers' (ws_fp4_produce's AFR),
+// loaded from this thread's place fr in the buffer's fragment buffer; the same values.
 // N256 (gemm_ws_n256, NT = its 384 threads): one m64n256k16 per step instead of two
 // m64n128k16, the same products in the same order. hook(s) runs after step s's wgmma are
 // committed, while they run (gemm_ws_n256: the next k-tile's B unit).
@@ -336,28 +334,6 @@ __device__ __forceinline__ void ws_fp4_bars_init(unsigned dbar, bool init) {
         mbar_init_fence();
     }
     __syncthreads();
-}
-
-// k-tile j of a TMA-build consumer thread (gemm_ws, gemm_ws_p): wait for FULL and for the
-// copies (the producers waited for them before arriving; waiting here too makes the TMA writes
-// visible to this thread: one try_wait), then ws_fp4_consume on this thread's A row (a_off in a
-// raw stage, s_off in a scale slot); `release` as there.
-template <int NACC>
-__device__ __forceinline__ void ws_fp4_consume_ktile(float* accf, int j, bool release,
-                                                     unsigned s0, unsigned dbar, unsigned sbar,
-                                                     unsigned a_off, unsigned s_off, int aq) {
-    using L = WsTmaLayout;
-    constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
-    constexpr int SGT = kWsScaleTiles;
-    const int cb = j % NCB;
-    named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of k-tile j expanded into buffer cb
-    const int st = j % NST, g = j / SGT;
-    mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
-    mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-    const unsigned long long db = wg_desc(s0 + L::T_CANON + cb * L::CANON_B, 16, 1024);
-    ws_fp4_consume<NACC>(accf, s0 + st * L::T_STAGE + a_off,
-                         s0 + L::T_SC + (g % NSG) * L::T_SLOT + (j % SGT) * 4 + s_off, db, aq,
-                         release, (j + NCB - 1) % NCB);
 }
 
 // The rings of the TMA build repeat every kWsRingPeriod k-tiles: 3 canonical buffers, 6 raw

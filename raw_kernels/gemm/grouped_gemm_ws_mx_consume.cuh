@@ -61,22 +61,13 @@ struct WmxFrag {
 // (wg_wait0) and hands back the last k-tile's canonical buffer (a tile's first k-tile does not
 // hand back the one before). tail_len (MN-major A, TAIL): shared word with the contraction's
 // length in its last k-tile, 1..64; without TAIL every k-tile is whole. exps_a (fp16 window,
-// TAIL): the tile rows' largest codes. RAG (the ragged persistent form,
-// grouped_gemm_ws_mx_ragged.cuh): the tile's scale groups start at its first k-tile -- k-tile
-// kt reads place v % kWmxScaleTiles of group v / kWmxScaleTiles of the CTA's group sequence,
-// v = kt + goff (goff: the tile's first group times kWmxScaleTiles, minus j0) -- and each
-// consumer arrives at the group slot's release mbarrier (kWmxScaleSlots of them after the
-// scale slots' at sbar) in the k-tile after a group's last, whose codes it has read by then (a
-// tile's last group: the caller, after the loop; an arrival right after the codes' loads made
-// ptxas serialize the wgmma: C7515). Without RAG, group kt / kWmxScaleTiles (j0 a multiple of
-// kWmxScaleTiles).
-template <bool AMN, bool BMN, class L, bool H, bool E5, int NACC, bool TAIL = true,
-          bool RAG = false>
+// TAIL): the tile rows' largest codes. k-tile kt reads group kt / kWmxScaleTiles (j0 a multiple
+// of kWmxScaleTiles).
+template <bool AMN, bool BMN, class L, bool H, bool E5, int NACC, bool TAIL = true>
 __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& fr, unsigned s0,
                                             unsigned abar, unsigned sbar, unsigned tail_len,
                                             const unsigned char* exps_a, unsigned fka,
-                                            unsigned fkb, int j0, int jend, int J,
-                                            int goff = 0) {
+                                            unsigned fkb, int j0, int jend, int J) {
     constexpr int BM = L::BM, NSA = kWmxAStages, NCB = kWmxCanonBuffers;
     constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     constexpr int T_DA = L::T_DA, CANON_B = L::CANON_B, T_CANON = L::T_CANON;
@@ -95,18 +86,11 @@ __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& 
             if (kt >= jend) break;
             const int cb = u;
             named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of tile kt widened into buffer cb
-            if constexpr (RAG) {  // the previous k-tile ended a group: its codes were read
-                const unsigned v = static_cast<unsigned>(kt + goff);
-                mbar_arrive_if(sbar + 8 * (NSG + (v / SGT + NSG - 1) % NSG),
-                               kt > j0 && v % SGT == 0);
-            }
             // (unsigned: the sequence indices are never negative; shifts, not signed divisions)
             const unsigned ukt = static_cast<unsigned>(kt), uc = static_cast<unsigned>(c);
             const int st = NCB * static_cast<int>(uc & 1u) + u;
-            // the k-tile's scale group and place in it (RAG: the tile's own groups)
-            const unsigned g =
-                RAG ? (ukt + static_cast<unsigned>(goff)) / SGT
-                    : ukt / SGT;
+            // the k-tile's scale group and place in it
+            const unsigned g = ukt / SGT;
             const unsigned ph_a = (uc >> 1) & 1u;
             // A's copies were issued with B's, which the producers waited for before arriving at
             // FULL; the wait makes A's TMA writes visible to this thread (and is usually one
@@ -148,7 +132,7 @@ __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& 
                                           << (8 * i);
                             }
                             sts_u32(s0 + T_SC + (g % NSG) * T_SLOT +
-                                        ((RAG ? ukt + goff : ukt) % SGT) * 2 * BM + BM +
+                                        (ukt % SGT) * 2 * BM + BM +
                                         4 * threadIdx.x,
                                     w4);
                         }
@@ -162,7 +146,7 @@ __device__ __forceinline__ void wmx_consume(float* accf, const WmxFrag<AMN, L>& 
                 wg_desc(s0 + T_CANON + cb * CANON_B, BMN ? kBK * 128 : 16, 1024);
             const unsigned ra = s0 + st * T_DA + (AMN ? fr.a_mn : fr.a_off);
             const unsigned rsc = s0 + T_SC + (g % NSG) * T_SLOT +
-                                 ((RAG ? ukt + goff : ukt) % SGT) * 2 * (AMN ? BM : 1) +
+                                 (ukt % SGT) * 2 * (AMN ? BM : 1) +
                                  fr.s_off;
             // the block codes of rows ra0 (ma*) and ra1 (mb*), blocks 0 and 1 (K-major: one
             // half-word per row; MN-major: one per block line, rows ra0 and ra1 side by side)

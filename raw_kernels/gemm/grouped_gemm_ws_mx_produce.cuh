@@ -147,54 +147,17 @@ __device__ __forceinline__ void wmx_refill(int j, int J, int NG, bool leader, un
     wmx_refill_wait<L>(j, j / SGT, bbar, sbar);
 }
 
-// A last k-tile j (scale group g of the sequence, place pos in it) that ends early, tail < 64
-// lines into it, in the ragged form (MN-major A and B; producer thread t, before its arrival at
-// FULL): the steps past the end must multiply zeros by zeros, +0 products as in the plain
-// kernel's zero-filled tail, while the copies brought the next expert's lines there. Once A's
-// copy has landed, its raw panel's lines from tail on become zeros and, when the k-tile's second
-// block lies wholly past the end, A's codes of that block become finite factors' -- the rows'
-// largest codes (fp16 window, exps_a) or 2^0 (bf16): the next expert's codes could be NaN, or
-// outside the window (0 * NaN, 0 * inf). B's lines past the end are zeroed by each thread in its
-// own canonical chunks (wmx_produce_b). Generic stores, ordered before the consumers' reads by
-// FULL and before later copies into the stage and slot by the caller's proxy fence.
-template <bool H, class L>
-__device__ __forceinline__ void wmx_tail_zero(int t, unsigned s0, unsigned abar, int j, int g,
-                                              int pos, unsigned tail,
-                                              const unsigned char* exps_a) {
-    constexpr int NSA = kWmxAStages, NSG = kWmxScaleSlots, BM = L::BM;
-    mbar_wait(abar + 8 * (j % NSA), static_cast<unsigned>(j / NSA) & 1u);
-    const unsigned pa = s0 + (j % NSA) * L::T_DA;
-    for (unsigned o = tail * 128 + 16 * static_cast<unsigned>(t); o < kBK * 128;
-         o += kWsProducers * 16)
-        sts_v4(pa + o, 0u, 0u, 0u, 0u);
-    if (tail <= LPM_MXFP8_BLOCK && t < BM / 4) {
-        unsigned w4 = LPM_E8M0_BIAS * 0x01010101u;
-        if constexpr (H) {
-            w4 = 0u;
-#pragma unroll
-            for (int i = 0; i < 4; ++i) w4 |= static_cast<unsigned>(exps_a[4 * t + i]) << (8 * i);
-        }
-        sts_u32(s0 + L::T_SC + (g % NSG) * L::T_SLOT + pos * 2 * BM + BM + 4 * t, w4);
-    }
-}
-
 // The k-loops of producer thread t (0..255) of gemm_ws_mx: per k-tile j (KT of them from j0, the
 // CTA's k-tile sequence: one tile's, j0 a multiple of kWmxScaleTiles), refill(j) (frees the
 // ring positions, requests copies, waits for k-tile j's), then widens its share of B into
 // canonical buffer j % kWmxCanonBuffers and arrives at FULL. One loop per staging mode (f16m:
 // fp16 window, factors relative to the columns' largest codes in exps_b and bias_b; else bf16)
 // and B format (eb5: E5M2). Columns from cols_valid on are not widened.
-// RAG (the ragged persistent form, MN-major A and B): the tile's scale groups start at j0, as
-// group q0 of the CTA's group sequence, and refill also takes k-tile j's group; a last k-tile
-// that ends early (tail: the contraction's length in it, 1..64) is zeroed past its end by
-// wmx_tail_zero.
-template <bool BMN, class L, class Refill, bool RAG = false>
+template <bool BMN, class L, class Refill>
 __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int cols_valid,
                                               int bias_b, const unsigned char* exps_b,
                                               bool f16m, bool eb5, const Refill& refill,
-                                              int j0, int q0 = 0, unsigned abar = 0u,
-                                              unsigned tail = kBK) {
-    static_assert(!RAG || BMN, "the ragged form is wgrad's (both operands MN-major)");
+                                              int j0) {
     constexpr int BN = L::BN, NSB = L::NSB, NCB = kWmxCanonBuffers;
     constexpr int NSG = kWmxScaleSlots, SGT = kWmxScaleTiles;
     constexpr int T_B0 = L::T_B0, T_DB = L::T_DB, CANON_B = L::CANON_B, T_CANON = L::T_CANON;
@@ -233,13 +196,9 @@ __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int co
         auto loop = [&](auto h, auto e5) {
             constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
             for (int j = j0; j < j0 + KT; ++j) {
-                const int cb = j % NCB, gs = RAG ? q0 + (j - j0) / SGT : j / SGT;
-                const int pos = (RAG ? j - j0 : j) % SGT;
-                if constexpr (RAG) {
-                    refill(j, gs);
-                } else {
-                    refill(j);
-                }
+                const int cb = j % NCB, gs = j / SGT;
+                const int pos = j % SGT;
+                refill(j);
                 const unsigned rb = s0 + T_B0 + (j % NSB) * T_DB + o_raw;
                 const unsigned cbb = s0 + T_CANON + cb * CANON_B + o_cn;
                 const uint2 sc =
@@ -283,19 +242,6 @@ __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int co
                         }
                     }
                 }
-                if constexpr (RAG) {
-                    if (j == j0 + KT - 1 && tail < static_cast<unsigned>(kBK)) {
-                        wmx_tail_zero<H, L>(t, s0, abar, j, gs, pos, tail, exps_b - L::BM);
-                        // this thread's own canonical lines past the end (written above)
-                        if (live) {
-#pragma unroll
-                            for (int l = 0; l < 8; ++l)
-                                if (static_cast<unsigned>(8 * w + l) >= tail)
-                                    sts_v4(cbb + l * 128 + ((gk ^ static_cast<unsigned>(l)) << 4),
-                                           0u, 0u, 0u, 0u);
-                        }
-                    }
-                }
                 fence_proxy_async();
                 named_arrive(WS_BAR_FULL + cb, kWsThreads);
             }
@@ -319,7 +265,7 @@ __device__ __forceinline__ void wmx_produce_b(int t, int KT, unsigned s0, int co
         auto loop = [&](auto h, auto e5) {
             constexpr bool H = decltype(h)::value, E5 = decltype(e5)::value;
             for (int j = j0; j < j0 + KT; ++j) {
-                const int cb = j % NCB, g = j / SGT;  // (no ragged form: RAG is MN-major)
+                const int cb = j % NCB, g = j / SGT;
                 refill(j);
                 const unsigned rb = s0 + T_B0 + (j % NSB) * T_DB + o_raw;
                 const unsigned rsb =

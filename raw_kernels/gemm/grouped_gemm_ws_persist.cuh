@@ -1,9 +1,8 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the
-// persistent forms of the warp-specialised NVFP4 kernel with TMA loads, gemm_ws_p, and their
-// entry-point macros LPM_GG_DEFINE_WS_P (gemm_ws's 512 threads) and LPM_GG_DEFINE_WS_NP
-// (N256: gemm_ws_n256's 384 threads and k-tile steps, the default).
+// persistent form of the 384-thread warp-specialised NVFP4 kernel gemm_ws_n256, gemm_ws_p, and
+// its entry-point macro LPM_GG_DEFINE_WS_NP.
 //
-// gemm_ws (TMA build) runs one 128 x 256 output tile per CTA, so every tile pays the CTA's
+// gemm_ws_n256 runs one 128 x 256 output tile per CTA, so every tile pays the CTA's
 // start (barrier set-up, the first copies' latency, the first expansion before any wgmma) and
 // an epilogue during which the producers sit idle. gemm_ws_p runs one CTA per SM (the launcher
 // sizes the grid) over tiles blockIdx.x, + gridDim.x, ... and treats the CTA's tiles as one
@@ -19,9 +18,9 @@
 // at least one k-tile and a whole number of scale groups (kWsScaleTiles k-tiles) per tile, so
 // that a scale group never straddles two tiles. Every output element gets the same products in
 // the same order and the same epilogue arithmetic as in gemm_ws: the results are bitwise its.
-// N256: the consumers run each tile's k-tiles in spans of the ring period
-// (ws_fp4_consume_span), so every ring index stays a constant as in gemm_ws_n256, and keep
-// their B units' addresses in their warp's staging buffer between epilogues.
+// The consumers run each tile's k-tiles in spans of the ring period (ws_fp4_consume_span), so
+// every ring index stays a constant as in gemm_ws_n256, and keep their B units' addresses in
+// their warp's staging buffer between epilogues.
 
 #ifndef LPM_GROUPED_GEMM_WS_PERSIST_CUH
 #define LPM_GROUPED_GEMM_WS_PERSIST_CUH
@@ -31,14 +30,14 @@
 
 namespace lpm_gg {
 
-template <int AKIND, int BKIND, bool N256 = false>
+template <int AKIND, int BKIND>
 __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, const TmaMap* tm_b,
                                           const TmaMap* tm_as, const TmaMap* tm_bs,
                                           int num_tiles) {
     constexpr int BM = 128, BN = 256;
     static_assert(AKIND == KIND_FP4_K && BKIND == KIND_FP4_K, "NVFP4 operands only");
     using L = WsTmaLayout;  // gemm_ws's TMA layout, then the consumer warps' staging buffers
-    constexpr int NT = N256 ? kWnThreads : kWsThreads;  // the FULL / EMPTY barriers' count
+    constexpr int NT = kWnThreads;  // the FULL / EMPTY barriers' count
     constexpr int NST = kWsStages, NCB = kWsCanonBuffers, AHEAD = kWsAhead;
     constexpr int NSG = kWsScaleSlots, SGT = kWsScaleTiles;
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
@@ -73,7 +72,7 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
 
     if (threadIdx.x >= kWsConsumers) {
         // ---------------- producer warpgroups ----------------
-        regs_release<N256 ? kWnProducerRegs : kWsTmaProducerRegs>();
+        regs_release<kWnProducerRegs>();
         int T0, TS, my_tiles, KT, J, NG;
         schedule(T0, TS, my_tiles, KT, J, NG);
         const int NGT = KT / SGT;  // scale groups per tile
@@ -129,35 +128,31 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     }
 
     // ---------------- consumer warpgroups ----------------
-    // gemm_ws's consumers (N256: gemm_ws_n256's), tile after tile; at a tile's end every MMA
+    // gemm_ws_n256's consumers, tile after tile; at a tile's end every MMA
     // retires, the last k-tile's canonical buffer goes back to the producers at once (they
     // expand the next tile's first k-tiles meanwhile) and each warp runs its rows' epilogue.
-    regs_claim<N256 ? kWnConsumerRegs : kWsTmaConsumerRegs>();
+    regs_claim<kWnConsumerRegs>();
     int T0, TS, my_tiles, KT, J, NG;
     schedule(T0, TS, my_tiles, KT, J, NG);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);
-    const int ar = wm0 + (lane >> 2), aq = lane & 3;
+    const int aq = lane & 3;
     float acc[NI * 4];
     float* const accf = acc;
-    // N256: the lanes' B-unit addresses, 16 bytes each at the start of the warp's staging buffer
+    // the lanes' B-unit addresses, 16 bytes each at the start of the warp's staging buffer
     // (after the pipeline buffers) between epilogues, and the first k-tile's unit
     static_assert(32 * 16 <= Epilogue::kWarpBufFloats * 4, "unit addresses in a staging buffer");
-    const WsNextUnit nu =
-        N256 ? WsNextUnit(threadIdx.x, s0,
-                          smem_u32(smem + L::T_END) + warp * Epilogue::kWarpBufFloats * 4 +
-                              16 * lane)
-             : WsNextUnit();
-    if (N256 && J > 0) ws_n256_consumer_unit(0, 0u, dbar, sbar, nu);
-    unsigned ph_s = 0u;  // N256: the scale slots' phase of the current span's period
-    // N256: after step 1 of k-tile kt (ring position u), the unit of k-tile kt + 1 (the next
+    const WsNextUnit nu(threadIdx.x, s0,
+                        smem_u32(smem + L::T_END) + warp * Epilogue::kWarpBufFloats * 4 +
+                            16 * lane);
+    if (J > 0) ws_n256_consumer_unit(0, 0u, dbar, sbar, nu);
+    unsigned ph_s = 0u;  // the scale slots' phase of the current span's period
+    // after step 1 of k-tile kt (ring position u), the unit of k-tile kt + 1 (the next
     // tile's first at a tile's last)
     const auto next_unit = [&](int u, int kt, int s) {
         if (s == 1 && kt + 1 < J) ws_n256_consumer_unit(u + 1, ph_s, dbar, sbar, nu);
     };
-    const WsFragUnit me(N256 ? threadIdx.x : 0u);
-    const unsigned a_off = static_cast<unsigned>(ar * (kBK / 2));
-    const unsigned s_off = static_cast<unsigned>(ar * L::T_SLD);
+    const WsFragUnit me(threadIdx.x);
     int j = 0;
     for (int ti = 0; ti < my_tiles; ++ti) {
         // the tile's place, kept in few registers across the k-loop (only the epilogue uses it)
@@ -167,7 +162,7 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         const int rows_valid = tl.rows_valid<BM>(), cols_valid = tl.cols_valid<BN>();
 #pragma unroll
         for (int i = 0; i < NI * 4; ++i) acc[i] = 0.0f;
-        if constexpr (N256) {
+        {
             // the tile's k-tiles kfirst .. kend - 1 of the flattened sequence, in spans of the
             // ring period (every ring index a constant of the unrolled span)
             constexpr int P = kWsRingPeriod;
@@ -179,10 +174,6 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
                     accf, k0, j, kfirst, kend, J, s0, dbar, sbar, me, aq, next_unit);
                 j = k0 + P < kend ? k0 + P : kend;
             }
-        } else {
-            for (int kt = 0; kt < KT; ++kt, ++j)
-                ws_fp4_consume_ktile<NI * 4>(accf, j, kt >= 1 && j - 1 + NCB < J, s0, dbar, sbar,
-                                             a_off, s_off, aq);
         }
         wg_wait0();
         wg_fence_acc<NI * 4>(accf);
@@ -203,10 +194,8 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         } else {
             ep.warp_tile<NI>(ws, accf, wm0, lane, r0, c0, rows_valid, cols_valid);
         }
-        if constexpr (N256) {
-            __syncwarp();  // every lane's last read of the staging buffer is done
-            nu.store(threadIdx.x, s0);
-        }
+        __syncwarp();  // every lane's last read of the staging buffer is done
+        nu.store(threadIdx.x, s0);
     }
 }
 
@@ -219,7 +208,7 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
 #define LPM_GG_DEFINE_WS_NP(NAME)                                                              \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWnThreads, 1)                        \
         NAME(LPM_GG_PARAMS, LPM_GG_WS_TMA_PARAMS, int num_tiles) {                             \
-        lpm_gg::gemm_ws_p<lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K, true>(                       \
+        lpm_gg::gemm_ws_p<lpm_gg::KIND_FP4_K, lpm_gg::KIND_FP4_K>(                       \
             LPM_GG_ARGS, LPM_GG_WS_TMA_ARGS, num_tiles);                                       \
     }
 

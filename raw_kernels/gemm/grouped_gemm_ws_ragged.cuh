@@ -1,19 +1,22 @@
 // lowprec_moe grouped GEMM (part of grouped_gemm_common.cuh, which has the overview): the ragged
-// persistent form of the warp-specialised NVFP4 kernel's cp.async build, gemm_ws_g, its TMA
-// build and their entry-point macros LPM_GG_DEFINE_WS_G / LPM_GG_DEFINE_WS_H.
+// persistent NVFP4 kernel gemm_ws_g and its entry-point macro LPM_GG_DEFINE_WS_H.
 //
 // NVFP4 wgrad contracts each expert's tokens, padded to the 16-token block, so on uneven splits
 // every expert has its own row stride (8-byte aligned only): no one tensor map covers the
 // experts, and gemm_ws's cp.async build runs one CTA per 128 x 256 tile. A tile's start
 // (barrier set-up, the first copies' latency, the first expansion), its epilogue with idle
 // producers and an empty expert's zero tile then cost more than most experts' few k-tiles.
-// gemm_ws_g runs one CTA per SM over a list of tiles of any lengths, gemm_ws's cp.async
-// pipeline on the CTA's k-tile sequence:
+// gemm_ws_g runs one CTA per SM over a list of tiles of any lengths:
 //   * Tile list: CTA b runs entries b, b + gridDim.x, ... of the ragged tile table
-//     (kWmxGEntryWords int32 words each, WmxGEntry: expert, k-tiles, first k-tile in the CTA's
-//     sequence, extents, first row and column; the launcher's lowprec_moe.backends.cupy.gemm.balance
+//     (grouped_gemm_ragged_list.cuh; the launcher's lowprec_moe.backends.cupy.gemm.balance
 //     balances the CTAs and pads the lists with entries of no tile, expert -1, whose first
 //     k-tile is the CTA's total).
+//   * Data tiles arrive through four tensor maps per expert (WsgTmaLayout,
+//     grouped_gemm_ws_ragged_tma.cuh: each operand's even and odd rows, viewed as rows of pairs,
+//     whose stride is a multiple of 16 bytes; maps built on the device by ws_g_build_maps), one
+//     thread issuing a k-tile's four boxes on the stage's mbarrier, which the producers wait on
+//     before expanding B and the consumers before decoding A; the block scales are loaded by
+//     the producers as in gemm_ws.
 //   * The producers keep a cursor on the copy stream (the tile of the next k-tile to request,
 //     its copy state built from the expert's descriptor when the stream enters it) and one on
 //     the expansion (the tile's valid extents); both skip tiles without k-tiles. Raw stages,
@@ -23,26 +26,11 @@
 //   * The consumers run each tile's k-tiles as gemm_ws does, then (once every consumer's wgmma
 //     retired) their warps' register epilogue, 64 columns at a time, through staging buffers
 //     and column tables in the tile's last canonical buffer, which goes back to the producers
-//     after the epilogue (as the persistent MXFP8 kernel does): the shared memory stays gemm_ws's. Staging
-//     buffers past the pipeline's (as gemm_ws_p has) measured 25 % slower per k-tile on the
-//     H200: 38 KiB more shared memory leaves the L1 too small for the block-scale lines the
-//     producers read a few bytes of per k-tile. An expert without tokens gets +0
-//     (Epilogue::zero_tile).
-// Its producers' k-loop runs ~7 % slower per k-tile than gemm_ws's on long contractions (the
-// tile change and the copy objects rebuilt per k-tile; H200), which the saved tile starts and
-// hidden epilogues outweigh on short ones: the launcher takes it for short mean contractions.
+//     after the epilogue. An expert without tokens gets +0 (Epilogue::zero_tile).
 // Every output element gets gemm_ws's products in the same order and the same epilogue
-// arithmetic: the results are its bit for bit. Conditions (the launcher's): gemm_ws's cp.async
-// build (copy chunk CH), 16-bit output without bias, no accumulation (reg_epi_ok); its shared
-// memory (ws_smem_bytes).
-// The TMA build (TMA = true) copies the data tiles through four tensor maps per expert
-// (WsgTmaLayout, grouped_gemm_ws_ragged_tma.cuh: each operand's even and odd rows, viewed as
-// rows of pairs; maps built on the device by ws_g_build_maps), one thread issuing
-// a k-tile's four boxes on the stage's mbarrier, which the producers wait on before expanding B
-// and the consumers before decoding A; the block scales are loaded as in the cp.async build.
-// The same products in the same order: bitwise the cp.async build's results. Conditions (the
-// launcher's, besides the above): every expert with tokens 16-byte aligned, with an even row
-// count and a stride that is a multiple of 8 bytes (gemm_tma._use_pair_tma); its shared memory
+// arithmetic: the results are its bit for bit. Conditions (the launcher's): every expert with
+// tokens 16-byte aligned, with an even row count and a stride that is a multiple of 8 bytes;
+// 16-bit output without bias, no accumulation (reg_epi_ok); its shared memory
 // (ws_g_tma_smem_bytes).
 
 #ifndef LPM_GROUPED_GEMM_WS_RAGGED_CUH
@@ -58,9 +46,8 @@ namespace lpm_gg {
 // in both operands' data and block scales, their strides, the contraction length and the valid
 // extents. The per-thread copy objects (gemm_ws's OperandCopy / ScaleCopy) are rebuilt from it
 // per k-tile: kept whole across the k-loop they cost the producers (80 registers) spills.
-// TMA build: the expert's row-pair maps (ma: A's even rows, then its odd rows; mb: B's) and
-// the tile's first row pairs in them.
-template <bool TMA>
+// The expert's row-pair maps (ma: A's even rows, then its odd rows; mb: B's) and the tile's
+// first row pairs in them.
 struct WsgSource {
     const unsigned char *a, *b, *sa, *sb;
     int a_ld, b_ld, a_sld, b_sld, len, rv, cv;
@@ -81,34 +68,30 @@ struct WsgSource {
           b_sld(static_cast<int>(d[D_B_SLD])),
           len(static_cast<int>(d[D_LEN])),
           rv(e.rv),
-          cv(e.cv) {
-        if constexpr (TMA) {
-            ma = maps + 4 * e.g;
-            mb = ma + 2;
-            pa = e.r0 / 2;
-            pb = e.c0 / 2;
-        }
-    }
+          cv(e.cv),
+          ma(maps + 4 * e.g),
+          mb(maps + 4 * e.g + 2),
+          pa(e.r0 / 2),
+          pb(e.c0 / 2) {}
 };
 
-template <int CH, bool TMA>
+template <int CH>
 __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int num_entries) {
     constexpr int AKIND = KIND_FP4_K, BKIND = KIND_FP4_K;
     constexpr int BM = 128, BN = 256;
     constexpr int CANON_B = canon_bytes(BN);
-    using TL = WsgTmaLayout;  // the TMA build's stages
+    using TL = WsgTmaLayout;  // the stages
     constexpr int NCB = kWsCanonBuffers;
-    constexpr int NST = TMA ? TL::STAGES : kWsStages, AHEAD = TMA ? TL::AHEAD : kWsAhead;
-    constexpr int RAW_A = raw_bytes(AKIND, BM), RAW_B = raw_bytes(BKIND, BN);
-    constexpr int STAGE = TMA ? TL::STAGE : RAW_A + RAW_B;
+    constexpr int NST = TL::STAGES, AHEAD = TL::AHEAD;
+    constexpr int STAGE = TL::STAGE;
     // block scales in a stage
-    constexpr int A_SC = TMA ? TL::A_SC : round16(raw_data_bytes(AKIND, BM));
-    constexpr int B_SC = TMA ? TL::B_SC : RAW_A + round16(raw_data_bytes(BKIND, BN));
-    constexpr int CANON_OFF = TMA ? TL::CANON_OFF : raw_ring_bytes(AKIND, BKIND, BM, BN, NST);
+    constexpr int A_SC = TL::A_SC;
+    constexpr int B_SC = TL::B_SC;
+    constexpr int CANON_OFF = TL::CANON_OFF;
     constexpr int NW = kWsConsumers / 32;
     constexpr int CCOLS = BN / 4;                     // columns per epilogue chunk
     constexpr int WBUF = reg_epi_bytes<CCOLS>();      // a warp's staging buffer
-    constexpr int SMEM = TMA ? ws_g_tma_smem_bytes() : ws_smem_bytes(AKIND, BKIND);
+    constexpr int SMEM = ws_g_tma_smem_bytes();
     constexpr int NI = BN / 8;  // accumulator fragments per consumer warp (16 rows x 256)
     static_assert(CANON_OFF + NCB * CANON_B + 1024 <= SMEM, "shared memory");
     static_assert(NW * (WBUF + 4 * CCOLS) <= CANON_B,
@@ -125,18 +108,16 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
     // k-tiles J: from its last entry (a padding entry's first k-tile is the CTA's total).
     const int per_cta = num_entries / static_cast<int>(gridDim.x);
     if (per_cta <= 0) return;
-    // TMA build: the raw stages' mbarriers, one arrival (the issuing thread's expect_tx) plus
-    // the copies' bytes
-    __shared__ __align__(8) unsigned long long g_bar[TMA ? NST : 1];
+    // the raw stages' mbarriers, one arrival (the issuing thread's expect_tx) plus the
+    // copies' bytes
+    __shared__ __align__(8) unsigned long long g_bar[NST];
     const unsigned dbar = smem_u32(g_bar);
-    if constexpr (TMA) {
-        if (threadIdx.x == kWsConsumers) {
+    if (threadIdx.x == kWsConsumers) {
 #pragma unroll
-            for (int i = 0; i < NST; ++i) mbar_init(dbar + 8 * i, 1);
-            mbar_init_fence();
-        }
-        __syncthreads();
+        for (int i = 0; i < NST; ++i) mbar_init(dbar + 8 * i, 1);
+        mbar_init_fence();
     }
+    __syncthreads();
     auto entry = [&](int i) {
         return wmx_g_entry(tiles, i * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x));
     };
@@ -160,15 +141,15 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
         const unsigned t = threadIdx.x - kWsConsumers;
         auto source = [&](int i) {
             const WmxGEntry e = entry(i);
-            return WsgSource<TMA>(a_data, a_scale, b_data, b_scale,
+            return WsgSource(a_data, a_scale, b_data, b_scale,
                                   desc + static_cast<long long>(e.g) * kDescWords, e, maps);
         };
         // the copy stream: entry ci, k-tile ck of its ckt, copy state src
         int ci = next_real(0), ck = 0, ckt = entry(ci).kt;
-        WsgSource<TMA> src = source(ci);
-        // TMA build: the copying thread acquires the tile's maps (built by an earlier kernel)
+        WsgSource src = source(ci);
+        // the copying thread acquires the tile's maps (built by an earlier kernel)
         auto acquire = [&]() {
-            if (TMA && t == 0) {
+            if (t == 0) {
                 tmap_acquire(src.ma);
                 tmap_acquire(src.ma + 1);
                 tmap_acquire(src.mb);
@@ -187,25 +168,18 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
         };
         auto issue = [&](int stage) {
             const unsigned sb = s0 + stage * STAGE;
-            if constexpr (TMA) {  // one thread: each operand's even rows' box, then its odd rows'
-                if (t == 0) {
-                    const unsigned bar = dbar + 8 * stage;
-                    const int x = ck * TL::ROW;
-                    mbar_arrive_expect_tx(bar, TL::TX);
-                    tma_load_2d(sb + TL::A_EVEN, src.ma, bar, x, src.pa);
-                    tma_load_2d(sb + TL::A_ODD, src.ma + 1, bar, x + src.a_ld - (src.a_ld & 8),
-                                src.pa);
-                    tma_load_2d(sb + TL::B_EVEN, src.mb, bar, x, src.pb);
-                    tma_load_2d(sb + TL::B_ODD, src.mb + 1, bar, x + src.b_ld - (src.b_ld & 8),
-                                src.pb);
-                }
-                return;
+            // one thread: each operand's even rows' box, then its odd rows'
+            if (t == 0) {
+                const unsigned bar = dbar + 8 * stage;
+                const int x = ck * TL::ROW;
+                mbar_arrive_expect_tx(bar, TL::TX);
+                tma_load_2d(sb + TL::A_EVEN, src.ma, bar, x, src.pa);
+                tma_load_2d(sb + TL::A_ODD, src.ma + 1, bar, x + src.a_ld - (src.a_ld & 8),
+                            src.pa);
+                tma_load_2d(sb + TL::B_EVEN, src.mb, bar, x, src.pb);
+                tma_load_2d(sb + TL::B_ODD, src.mb + 1, bar, x + src.b_ld - (src.b_ld & 8),
+                            src.pb);
             }
-            const long long k0 = static_cast<long long>(ck) * kBK;
-            const OperandCopy<AKIND, BM, CH, kWsProducers> copy_a(src.a, src.a_ld, t);
-            const OperandCopy<BKIND, BN, CH, kWsProducers> copy_b(src.b, src.b_ld, t);
-            copy_a.issue(sb, k0, src.rv, src.len - k0, a_data);
-            copy_b.issue(sb + RAW_A, k0, src.cv, src.len - k0, b_data);
         };
         ScaleRegs<AKIND, BM, kWsProducers> sra;
         ScaleRegs<BKIND, BN, kWsProducers> srb;
@@ -231,7 +205,6 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
                 store_scales(s);
                 if (s + 1 < J) advance();
             }
-            if constexpr (!TMA) cp_async_commit();
         }
         if (AHEAD < J) load_scales();
         // the expansion: entry xi's valid extents, k-tile xk of its xkt
@@ -241,12 +214,11 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
             xkt = e.kt;
             xrv = e.rv;
             xcv = e.cv;
-            // TMA build: B's odd rows start sh bytes into their boxes
-            if constexpr (TMA)
-                xsh = static_cast<int>(__ldg(desc + static_cast<long long>(e.g) * kDescWords +
-                                             D_B_LD) & 8);
+            // B's odd rows start sh bytes into their boxes
+            xsh = static_cast<int>(__ldg(desc + static_cast<long long>(e.g) * kDescWords +
+                                         D_B_LD) & 8);
         };
-        // TMA build: this thread's two B units (rows bu and bu + 128, contraction half t % 2,
+        // this thread's two B units (rows bu and bu + 128, contraction half t % 2,
         // as convert_stage's units t and t + 256) in a stage; an odd row's place moves by xsh
         const int bu = static_cast<int>(t) >> 1, bodd = bu & 1;
         const unsigned b_off = static_cast<unsigned>(
@@ -259,10 +231,7 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
             // Invariants: k-tiles j..j+AHEAD-1 requested (one commit group each), their scales
             // stored; the stream at k-tile j+AHEAD, its scales in registers.
             const int cb = j % NCB;
-            if constexpr (TMA)  // k-tile j's data landed
-                mbar_wait(dbar + 8 * (j % NST), static_cast<unsigned>(j / NST) & 1u);
-            else
-                cp_async_wait<AHEAD - 1>();  // this thread's copies of k-tile j landed
+            mbar_wait(dbar + 8 * (j % NST), static_cast<unsigned>(j / NST) & 1u);  // landed
             named_sync(WS_BAR_PROD, kWsProducers);  // everyone's (and scales); k-tile j-1 expanded
             // k-tile j-NCB retired: its canonical buffer is free, and so is its raw stage (the
             // consumers read its A half until then), which k-tile j+AHEAD takes.
@@ -277,7 +246,7 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
                 }
             }
             // Expand k-tile j's B half into canonical buffer cb.
-            if constexpr (TMA) {
+            {
                 // convert_stage's loads (8 bytes at a time: odd rows may start 8 bytes into a
                 // 16-byte word) and stores
                 const unsigned st0 = s0 + (j % NST) * STAGE;
@@ -295,10 +264,6 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
                     unit_store<BKIND, BN, false, false, false>(x0, cs, u0);
                 if (unit_live<BKIND>(u0 + kWsProducers, xcv))
                     unit_store<BKIND, BN, false, false, false>(x1, cs, u0 + kWsProducers);
-            } else {
-                cp_async_commit();
-                convert_stage<AKIND, BKIND, BM, BN, kWsProducers, false, false, false>(
-                    smem + (j % NST) * STAGE, smem + CANON_OFF + cb * CANON_B, t, xrv, xcv);
             }
             fence_proxy_async();
             named_arrive(WS_BAR_FULL + cb, kWsThreads);
@@ -308,7 +273,6 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
                 expand_in();
             }
         }
-        if constexpr (!TMA) cp_async_wait<0>();
         return;
     }
 
@@ -326,7 +290,7 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
     const unsigned wtab = s0 + CANON_OFF + NW * WBUF + warp * (4 * CCOLS);
     float acc[NI * 4];
     float* const accf = acc;
-    // TMA build: this thread's A rows ar, ar + 8 in a stage (an odd row's place moves by the
+    // this thread's A rows ar, ar + 8 in a stage (an odd row's place moves by the
     // tile's sh) and their block scales
     const int aodd = ar & 1;
     const unsigned a_off = static_cast<unsigned>(
@@ -348,24 +312,19 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
         }
 #pragma unroll
         for (int x = 0; x < NI * 4; ++x) acc[x] = 0.0f;
-        const unsigned ash = TMA && aodd ? static_cast<unsigned>(d[D_A_LD] & 8) : 0u;
+        const unsigned ash = aodd ? static_cast<unsigned>(d[D_A_LD] & 8) : 0u;
         for (int kt = 0; kt < e.kt; ++kt, ++j) {
             const int cb = j % NCB;
             named_sync(WS_BAR_FULL + cb, kWsThreads);  // B of k-tile j expanded into buffer cb
             const int st = j % NST;
-            // TMA build: the producers waited for the copies; waiting here too makes the TMA
-            // writes visible to this thread (one try_wait)
-            if constexpr (TMA) mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
+            // the producers waited for the copies; waiting here too makes the TMA writes
+            // visible to this thread (one try_wait)
+            mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
             const unsigned long long db = wg_desc(s0 + CANON_OFF + cb * CANON_B, 16, 1024);
-            const unsigned char* const rs = smem + st * STAGE;  // the raw stage
-            const unsigned char* const rsc = rs + A_SC;
-            // TMA build: fp4_a_frags's loads and decode on this stage's places
+            // fp4_a_frags's loads and decode on this stage's places
             const unsigned ra = s0 + st * STAGE + a_off + ash;
-            unsigned sa = 0u, sb = 0u;
-            if constexpr (TMA) {
-                sa = lds_u32(s0 + st * STAGE + a_so);
-                sb = lds_u32(s0 + st * STAGE + a_so + 8 * 4);
-            }
+            const unsigned sa = lds_u32(s0 + st * STAGE + a_so);
+            const unsigned sb = lds_u32(s0 + st * STAGE + a_so + 8 * 4);
             ws_fp4_steps<NI * 4>(
                 accf, db,
                 [&](int s) {
@@ -373,12 +332,8 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
                                          accf);
                 },
                 [&](int s, unsigned (&f)[1][4]) {
-                    if constexpr (TMA) {
-                        const uint2 wa = lds_v2(ra + s * 8), wb = lds_v2(ra + a_d8 + s * 8);
-                        fp4_a_step(s, wa.x, wa.y, wb.x, wb.y, sa, sb, sel, f[0]);
-                    } else {
-                        fp4_a_frags_at(s, rs, rsc, ar, aq, f);
-                    }
+                    const uint2 wa = lds_v2(ra + s * 8), wb = lds_v2(ra + a_d8 + s * 8);
+                    fp4_a_step(s, wa.x, wa.y, wb.x, wb.y, sa, sb, sel, f[0]);
                 });
         }
         wg_wait0();
@@ -399,14 +354,13 @@ __device__ __forceinline__ void gemm_ws_g(LPM_GG_PARAMS, const TmaMap* maps, int
 
 }  // namespace lpm_gg
 
-// extern "C" entry point NAME of the ragged persistent NVFP4 kernel (sm_90a), its TMA build:
-// data tiles through the experts' row-pair tensor maps, four per expert in
-// `maps`, a device array: A's even and odd rows, then B's; see WsgTmaLayout). CH: the
-// launcher's copy chunk, checked only (the block scales are loaded as in the cp.async build).
+// extern "C" entry point NAME of the ragged persistent NVFP4 kernel (sm_90a): the experts'
+// row-pair tensor maps, four per expert in `maps` (a device array: A's even and odd rows, then
+// B's; see WsgTmaLayout). CH: the launcher's copy chunk, checked only.
 #define LPM_GG_DEFINE_WS_H(NAME, CH)                                                           \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kWsThreads, 1)                        \
         NAME(LPM_GG_PARAMS, const lpm_gg::TmaMap* maps, int num_entries) {                     \
-        lpm_gg::gemm_ws_g<CH, true>(LPM_GG_ARGS, maps, num_entries);                           \
+        lpm_gg::gemm_ws_g<CH>(LPM_GG_ARGS, maps, num_entries);                           \
     }
 
 #endif  // LPM_GROUPED_GEMM_WS_RAGGED_CUH
