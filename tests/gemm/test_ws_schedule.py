@@ -176,12 +176,12 @@ def test_ws_ring_period_constants():
 
 @pytest.mark.parametrize("kt_per_tile", [4, 8, 12, 16, 20, 32])
 def test_ws_n256_persistent_spans(kt_per_tile):
-    """The persistent 384-thread form (gemm_ws_p<..., N256>, grouped_gemm_ws_persist.cuh) runs
+    """The persistent 384-thread form (gemm_ws_p, grouped_gemm_ws_persist.cuh) runs
     each tile's k-tiles kfirst .. kend - 1 of the flattened sequence in spans of the ring
     period (k0 = j - j % P; the span's k-tiles kbeg = j <= kt < min(k0 + P, kend), bounds
     checked once per scale group of 4 k-tiles, which the tiles' whole scale groups allow):
     emulated here, every k-tile comes once and in order, and the span's release rule
-    (kt > kfirst and kt - 1 + NCB < J) equals the 512-thread persistent form's per-k-tile one
+    (kt > kfirst and kt - 1 + NCB < J) equals the per-k-tile rule of the one-tile-per-CTA form
     (k-tile kt_in_tile >= 1 and j - 1 + NCB < J)."""
     assert_source_has("grouped_gemm_ws_persist.cuh",
                       "const int kfirst = j, kend = j + KT;",
@@ -192,8 +192,7 @@ def test_ws_n256_persistent_spans(kt_per_tile):
                       "j = k0 + P < kend ? k0 + P : kend;",
                       "if (s == 1 && kt + 1 < J) "
                       "ws_n256_consumer_unit(u + 1, ph_s, dbar, sbar, nu);",
-                      "if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j - 1) % NCB, NT);",
-                      "kt >= 1 && j - 1 + NCB < J, s0, dbar, sbar,")
+                      "if (j - 1 + NCB < J) named_arrive(WS_BAR_EMPTY + (j - 1) % NCB, NT);")
     assert_source_has("grouped_gemm_ws_fp4.cuh",
                       "if (k0 + q * SGT < kbeg) continue;",
                       "if (k0 + q * SGT >= kend) break;",
@@ -223,7 +222,7 @@ def test_ws_n256_persistent_spans(kt_per_tile):
 
 def test_ws_fragment_unit_matches_consumer_rows():
     """Consumer thread c and producer thread t = c take c's A row, quad and fragment place from
-    one WsFragUnit, whose row formula is gemm_ws's consumer rows (the epilogue's too); over the
+    one WsFragUnit, whose row formula is the consumers' rows (the epilogue's too); over the
     256 consumer threads each (ar, quad) pair comes once, and rows ar and ar + 8 together cover
     the 128-row tile exactly. A wrong row would give wrong products only in the steps the
     producers decode."""
@@ -232,11 +231,12 @@ def test_ws_fragment_unit_matches_consumer_rows():
                       "aq = lane & 3;",
                       "s0 + L::T_FRAG + cb * kWsFragBytes + me.o_fr, "
                       "[&](int s) { khook(u, kt, s); });")
-    assert_source_has("grouped_gemm_ws.cuh",
+    assert_source_has("grouped_gemm_ws_n256.cuh",
                       "const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);",
-                      "const int ar = wm0 + (lane >> 2), aq = lane & 3;",
-                      "const WsFragUnit me(threadIdx.x);",
-                      "const WsFragUnit fu(t);")
+                      "const WsFragUnit me(threadIdx.x);")
+    assert_source_has("grouped_gemm_ws_persist.cuh",
+                      "const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);",
+                      "const WsFragUnit me(threadIdx.x);")
     pairs, covered = set(), set()
     for c in range(256):
         warp, lane = c >> 5, c & 31
