@@ -30,6 +30,13 @@ class QuantFormat:
     block: int
     element: str
     scale: str
+    #: Whether tensors carry an fp32 amax per copy (the second-level scale).
+    has_amax: bool
+
+    def columnwise_shapes(self, m: int, k: int) -> tuple[tuple, tuple]:
+        """Data and scale shapes of the columnwise copy of an ``[m, k]`` tensor (the rows
+        padded to the block)."""
+        raise NotImplementedError
 
     def check_options(self, *, row_scaled, rht, stochastic_rounding, block_2d, fp8_dtype,
                       dtype_name: str) -> None:
@@ -57,7 +64,11 @@ class NVFP4Format(QuantFormat):
     """E2M1 elements, an E4M3 scale per 16, an fp32 global scale from the amax (per tensor, or
     per row / column when row-scaled); optional 2-D blocks, RHT and stochastic rounding."""
 
-    name, block, element, scale = "nvfp4", F.NVFP4_BLOCK, "e2m1", "e4m3"
+    name, block, element, scale, has_amax = "nvfp4", F.NVFP4_BLOCK, "e2m1", "e4m3", True
+
+    def columnwise_shapes(self, m, k):
+        mp = -(-m // self.block) * self.block  # stored transposed: [K, Mp/2] and [K, Mp/16]
+        return (k, mp // 2), (k, mp // self.block)
 
     def check_options(self, *, row_scaled, rht, stochastic_rounding, block_2d, fp8_dtype,
                       dtype_name):
@@ -98,7 +109,11 @@ class NVFP4Format(QuantFormat):
 class MXFP8Format(QuantFormat):
     """E4M3 or E5M2 elements, a power-of-two E8M0 scale per 32; optional 32 x 32 blocks."""
 
-    name, block, element, scale = "mxfp8", F.MXFP8_BLOCK, "e4m3|e5m2", "e8m0"
+    name, block, element, scale, has_amax = "mxfp8", F.MXFP8_BLOCK, "e4m3|e5m2", "e8m0", False
+
+    def columnwise_shapes(self, m, k):
+        mp = -(-m // self.block) * self.block  # x's layout: [Mp, K] and [Mp/32, K]
+        return (mp, k), (mp // self.block, k)
 
     def check_options(self, *, row_scaled, rht, stochastic_rounding, block_2d, fp8_dtype,
                       dtype_name):

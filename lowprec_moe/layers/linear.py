@@ -210,12 +210,8 @@ def grouped_linear_forward(x, splits, weight, bias=None, *, recipe: Recipe, prob
 def _quantize_x(x, splits, recipe: Recipe, wire: bool, *, columnwise: bool) -> GroupedTensor:
     if wire:
         return x.with_columnwise() if columnwise else x
-    if recipe.name == "mxfp8":
-        return GroupedTensor.quantize(x, splits, "mxfp8", rowwise=True, columnwise=columnwise,
-                                      fp8_dtype=recipe.x_fp8_dtype)
-    rht = recipe.rht and columnwise and V.dtype_name(x.dtype) == "bfloat16"
-    return GroupedTensor.quantize(x, splits, "nvfp4", rowwise=True, columnwise=columnwise,
-                                  row_scaled=recipe.row_scaled_activation, rht=rht)
+    return GroupedTensor.quantize(x, splits, **recipe.x_options(V.dtype_name(x.dtype),
+                                                                 columnwise=columnwise))
 
 
 def quantize_weight(weight, recipe: Recipe, *, columnwise: bool) -> GroupedTensor:
@@ -350,13 +346,8 @@ def _quantize_dy(dy, ctx: GroupedLinearContext, wire: bool, *, rowwise: bool, co
     recipe = ctx.recipe
     if wire:
         return dy.with_columnwise() if columnwise else dy
-    if recipe.name == "mxfp8":
-        return GroupedTensor.quantize(dy, ctx.splits, "mxfp8", rowwise=rowwise,
-                                      columnwise=columnwise, fp8_dtype=recipe.dy_fp8_dtype)
-    rht = ctx.x_rht and columnwise
-    return GroupedTensor.quantize(dy, ctx.splits, "nvfp4", rowwise=rowwise, columnwise=columnwise,
-                                  rht=rht, stochastic_rounding=recipe.stochastic_rounding,
-                                  seed=seed)
+    return GroupedTensor.quantize(dy, ctx.splits, **recipe.grad_options(
+        rowwise=rowwise, columnwise=columnwise, rht=ctx.x_rht and columnwise, seed=seed))
 
 
 def expert_index(splits, xp):

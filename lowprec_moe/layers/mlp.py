@@ -181,27 +181,7 @@ def _check_blocks(recipe: Recipe, k: int, f: int, n2: int) -> None:
 
 
 # ============================================================================================
-# quantization options
-
-
-def _x_quant(recipe: Recipe, dtype: str, columnwise: bool) -> dict:
-    """fc2's input (an activation) is quantized as an x operand (NUMERICS §7)."""
-    if recipe.name == "mxfp8":
-        return dict(format="mxfp8", rowwise=True, columnwise=columnwise,
-                    fp8_dtype=recipe.x_fp8_dtype)
-    return dict(format="nvfp4", rowwise=True, columnwise=columnwise,
-                row_scaled=recipe.row_scaled_activation,
-                rht=bool(recipe.rht and columnwise and dtype == "bfloat16"))
-
-
-def _grad_quant(recipe: Recipe, *, rowwise: bool, columnwise: bool, rht: bool,
-                seed: int) -> dict:
-    """A gradient operand (fc2's dy, fc1's dh) is quantized as a dy operand (NUMERICS §7)."""
-    if recipe.name == "mxfp8":
-        return dict(format="mxfp8", rowwise=rowwise, columnwise=columnwise,
-                    fp8_dtype=recipe.dy_fp8_dtype)
-    return dict(format="nvfp4", rowwise=rowwise, columnwise=columnwise, rht=bool(rht),
-                stochastic_rounding=recipe.stochastic_rounding, seed=seed)
+# seeds
 
 
 def _fc1_seed(seed: int) -> int:
@@ -321,7 +301,8 @@ def grouped_mlp_forward(x, splits, fc1_weight, fc2_weight, fc1_bias=None, fc2_bi
     del xq, w1q
     # activation x probs, quantized for fc2 (rowwise: fprop, columnwise: fc2's wgrad)
     zq = activation_forward(h, act, probs, splits=splits,
-                            quantize=_x_quant(recipe, dtype, weight_requires_grad), fused=fused)
+                            quantize=recipe.x_options(dtype, columnwise=weight_requires_grad),
+                            fused=fused)
     ctx.z_rht = bool(zq.rht)
     w2q = quantize_weight(fc2_weight, recipe, columnwise=need_dz)
     y = grouped_gemm_fprop(zq, w2q, splits, bias=fc2_bias, probs=fc2_probs, out_dtype=dtype)
@@ -385,8 +366,8 @@ def grouped_mlp_backward(dy, ctx: GroupedMLPContext, *, seed: int | None = None)
         if wire:
             dyq = dy.with_columnwise() if need_dw else dy
         else:
-            q = _grad_quant(recipe, rowwise=ctx.need_dz, columnwise=need_dw,
-                            rht=ctx.z_rht and need_dw, seed=seed)
+            q = recipe.grad_options(rowwise=ctx.need_dz, columnwise=need_dw,
+                                    rht=ctx.z_rht and need_dw, seed=seed)
             dyq = GroupedTensor.quantize(dy, splits, q.pop("format"), **q)
         if ctx.need_dz:
             dz = grouped_gemm_dgrad(dyq, ctx.w2_saved, splits, out_dtype=dt)
@@ -400,8 +381,8 @@ def grouped_mlp_backward(dy, ctx: GroupedMLPContext, *, seed: int | None = None)
     if ctx.need_dz:
         q = None
         if recipe.quantized and (need_dx or need_dw):
-            q = _grad_quant(recipe, rowwise=need_dx, columnwise=need_dw,
-                            rht=ctx.x_rht and need_dw, seed=_fc1_seed(seed))
+            q = recipe.grad_options(rowwise=need_dx, columnwise=need_dw,
+                                    rht=ctx.x_rht and need_dw, seed=_fc1_seed(seed))
         ag = activation_backward(dz, ctx.h, ctx.activation, probs, splits=splits, quantize=q,
                                  want_dh=not recipe.quantized and (need_dx or need_dw),
                                  want_dprobs=True, want_dbias=ctx.fc1_bias_dtype is not None,

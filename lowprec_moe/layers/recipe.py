@@ -108,6 +108,26 @@ class Recipe:
     def dy_fp8_dtype(self) -> str:
         return "e5m2" if self.fp8_format == "hybrid" else "e4m3"
 
+    def x_options(self, dtype: str, *, columnwise: bool) -> dict:
+        """``GroupedTensor.quantize`` options of an x operand (a layer's input or fc2's
+        activation) of dtype name ``dtype``; the columnwise copy feeds wgrad (NUMERICS §7)."""
+        if self.name == "mxfp8":
+            return dict(format="mxfp8", rowwise=True, columnwise=columnwise,
+                        fp8_dtype=self.x_fp8_dtype)
+        return dict(format="nvfp4", rowwise=True, columnwise=columnwise,
+                    row_scaled=self.row_scaled_activation,
+                    rht=bool(self.rht and columnwise and dtype == "bfloat16"))
+
+    def grad_options(self, *, rowwise: bool, columnwise: bool, rht: bool, seed: int) -> dict:
+        """``GroupedTensor.quantize`` options of a gradient operand (dy, fc1's dh): rowwise for
+        dgrad, columnwise for wgrad, Hadamard-transformed when x's columnwise copy was
+        (``rht``), stochastically rounded with ``seed`` when the recipe says (NUMERICS §7)."""
+        if self.name == "mxfp8":
+            return dict(format="mxfp8", rowwise=rowwise, columnwise=columnwise,
+                        fp8_dtype=self.dy_fp8_dtype)
+        return dict(format="nvfp4", rowwise=rowwise, columnwise=columnwise, rht=bool(rht),
+                    stochastic_rounding=self.stochastic_rounding, seed=seed)
+
     def __repr__(self) -> str:
         if self.name == "bf16":
             return "Recipe.bf16()"

@@ -24,22 +24,14 @@ import numpy as np
 
 from lowprec_moe import _validate as V
 from lowprec_moe import formats as F
+from lowprec_moe import quant_formats
 from lowprec_moe.backend import get_xp, is_cupy_array
 from lowprec_moe.tensors.quantized_tensor import QuantizedTensor, _quantize_2d, dequantize
 
 
-def _roundup(v: int, b: int) -> int:
-    return -(-v // b) * b
-
-
 def columnwise_sizes(fmt: str, m: int, k: int) -> tuple[int, int, tuple, tuple]:
     """Bytes and shapes of the columnwise data and scale of one ``[m, k]`` member."""
-    if fmt == "nvfp4":
-        mp = _roundup(m, F.NVFP4_BLOCK)
-        dshape, sshape = (k, mp // 2), (k, mp // F.NVFP4_BLOCK)
-    else:
-        mp = _roundup(m, F.MXFP8_BLOCK)
-        dshape, sshape = (mp, k), (mp // F.MXFP8_BLOCK, k)
+    dshape, sshape = quant_formats.get(fmt).columnwise_shapes(m, k)
     return dshape[0] * dshape[1], sshape[0] * sshape[1], dshape, sshape
 
 
@@ -219,7 +211,7 @@ class GroupedTensor:
             s0, s1 = int(self.columnwise_scale_offsets[g]), int(self.columnwise_scale_offsets[g + 1])
             fields.update(columnwise_data=self.columnwise_data[d0:d1].reshape(dshape),
                           columnwise_scale=self.columnwise_scale[s0:s1].reshape(sshape))
-        if self.format == "nvfp4":
+        if quant_formats.get(self.format).has_amax:
             if self.amax_rowwise is not None:
                 fields["amax_rowwise"] = (self.amax_rowwise[lo:hi] if self.row_scaled
                                           else self.amax_rowwise[g:g + 1])
@@ -281,7 +273,7 @@ def _grouped_quantize_reference(x2, splits, fmt, *, rowwise, columnwise, row_sca
         out["columnwise_scale"] = np.concatenate([q.columnwise_scale.reshape(-1) for q in members])
         out["columnwise_data_offsets"] = _offsets([q.columnwise_data.size for q in members])
         out["columnwise_scale_offsets"] = _offsets([q.columnwise_scale.size for q in members])
-    if fmt == "nvfp4":
+    if quant_formats.get(fmt).has_amax:
         if rowwise:
             out["amax_rowwise"] = np.concatenate([q.amax_rowwise for q in members]).astype(np.float32)
         if columnwise:

@@ -49,3 +49,14 @@ def test_hooks_equal_the_public_functions(fmt):
         got = Q.get(fmt).dequantize(q, col, False)
         want = lpm.dequantize(q, "columnwise" if col else "rowwise")
         assert got.tobytes() == want.tobytes()
+
+
+@pytest.mark.parametrize("fmt,m,k", [("nvfp4", 20, 64), ("mxfp8", 20, 64), ("nvfp4", 32, 32),
+                                     ("mxfp8", 33, 32)])
+def test_columnwise_shapes_match_quantize(fmt, m, k):
+    """The format's columnwise shapes are the ones quantize stores (rows padded to the block)."""
+    x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
+    q = lpm.quantize(x, fmt, columnwise=True)
+    d, sc = Q.get(fmt).columnwise_shapes(m, k)
+    assert q.columnwise_data.shape == d and q.columnwise_scale.shape == sc
+    assert Q.get(fmt).has_amax == (q.amax_rowwise is not None)
