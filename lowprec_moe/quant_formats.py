@@ -32,6 +32,12 @@ class QuantFormat:
     scale: str
     #: Whether tensors carry an fp32 amax per copy (the second-level scale).
     has_amax: bool
+    #: Bits per stored element.
+    element_bits: int
+
+    def rowwise_shapes(self, m: int, k: int) -> tuple[tuple, tuple]:
+        """Data and scale shapes of the rowwise copy of an ``[m, k]`` tensor."""
+        return (m, k * self.element_bits // 8), (m, k // self.block)
 
     def columnwise_shapes(self, m: int, k: int) -> tuple[tuple, tuple]:
         """Data and scale shapes of the columnwise copy of an ``[m, k]`` tensor (the rows
@@ -52,6 +58,29 @@ class QuantFormat:
         """One copy of ``q`` as float32 ``[M, K]``."""
         raise NotImplementedError
 
+    def check_copy(self, q, columnwise: bool) -> None:
+        """``ValueError`` naming the field when one copy of a (possibly hand-built) tensor does
+        not have the dtypes and shapes this format stores."""
+        m, k = q.shape
+        direction = "columnwise" if columnwise else "rowwise"
+        want = (self.columnwise_shapes if columnwise else self.rowwise_shapes)(m, k)
+        for field, arr, shape in zip(("data", "scale"), (
+                getattr(q, f"{direction}_data"), getattr(q, f"{direction}_scale")), want):
+            name = f"{direction}_{field}"
+            if arr is None:
+                raise ValueError(f"{name} is missing")
+            if str(arr.dtype) != "uint8":
+                raise ValueError(f"{name}.dtype={arr.dtype} must be uint8")
+            if tuple(arr.shape) != tuple(shape):
+                raise ValueError(f"{name}.shape={tuple(arr.shape)} must be {tuple(shape)} for a "
+                                 f"{self.name} tensor of shape {(m, k)}")
+        if self.has_amax:
+            amax = getattr(q, f"amax_{direction}")
+            n = (k if columnwise else m) if q.row_scaled else 1
+            if amax is None or int(amax.size) != n:
+                got = None if amax is None else int(amax.size)
+                raise ValueError(f"amax_{direction} must hold {n} value(s), got {got}")
+
     def element_type(self, fp8_dtype) -> str | None:
         """The ``fp8_dtype`` field a tensor of this format records."""
         return None
@@ -65,6 +94,7 @@ class NVFP4Format(QuantFormat):
     per row / column when row-scaled); optional 2-D blocks, RHT and stochastic rounding."""
 
     name, block, element, scale, has_amax = "nvfp4", F.NVFP4_BLOCK, "e2m1", "e4m3", True
+    element_bits = 4
 
     def columnwise_shapes(self, m, k):
         mp = -(-m // self.block) * self.block  # stored transposed: [K, Mp/2] and [K, Mp/16]
@@ -110,6 +140,7 @@ class MXFP8Format(QuantFormat):
     """E4M3 or E5M2 elements, a power-of-two E8M0 scale per 32; optional 32 x 32 blocks."""
 
     name, block, element, scale, has_amax = "mxfp8", F.MXFP8_BLOCK, "e4m3|e5m2", "e8m0", False
+    element_bits = 8
 
     def columnwise_shapes(self, m, k):
         mp = -(-m // self.block) * self.block  # x's layout: [Mp, K] and [Mp/32, K]

@@ -175,7 +175,9 @@ def dequantize(q: QuantizedTensor, direction: str = "rowwise", dtype="float32"):
     data = q.columnwise_data if col else q.rowwise_data
     if data is None:
         raise ValueError(f"direction={direction!r}: this QuantizedTensor has no {direction} data")
-    out = quant_formats.get(q.format).dequantize(q, col, is_cupy_array(data))
+    fmt = quant_formats.get(q.format)
+    fmt.check_copy(q, col)
+    out = fmt.dequantize(q, col, is_cupy_array(data))
     return _cast(out, dtype)
 
 

@@ -158,3 +158,29 @@ def test_quantize_is_deterministic(xp):
     for fmt in ("nvfp4", "mxfp8"):
         assert_quantized_equal(lpm.quantize(x, fmt, columnwise=True),
                                lpm.quantize(x, fmt, columnwise=True), fmt)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+def test_dequantize_checks_hand_built_fields(fmt):
+    """A hand-built QuantizedTensor whose fields contradict its format and shape is refused
+    by dequantize with a ValueError naming the field (never decoded as garbage)."""
+    import dataclasses
+
+    import lowprec_moe as lpm
+
+    x = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    q = lpm.quantize(x, fmt, columnwise=True)
+    bad = [
+        (dict(rowwise_scale=q.rowwise_scale[:, :-1]), "rowwise_scale.shape"),
+        (dict(rowwise_data=q.rowwise_data.astype(np.int16)), "rowwise_data.dtype"),
+        (dict(shape=(32, 128)), "rowwise_data.shape"),
+        (dict(format="mxfp4"), "format="),
+    ]
+    if fmt == "nvfp4":
+        bad.append((dict(amax_rowwise=None), "amax_rowwise"))
+    for change, match in bad:
+        with pytest.raises(ValueError, match=match):
+            lpm.dequantize(dataclasses.replace(q, **change))
+    with pytest.raises(ValueError, match="columnwise_scale.shape"):
+        lpm.dequantize(dataclasses.replace(q, columnwise_scale=q.columnwise_scale[:, :1]),
+                       "columnwise")
