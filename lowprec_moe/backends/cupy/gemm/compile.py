@@ -2,13 +2,13 @@
 (:func:`.configs.module_source`), the SIMT kernel and the MXFP8 range kernel from their files in
 ``raw_kernels/``, all through the one kernel loader (:mod:`lowprec_moe.kernels`).
 
-``python -m lowprec_moe.backends.cupy.gemm.compile DIR`` writes the generated modules to
-``DIR/<module>.cu``, for an offline ``nvcc`` check (CI compiles them with ``-I raw_kernels``).
+``python -m lowprec_moe.backends.cupy.gemm DIR`` writes the generated modules to
+``DIR/<module>.cu``, for an offline ``nvcc`` check (CI compiles them with the kernel folders
+as include paths).
 """
 
 from __future__ import annotations
 
-import sys
 from functools import lru_cache
 from pathlib import Path
 
@@ -45,9 +45,3 @@ def write_sources(directory: str | Path) -> list[Path]:
         paths.append(p)
     return paths
 
-
-if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m lowprec_moe.backends.cupy.gemm.compile DIR")
-    for path in write_sources(sys.argv[1]):
-        print(path)
