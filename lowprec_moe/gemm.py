@@ -71,6 +71,7 @@ from typing import Any
 import numpy as np
 
 from lowprec_moe import _validate as V
+from lowprec_moe import quant_formats
 from lowprec_moe.backend import get_xp, is_cupy_array
 from lowprec_moe.tensors.grouped_tensor import GroupedTensor
 
@@ -353,7 +354,7 @@ def _validate(mode, a, b, splits, *, bias, probs, out_dtype, out, accumulate) ->
             if tuple(a.splits) != tuple(b.splits):
                 raise ValueError(f"dy.splits={list(a.splits)} and x.splits={list(b.splits)} "
                                  "differ")
-            if fmt == "nvfp4" and bool(a.rht) != bool(b.rht):
+            if bool(a.rht) != bool(b.rht):
                 raise ValueError(f"dy.rht={bool(a.rht)} but x.rht={bool(b.rht)}: the Hadamard "
                                  "transform cancels in dy^T x only when both columnwise copies "
                                  "carry it")
@@ -371,7 +372,7 @@ def _validate(mode, a, b, splits, *, bias, probs, out_dtype, out, accumulate) ->
                 dim = "K" if mode == "fprop" else "N"
                 raise ValueError(f"{an} has {dim}={a.shape[1]} columns but weight has "
                                  f"{dim}={contr}: {dim} mismatch")
-            if mode == "dgrad" and fmt == "nvfp4" and b.rht:
+            if mode == "dgrad" and b.rht:
                 raise ValueError("weight.rht=True: the weight's columnwise copy is "
                                  "Hadamard-transformed; dgrad needs an untransformed copy")
         a_op, b_op = a, b
@@ -442,7 +443,7 @@ def _validate(mode, a, b, splits, *, bias, probs, out_dtype, out, accumulate) ->
         out_dtype = hp_dtype if fmt == "hp" else "float32"
 
     scale_mode = SCALE_NONE
-    if fmt == "nvfp4":
+    if fmt != "hp" and quant_formats.get(fmt).has_amax:  # a second-level fp32 scale
         scale_mode = SCALE_ROWS if (a.row_scaled or b.row_scaled) else SCALE_TENSOR
 
     return GemmProblem(mode=mode, fmt=fmt, a=a_op, b=b_op, splits=splits, offsets=offsets,

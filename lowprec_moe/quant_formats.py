@@ -34,6 +34,9 @@ class QuantFormat:
     has_amax: bool
     #: Bits per stored element.
     element_bits: int
+    #: Whether the columnwise copy is stored transposed, ``[K, Mp * bits / 8]`` with the rows
+    #: (the GEMM contraction of wgrad) contiguous, rather than in x's own layout ``[Mp, K]``.
+    columnwise_transposed: bool
 
     def rowwise_shapes(self, m: int, k: int) -> tuple[tuple, tuple]:
         """Data and scale shapes of the rowwise copy of an ``[m, k]`` tensor."""
@@ -81,6 +84,21 @@ class QuantFormat:
                 got = None if amax is None else int(amax.size)
                 raise ValueError(f"amax_{direction} must hold {n} value(s), got {got}")
 
+    def grouped_quantize(self, x2, splits, *, rowwise, columnwise, row_scaled, block_2d, rht,
+                         stochastic_rounding, seed, fp8_dtype) -> dict:
+        """The ``GroupedTensor`` fields of a validated CuPy ``[M_total, K]`` array (one launch
+        per kernel stage covers every member)."""
+        raise NotImplementedError
+
+    def grouped_dequantize(self, gt, direction: str):
+        """One copy of every member of a CuPy ``GroupedTensor`` as float32 ``[M_total, K]``."""
+        raise NotImplementedError
+
+    def operand_values(self, data, scale, columnwise: bool, fp8_dtype):
+        """NumPy: the float32 GEMM operand values of one copy, contraction along the last axis
+        for the rowwise copy and for transposed columnwise copies."""
+        raise NotImplementedError
+
     def element_type(self, fp8_dtype) -> str | None:
         """The ``fp8_dtype`` field a tensor of this format records."""
         return None
@@ -95,6 +113,7 @@ class NVFP4Format(QuantFormat):
 
     name, block, element, scale, has_amax = "nvfp4", F.NVFP4_BLOCK, "e2m1", "e4m3", True
     element_bits = 4
+    columnwise_transposed = True
 
     def columnwise_shapes(self, m, k):
         mp = -(-m // self.block) * self.block  # stored transposed: [K, Mp/2] and [K, Mp/16]
@@ -135,12 +154,27 @@ class NVFP4Format(QuantFormat):
         return self._backend(on_gpu).dequantize_nvfp4(
             data, scale, amax, columnwise=columnwise, m=q.shape[0], rht=q.rht and columnwise)
 
+    def grouped_quantize(self, x2, splits, *, rowwise, columnwise, row_scaled, block_2d, rht,
+                         stochastic_rounding, seed, fp8_dtype):
+        return self._backend(True).grouped_quantize_nvfp4(
+            x2, splits, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled,
+            block_2d=block_2d, rht=rht, stochastic_rounding=stochastic_rounding, seed=seed)
+
+    def grouped_dequantize(self, gt, direction):
+        return self._backend(True).grouped_dequantize_nvfp4(gt, direction)
+
+    def operand_values(self, data, scale, columnwise, fp8_dtype):
+        from lowprec_moe.backends.numpy.gemm import nvfp4_operand_values
+
+        return nvfp4_operand_values(data, scale)
+
 
 class MXFP8Format(QuantFormat):
     """E4M3 or E5M2 elements, a power-of-two E8M0 scale per 32; optional 32 x 32 blocks."""
 
     name, block, element, scale, has_amax = "mxfp8", F.MXFP8_BLOCK, "e4m3|e5m2", "e8m0", False
     element_bits = 8
+    columnwise_transposed = False
 
     def columnwise_shapes(self, m, k):
         mp = -(-m // self.block) * self.block  # x's layout: [Mp, K] and [Mp/32, K]
@@ -173,6 +207,20 @@ class MXFP8Format(QuantFormat):
         scale = q.columnwise_scale if columnwise else q.rowwise_scale
         return self._backend(on_gpu).dequantize_mxfp8(
             data, scale, columnwise=columnwise, m=q.shape[0], fp8_dtype=q.fp8_dtype)
+
+    def grouped_quantize(self, x2, splits, *, rowwise, columnwise, row_scaled, block_2d, rht,
+                         stochastic_rounding, seed, fp8_dtype):
+        return self._backend(True).grouped_quantize_mxfp8(
+            x2, splits, rowwise=rowwise, columnwise=columnwise, block_2d=block_2d,
+            fp8_dtype=fp8_dtype)
+
+    def grouped_dequantize(self, gt, direction):
+        return self._backend(True).grouped_dequantize_mxfp8(gt, direction)
+
+    def operand_values(self, data, scale, columnwise, fp8_dtype):
+        from lowprec_moe.backends.numpy.gemm import mxfp8_operand_values
+
+        return mxfp8_operand_values(data, scale, columnwise=columnwise, fp8_dtype=fp8_dtype)
 
     def element_type(self, fp8_dtype):
         return fp8_dtype

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from lowprec_moe import quant_formats
 from lowprec_moe._validate import check_direction
 from lowprec_moe.backend import is_cupy_array
 from lowprec_moe.tensors.grouped_tensor import GroupedTensor, columnwise_sizes
@@ -52,7 +53,8 @@ def swizzle_scales(scales, direction: str | None = None, *, transpose: bool = Fa
     """
     if isinstance(scales, (QuantizedTensor, GroupedTensor)):
         check_direction(direction)
-        transpose = scales.format == "mxfp8" and direction == "columnwise"
+        transpose = (direction == "columnwise"
+                     and not quant_formats.get(scales.format).columnwise_transposed)
         if isinstance(scales, QuantizedTensor):
             s = scales.columnwise_scale if direction == "columnwise" else scales.rowwise_scale
             if s is None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from lowprec_moe import formats as F
+from lowprec_moe import quant_formats
 from lowprec_moe.backends.numpy.fp import e2m1_to_f32, e4m3_to_f32, unpack_fp4
 from lowprec_moe.backends.numpy.mxfp8 import dequantize_mxfp8
 
@@ -74,9 +75,7 @@ def _member_cw(gt, g: int) -> tuple[np.ndarray, np.ndarray]:
 def _rowwise_values(gt, lo: int, hi: int) -> np.ndarray:
     """Operand values of rows ``lo:hi`` of a grouped tensor's rowwise copy (float32)."""
     d, s = gt.rowwise_data[lo:hi], gt.rowwise_scale[lo:hi]
-    if gt.format == "nvfp4":
-        return nvfp4_operand_values(d, s)
-    return mxfp8_operand_values(d, s, columnwise=False, fp8_dtype=gt.fp8_dtype)
+    return quant_formats.get(gt.format).operand_values(d, s, False, gt.fp8_dtype)
 
 
 def _columnwise_values(gt, g: int) -> np.ndarray:
@@ -85,9 +84,9 @@ def _columnwise_values(gt, g: int) -> np.ndarray:
     NVFP4 stores it transposed already (``[K, Mp]``); MXFP8 stores ``[Mp, K]``, transposed here.
     """
     d, s = _member_cw(gt, g)
-    if gt.format == "nvfp4":
-        return nvfp4_operand_values(d, s)
-    return mxfp8_operand_values(d, s, columnwise=True, fp8_dtype=gt.fp8_dtype).T
+    fmt = quant_formats.get(gt.format)
+    v = fmt.operand_values(d, s, True, gt.fp8_dtype)
+    return v if fmt.columnwise_transposed else v.T
 
 
 def operand_matrices(p, g: int) -> tuple[np.ndarray, np.ndarray]:

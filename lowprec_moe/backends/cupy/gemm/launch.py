@@ -39,7 +39,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from lowprec_moe import config, kernels
+from lowprec_moe import config, kernels, quant_formats
 from lowprec_moe.backends.cupy.gemm.balance import ragged_tile_list, ragged_tile_table
 from lowprec_moe.backends.cupy.gemm.compile import kernel_function
 from lowprec_moe.backends.cupy.gemm.plan import MMA_PARAMS, OUT_TYPES, SIMT_PARAMS, _cdiv, _flat_amax, descriptors, plan, tile_table
@@ -111,7 +111,7 @@ def _operand_arrays(p) -> tuple:
     out = []
     for gt, copy in zip((p.a, p.b), copies):
         amax = None
-        if gt.format == "nvfp4":
+        if quant_formats.get(gt.format).has_amax:
             amax = _flat_amax(gt.amax_rowwise if copy == "rowwise" else gt.amax_columnwise)
         out += [getattr(gt, f"{copy}_data"), getattr(gt, f"{copy}_scale"), amax]
     return tuple(out)

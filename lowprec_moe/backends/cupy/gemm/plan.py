@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from lowprec_moe import formats as F
+from lowprec_moe import quant_formats
 
 
 def _cdiv(a, b):
@@ -27,6 +27,8 @@ DESC_WORDS = 16
 (D_A_OFF, D_A_LD, D_A_SOFF, D_A_SLD, D_B_OFF, D_B_LD, D_B_SOFF, D_B_SLD, D_ROWS, D_LEN,
  D_OUT_OFF, D_AMAX_A, D_AMAX_B, D_BIAS, D_PROBS) = range(15)
 KIND_HP_K, KIND_HP_MN, KIND_FP4_K, KIND_FP8_K, KIND_FP8_MN = range(5)
+#: the MN-major kind of a K-major one (the kernels read no MN-major FP4)
+_MN_KINDS = {KIND_HP_K: KIND_HP_MN, KIND_FP8_K: KIND_FP8_MN}
 OUT_TYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
 BK = 64
 THREADS = 256
@@ -114,20 +116,26 @@ def _flat_amax(a):
     return xp.ascontiguousarray(a.astype(xp.float32, copy=False)).reshape(-1)
 
 
+def _element_kinds(gt) -> tuple[int, int, bool]:
+    """(tensor-core kind of a K-major copy, SIMT element kind, E5M2) of a grouped tensor's
+    elements."""
+    if quant_formats.get(gt.format).element_bits == 4:
+        return KIND_FP4_K, EK_FP4, False
+    e5 = gt.fp8_dtype == "e5m2"
+    return KIND_FP8_K, EK_E5M2 if e5 else EK_E4M3, e5
+
+
 def _rowwise_operand(gt, row0: np.ndarray, amax_vec_base: np.ndarray | None) -> Operand:
     """Rowwise copy of a GroupedTensor; expert g's operand starts at row ``row0[g]``."""
+    fmt = quant_formats.get(gt.format)
     k = int(gt.shape[1])
     g = len(row0)
-    if gt.format == "nvfp4":
-        kw = dict(kind=KIND_FP4_K, ek=EK_FP4, es_num=1, es_den=2, off=row0 * (k // 2),
-                  ld=_full(g, k // 2), soff=row0 * (k // F.NVFP4_BLOCK),
-                  sld=_full(g, k // F.NVFP4_BLOCK))
-    else:
-        kw = dict(kind=KIND_FP8_K, ek=EK_E5M2 if gt.fp8_dtype == "e5m2" else EK_E4M3, es_num=1,
-                  es_den=1, off=row0 * k, ld=_full(g, k), soff=row0 * (k // F.MXFP8_BLOCK),
-                  sld=_full(g, k // F.MXFP8_BLOCK), e5m2=gt.fp8_dtype == "e5m2")
-    op = Operand(data=gt.rowwise_data, scale=gt.rowwise_scale, mn=False, **kw)
-    if gt.format == "nvfp4":
+    kind, ek, e5 = _element_kinds(gt)
+    line = k * fmt.element_bits // 8  # bytes per row
+    op = Operand(data=gt.rowwise_data, scale=gt.rowwise_scale, mn=False, kind=kind, ek=ek,
+                 es_num=fmt.element_bits, es_den=8, off=row0 * line, ld=_full(g, line),
+                 soff=row0 * (k // fmt.block), sld=_full(g, k // fmt.block), e5m2=e5)
+    if fmt.has_amax:
         op.amax = _flat_amax(gt.amax_rowwise)
         op.amax_vec = bool(gt.row_scaled)
         op.amax_base = amax_vec_base if gt.row_scaled else np.arange(g, dtype=np.int64)
@@ -137,28 +145,33 @@ def _rowwise_operand(gt, row0: np.ndarray, amax_vec_base: np.ndarray | None) -> 
 def _columnwise_operand(gt, member_rows: np.ndarray) -> Operand:
     """Columnwise copy of a GroupedTensor, read as ``[cols of x, padded member rows]``.
 
-    ``member_rows[g]`` is the number of (unpadded) rows of member g: NVFP4 stores ``[X, Mp/2]``
-    (contraction contiguous), MXFP8 ``[Mp, X]`` (rows contiguous).
+    ``member_rows[g]`` is the number of (unpadded) rows of member g. A transposed copy (NVFP4:
+    ``[X, Mp * bits / 8]``) has the contraction contiguous; one in x's layout (MXFP8:
+    ``[Mp, X]``) has the rows contiguous (MN-major).
     """
+    fmt = quant_formats.get(gt.format)
     x_cols = int(gt.shape[1])
     g = len(member_rows)
     doff = np.asarray(gt.columnwise_data_offsets, dtype=np.int64)[:g]
     soff = np.asarray(gt.columnwise_scale_offsets, dtype=np.int64)[:g]
-    if gt.format == "nvfp4":
-        mp = _cdiv(member_rows, F.NVFP4_BLOCK) * F.NVFP4_BLOCK
-        op = Operand(data=gt.columnwise_data, scale=gt.columnwise_scale, mn=False,
-                     kind=KIND_FP4_K, ek=EK_FP4, es_num=1, es_den=2, off=doff,
-                     ld=(mp // 2).astype(np.int64), soff=soff,
-                     sld=(mp // F.NVFP4_BLOCK).astype(np.int64))
+    kind, ek, e5 = _element_kinds(gt)
+    if fmt.columnwise_transposed:
+        mp = _cdiv(member_rows, fmt.block) * fmt.block
+        op = Operand(data=gt.columnwise_data, scale=gt.columnwise_scale, mn=False, kind=kind,
+                     ek=ek, es_num=fmt.element_bits, es_den=8, off=doff,
+                     ld=(mp * fmt.element_bits // 8).astype(np.int64), soff=soff,
+                     sld=(mp // fmt.block).astype(np.int64), e5m2=e5)
+    else:
+        op = Operand(data=gt.columnwise_data, scale=gt.columnwise_scale, mn=True,
+                     kind=_MN_KINDS[kind], ek=ek, es_num=fmt.element_bits, es_den=8, off=doff,
+                     ld=_full(g, x_cols * fmt.element_bits // 8), soff=soff,
+                     sld=_full(g, x_cols), e5m2=e5)
+    if fmt.has_amax:
         op.amax = _flat_amax(gt.amax_columnwise)
         op.amax_vec = bool(gt.row_scaled)
         op.amax_base = (np.arange(g, dtype=np.int64) * x_cols if gt.row_scaled
                         else np.arange(g, dtype=np.int64))
-        return op
-    e5 = gt.fp8_dtype == "e5m2"
-    return Operand(data=gt.columnwise_data, scale=gt.columnwise_scale, mn=True, kind=KIND_FP8_MN,
-                   ek=EK_E5M2 if e5 else EK_E4M3, es_num=1, es_den=1, off=doff,
-                   ld=_full(g, x_cols), soff=soff, sld=_full(g, x_cols), e5m2=e5)
+    return op
 
 
 @dataclass
@@ -210,7 +223,7 @@ def plan(p) -> Plan:
     else:
         a = _columnwise_operand(p.a, splits)
         b = _columnwise_operand(p.b, splits)
-        blk = F.NVFP4_BLOCK if p.fmt == "nvfp4" else F.MXFP8_BLOCK
+        blk = quant_formats.get(p.fmt).block
         length = _cdiv(splits, blk) * blk
     return Plan(a=a, b=b, rows=_full(g, n), length=np.asarray(length, np.int64),
                 out_off=gi * n * k, bias_base=_zeros(g), probs_base=_zeros(g), n_cols=k,
