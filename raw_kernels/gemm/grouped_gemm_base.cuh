@@ -192,9 +192,9 @@ __host__ __device__ constexpr int ws_smem_bytes(int akind, int bkind) {
 // 16 bytes wide), kWsScaleSlots of them, after the canonical buffers.
 constexpr int kWsScaleTiles = 4;
 constexpr int kWsScaleSlots = 3;
-// Its fragment buffers: the producers may decode the first kWsFragSteps 16-deep steps of every
-// consumer thread's A fragments (grouped_gemm_ws_fp4.cuh) into one buffer per canonical buffer:
-// step s of consumer thread c at s * kWsFragStepBytes + 16 c.
+// Then a scratch region of kWsCanonBuffers x kWsFragBytes (one 16-byte word per consumer thread
+// and step, kWsFragSteps steps per canonical buffer), in which the 384-thread build keeps each
+// consumer's B-unit addresses (grouped_gemm_ws_n256.cuh); it is part of the launch's size.
 constexpr int kWsFragSteps = 2;
 constexpr int kWsFragStepBytes = 16 * 256;
 constexpr int kWsFragBytes = kWsFragSteps * kWsFragStepBytes;

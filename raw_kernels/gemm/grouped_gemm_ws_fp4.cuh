@@ -101,36 +101,23 @@ __device__ __forceinline__ void ws_fp4_steps(float* accf, unsigned long long db,
 // words are loaded one step ahead, before the wgmma wait, so that only the decode stands
 // between that wait and the next wgmma (the rows' scale words once per k-tile). `release`:
 // whether step 1 hands the previous k-tile's canonical buffer (pb) back to the producers.
-// PRE: the first kWsFragSteps steps' fragments are the producers' (ws_fp4_produce's AFR),
-// loaded from this thread's place fr in the buffer's fragment buffer; the same values.
 // N256 (gemm_ws_n256, NT = its 384 threads): one m64n256k16 per step instead of two
 // m64n128k16, the same products in the same order. hook(s) runs after step s's wgmma are
 // committed, while they run (gemm_ws_n256: the next k-tile's B unit).
-template <int NACC, bool PRE = false, int NT = kWsThreads, bool N256 = false,
-          class Hook = WsNoHook>
+template <int NACC, int NT = kWsThreads, bool N256 = false, class Hook = WsNoHook>
 __device__ __forceinline__ void ws_fp4_consume(float* accf, unsigned ra_s, unsigned rsc_s,
                                                unsigned long long db, int aq, bool release,
-                                               int pb, unsigned fr = 0,
-                                               const Hook& hook = Hook{}) {
+                                               int pb, const Hook& hook = Hook{}) {
     constexpr int T_SLD = kWsScaleTiles * (kBK / LPM_NVFP4_BLOCK);
-    constexpr int S0 = PRE ? kWsFragSteps : 0;  // the first step decoded here
     unsigned af[2][4];  // fragments of the step in flight and of the next one
     const unsigned sel = static_cast<unsigned>(aq) | (static_cast<unsigned>(aq + 4) << 4);
     const unsigned sa = lds_u32(rsc_s), sb = lds_u32(rsc_s + 8 * T_SLD);
-    uint2 wa = lds_v2(ra_s + S0 * 8), wb = lds_v2(ra_s + 8 * (kBK / 2) + S0 * 8);
+    uint2 wa = lds_v2(ra_s), wb = lds_v2(ra_s + 8 * (kBK / 2));
 #pragma unroll
     for (int s = 0; s < kBK / 16; ++s) {
         ws_step_wait<NACC, NT>(s, release, pb, accf);
-        if (s < S0) {  // the producers' fragments
-            const uint4 f = lds_v4(fr + s * kWsFragStepBytes);
-            af[s & 1][0] = f.x;
-            af[s & 1][1] = f.y;
-            af[s & 1][2] = f.z;
-            af[s & 1][3] = f.w;
-        } else {
-            fp4_a_step(s, wa.x, wa.y, wb.x, wb.y, sa, sb, sel, af[s & 1]);
-        }
-        if (s >= S0 && s + 1 < kBK / 16) {  // the next step's words, in flight across the wait
+        fp4_a_step(s, wa.x, wa.y, wb.x, wb.y, sa, sb, sel, af[s & 1]);
+        if (s + 1 < kBK / 16) {  // the next step's words, in flight across the wait
             wa = lds_v2(ra_s + (s + 1) * 8);
             wb = lds_v2(ra_s + 8 * (kBK / 2) + (s + 1) * 8);
         }
@@ -165,7 +152,7 @@ struct WsTmaLayout {
     static constexpr int T_SC = T_CANON + kWsCanonBuffers * CANON_B;
     static constexpr int T_SLOT = ws_tma_scale_slot_bytes();
     static constexpr int T_SB = 128 * T_SLD;  // B's rows in a slot
-    // gemm_ws: A fragments (gemm_ws_n256: its consumers' B-unit addresses)
+    // scratch: gemm_ws_n256's consumers' B-unit addresses
     static constexpr int T_FRAG = T_SC + kWsScaleSlots * T_SLOT;
     static constexpr int T_END = T_FRAG;
     static_assert(T_STAGE % 128 == 0 && T_DA % 128 == 0 && T_CANON % 1024 == 0 &&
@@ -196,20 +183,15 @@ struct WsFp4Units {
     }
 };
 
-// Consumer thread c's A row and fragment places (gemm_ws, TMA build), used by consumer thread
-// c itself and by producer thread t = c, which decodes its first kWsFragSteps steps: its row ar
-// (gemm_ws's consumer rows) in a raw stage (a_off) and a scale slot (s_off), fp4_a_step's
-// selector and its offset in a fragment buffer.
-struct WsFragUnit {
-    unsigned a_off = 0, s_off = 0, sel = 0, o_fr = 0;
-    __device__ __forceinline__ WsFragUnit() {}
-    __device__ __forceinline__ explicit WsFragUnit(unsigned c) {
+// Consumer thread c's A row ar (the TMA build's consumer rows) as offsets into a raw stage
+// (a_off) and a scale slot (s_off).
+struct WsARow {
+    unsigned a_off, s_off;
+    __device__ __forceinline__ explicit WsARow(unsigned c) {
         const unsigned warp = c >> 5, lane = c & 31;
-        const unsigned ar = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2), aq = lane & 3;
+        const unsigned ar = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);
         a_off = ar * (kBK / 2);
         s_off = ar * WsTmaLayout::T_SLD;
-        sel = aq | ((aq + 4) << 4);
-        o_fr = 16 * c;
     }
 };
 
@@ -275,19 +257,14 @@ __device__ __forceinline__ void ws_fp4_issue_first(int J, int NG, const IssueDat
 // are free; the leader requests that data k-tile (issue_data) and, on schedule, scale group
 // (j + 6) / 4 (issue_scales: group q's slot last held group q - 3, whose last k-tile 4q - 9 is
 // j - 3). Then the thread waits for k-tile j's copies, expands its two units of B (u; the
-// tile has `cols` columns: units past them are skipped) and arrives at FULL. AFR (gemm_ws):
-// before that it decodes steps 0 and 1 of consumer thread t's A fragments (fu) with the
-// consumers' decoder into buffer j % 3's fragment buffer. The A decode is the consumers'
-// critical path (5-9 % of the k-tile), while the producers have slack: the B decode can be
-// skipped without the kernel getting faster (twenty-second session). A/B +0.2 to +1.3 %.
-// NT: the CTA's threads, the FULL / EMPTY barriers' count (gemm_ws_n256: 384, AFR false).
-template <bool AFR = false, int NT = kWsThreads, class IssueData, class IssueScales>
+// tile has `cols` columns: units past them are skipped) and arrives at FULL.
+// NT: the CTA's threads, the FULL / EMPTY barriers' count (gemm_ws_n256: 384).
+template <int NT = kWsThreads, class IssueData, class IssueScales>
 __device__ __forceinline__ void ws_fp4_produce(int j, int J, int NG, bool leader, unsigned s0,
                                                unsigned dbar, unsigned sbar,
                                                const WsFp4Units& u, int cols,
                                                const IssueData& issue_data,
-                                               const IssueScales& issue_scales,
-                                               const WsFragUnit& fu = WsFragUnit{}) {
+                                               const IssueScales& issue_scales) {
     using L = WsTmaLayout;
     constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
     constexpr int SGT = kWsScaleTiles, AHEAD = kWsAhead;
@@ -302,20 +279,6 @@ __device__ __forceinline__ void ws_fp4_produce(int j, int J, int NG, bool leader
     const int st = j % NST, g = j / SGT;
     mbar_wait(dbar + 8 * st, static_cast<unsigned>(j / NST) & 1u);
     mbar_wait(sbar + 8 * (g % NSG), static_cast<unsigned>(g / NSG) & 1u);
-    if constexpr (AFR) {  // consumer thread t's fragments of steps 0 and 1
-        constexpr int T_SLD = L::T_SLD;
-        const unsigned ra = s0 + st * L::T_STAGE + fu.a_off;
-        const unsigned rs = s0 + L::T_SC + (g % NSG) * L::T_SLOT + (j % SGT) * 4 + fu.s_off;
-        const unsigned sa = lds_u32(rs), sb = lds_u32(rs + 8 * T_SLD);
-        const uint4 wa = lds_v4(ra), wb = lds_v4(ra + 8 * (kBK / 2));
-        static_assert(kWsFragSteps == 2, "steps 0 and 1: data words 0-3 of rows ar, ar + 8");
-        unsigned f0[4], f1[4];
-        fp4_a_step(0, wa.x, wa.y, wb.x, wb.y, sa, sb, fu.sel, f0);
-        fp4_a_step(1, wa.z, wa.w, wb.z, wb.w, sa, sb, fu.sel, f1);
-        const unsigned fr = s0 + L::T_FRAG + cb * kWsFragBytes + fu.o_fr;
-        sts_v4(fr, f0[0], f0[1], f0[2], f0[3]);
-        sts_v4(fr + kWsFragStepBytes, f1[0], f1[1], f1[2], f1[3]);
-    }
     ws_fp4_expand_b(s0 + st * L::T_STAGE + L::T_DA + u.o_raw,
                     s0 + L::T_SC + (g % NSG) * L::T_SLOT + L::T_SB + (j % SGT) * 4 + u.o_sc,
                     s0 + L::T_CANON + cb * L::CANON_B, u.o_cn, u.ur < cols, u.ur + 128 < cols);
@@ -349,8 +312,8 @@ constexpr int kWsRingPeriod = 12;
 // against the 512-thread launch's 128-register target, not the consumers' setmaxnreg count),
 // so each step waits for its own group; the two consumer warpgroups still keep the tensor
 // cores fed in turn, and the build measured 1-2 % faster than the rolled loop with one group
-// in flight. `me`: this thread's A row offsets and fragment place (WsFragUnit).
-// gemm_ws_n256 (N256, NT = 384; PRE = false: its producers decode no A fragments) takes the
+// in flight. `me`: this thread's A row offsets (WsARow).
+// gemm_ws_n256 (N256, NT = 384) takes the
 // same loop with m64n256k16, which ptxas keeps one group in flight (its 168-register target).
 // khook(u, kt, s): ws_fp4_consume's hook at step s of k-tile kt (ring position u).
 struct WsNoKtileHook {
@@ -362,11 +325,11 @@ struct WsNoKtileHook {
 // the previous tile's last one went back at that tile's end). GROUPS: kbeg and kend are
 // multiples of the scale group (kWsScaleTiles k-tiles; the persistent forms' condition), so
 // the bounds are checked once per group.
-template <int NACC, bool PRE = true, int NT = kWsThreads, bool N256 = false, bool GROUPS = false,
+template <int NACC, int NT = kWsThreads, bool N256 = false, bool GROUPS = false,
           class KHook = WsNoKtileHook>
 __device__ __forceinline__ void ws_fp4_consume_span(float* accf, int k0, int kbeg, int kfirst,
                                                     int kend, int J, unsigned s0, unsigned dbar,
-                                                    unsigned sbar, const WsFragUnit& me, int aq,
+                                                    unsigned sbar, const WsARow& me, int aq,
                                                     const KHook& khook = KHook{}) {
     using L = WsTmaLayout;
     constexpr int NST = kWsStages, NCB = kWsCanonBuffers, NSG = kWsScaleSlots;
@@ -382,11 +345,11 @@ __device__ __forceinline__ void ws_fp4_consume_span(float* accf, int k0, int kbe
         mbar_wait(dbar + 8 * st, static_cast<unsigned>((u / NST) & 1));
         mbar_wait(sbar + 8 * sl, ph_s);
         const unsigned long long db = wg_desc(s0 + L::T_CANON + cb * L::CANON_B, 16, 1024);
-        ws_fp4_consume<NACC, PRE, NT, N256>(
+        ws_fp4_consume<NACC, NT, N256>(
             accf, s0 + st * L::T_STAGE + me.a_off,
             s0 + L::T_SC + sl * L::T_SLOT + (u % SGT) * 4 + me.s_off, db, aq,
             kt > kfirst && kt - 1 + NCB < J, (u + NCB - 1) % NCB,
-            s0 + L::T_FRAG + cb * kWsFragBytes + me.o_fr, [&](int s) { khook(u, kt, s); });
+            [&](int s) { khook(u, kt, s); });
     };
     if constexpr (GROUPS) {
 #pragma unroll
@@ -406,14 +369,13 @@ __device__ __forceinline__ void ws_fp4_consume_span(float* accf, int k0, int kbe
     }
 }
 // One output tile's k-tiles k0 .. KT - 1 of the period (gemm_ws, gemm_ws_n256).
-template <int NACC, bool PRE = true, int NT = kWsThreads, bool N256 = false,
-          class KHook = WsNoKtileHook>
+template <int NACC, int NT = kWsThreads, bool N256 = false, class KHook = WsNoKtileHook>
 __device__ __forceinline__ void ws_fp4_consume_period(float* accf, int k0, int KT, unsigned s0,
                                                       unsigned dbar, unsigned sbar,
-                                                      const WsFragUnit& me, int aq,
+                                                      const WsARow& me, int aq,
                                                       const KHook& khook = KHook{}) {
-    ws_fp4_consume_span<NACC, PRE, NT, N256>(accf, k0, k0, 0, KT, KT, s0, dbar, sbar, me, aq,
-                                             khook);
+    ws_fp4_consume_span<NACC, NT, N256>(accf, k0, k0, 0, KT, KT, s0, dbar, sbar, me, aq,
+                                        khook);
 }
 
 }  // namespace lpm_gg

@@ -144,8 +144,8 @@ __device__ __forceinline__ void gemm_ws_n256(LPM_GG_PARAMS, const TmaMap* tm_a,
         if (leader) ws_fp4_issue_first(KT, NG, issue_data, issue_scales);
         const WsFp4Units u(t);
         for (int kt = 0; kt < KT; ++kt)
-            ws_fp4_produce<false, kWnThreads>(kt, KT, NG, leader, s0, dbar, sbar, u, cols_valid,
-                                              issue_data, issue_scales);
+            ws_fp4_produce<kWnThreads>(kt, KT, NG, leader, s0, dbar, sbar, u, cols_valid,
+                                       issue_data, issue_scales);
         return;
     }
 
@@ -160,7 +160,7 @@ __device__ __forceinline__ void gemm_ws_n256(LPM_GG_PARAMS, const TmaMap* tm_a,
 #pragma unroll
         for (int e = 0; e < 4; ++e) acc[0][ni][e] = 0.0f;
     float* const accf = &acc[0][0][0];
-    const WsFragUnit me(threadIdx.x);  // this thread's A row in a raw stage and a scale slot
+    const WsARow me(threadIdx.x);  // this thread's A row in a raw stage and a scale slot
     // this thread's unit of B
     static_assert(16 * kWnConsumers <= kWsCanonBuffers * kWsFragBytes,
                   "the consumers' unit addresses fit the fragment buffers");
@@ -175,8 +175,8 @@ __device__ __forceinline__ void gemm_ws_n256(LPM_GG_PARAMS, const TmaMap* tm_a,
             ws_n256_consumer_unit(u + 1, ph_s, dbar, sbar, nu);
     };
     for (int k0 = 0; k0 < KT; k0 += kWsRingPeriod, ph_s ^= 1u)
-        ws_fp4_consume_period<NI * 4, false, kWnThreads, true>(accf, k0, KT, s0, dbar, sbar, me,
-                                                               lane & 3, next_unit);
+        ws_fp4_consume_period<NI * 4, kWnThreads, true>(accf, k0, KT, s0, dbar, sbar, me,
+                                                        lane & 3, next_unit);
     wg_wait0();
     wg_fence_acc<NI * 4>(accf);
     ws_epilogue<BN, NI, EPI_LD>(smem, accf, wm0, lane, ep, r0, c0, rows_valid, cols_valid);

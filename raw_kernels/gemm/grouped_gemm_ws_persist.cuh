@@ -117,8 +117,8 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
         };
         int kt = 0, ti = 0, cv = cols_of(0);
         for (int j = 0; j < J; ++j) {
-            ws_fp4_produce<false, NT>(j, J, NG, leader, s0, dbar, sbar, u, cv, issue_data,
-                                      issue_scales);
+            ws_fp4_produce<NT>(j, J, NG, leader, s0, dbar, sbar, u, cv, issue_data,
+                               issue_scales);
             if (++kt == KT) {
                 kt = 0;
                 cv = cols_of(++ti);
@@ -152,7 +152,7 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
     const auto next_unit = [&](int u, int kt, int s) {
         if (s == 1 && kt + 1 < J) ws_n256_consumer_unit(u + 1, ph_s, dbar, sbar, nu);
     };
-    const WsFragUnit me(threadIdx.x);
+    const WsARow me(threadIdx.x);
     int j = 0;
     for (int ti = 0; ti < my_tiles; ++ti) {
         // the tile's place, kept in few registers across the k-loop (only the epilogue uses it)
@@ -170,7 +170,7 @@ __device__ __forceinline__ void gemm_ws_p(LPM_GG_PARAMS, const TmaMap* tm_a, con
             while (j < kend) {
                 const int k0 = j - j % P;
                 ph_s = static_cast<unsigned>(k0 / P) & 1u;
-                ws_fp4_consume_span<NI * 4, false, kWnThreads, true, true>(
+                ws_fp4_consume_span<NI * 4, kWnThreads, true, true>(
                     accf, k0, j, kfirst, kend, J, s0, dbar, sbar, me, aq, next_unit);
                 j = k0 + P < kend ? k0 + P : kend;
             }

@@ -93,19 +93,20 @@ def _ws_g_tma_smem_bytes() -> int:
 #: build (kWsScaleTiles / kWsScaleSlots in raw_kernels/gemm/grouped_gemm_base.cuh)
 WS_SCALE_TILES = 4
 WS_SCALE_SLOTS = 3
-WS_FRAG_STEPS = 2  # 16-deep steps of A fragments the producers decode (kWsFragSteps)
+WS_FRAG_STEPS = 2  # 16-byte words per consumer thread and canonical buffer of scratch (kWsFragSteps)
 
 
 def _ws_tma_smem_bytes() -> int:
     """Dynamic shared memory of the warp-specialised NVFP4 kernel's TMA build (ws_tma_smem_bytes
     in raw_kernels/gemm/grouped_gemm_base.cuh): raw stages of the two data tiles only, canonical B
     buffers, then WS_SCALE_SLOTS slots of WS_SCALE_TILES k-tiles of block scales (16 bytes per
-    row of A and B), one A-fragment buffer per canonical buffer (WS_FRAG_STEPS steps x 256
-    consumer threads x 16 bytes), alignment; the fp32 epilogue tile reuses it."""
+    row of A and B), a scratch region per canonical buffer (WS_FRAG_STEPS x 256 consumer
+    threads x 16 bytes; the 384-thread build keeps its consumers' B-unit addresses there),
+    alignment; the fp32 epilogue tile reuses it."""
     bm, bn = WS_TILE
     stages = (WS_AHEAD + WS_CANON_BUFFERS) * (bm + bn) * BK // 2
     slots = WS_SCALE_SLOTS * (bm + bn) * WS_SCALE_TILES * BK // F.NVFP4_BLOCK
-    frags = WS_CANON_BUFFERS * WS_FRAG_STEPS * 16 * 256  # 16 bytes per consumer thread
+    frags = WS_CANON_BUFFERS * WS_FRAG_STEPS * 16 * 256
     return max(stages + WS_CANON_BUFFERS * _canon(bn) + slots + frags, _epi_bytes(bm, bn)) + 1024
 
 
