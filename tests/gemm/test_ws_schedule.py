@@ -100,7 +100,7 @@ def test_ws_tma_copy_schedule(kernel):
         assert_source_has("grouped_gemm_ws_fp4.cuh",
                            "if (j >= NCB) named_sync(WS_BAR_EMPTY + cb, NT);",
                            "named_arrive(WS_BAR_FULL + cb, NT);")
-        assert_source_has("grouped_gemm_ws_n256.cuh", "ws_fp4_produce<false, kWnThreads>(")
+        assert_source_has("grouped_gemm_ws_n256.cuh", "ws_fp4_produce<kWnThreads>(")
         params = (C.WS_AHEAD, C.WS_CANON_BUFFERS, C.WS_SCALE_TILES, C.WS_SCALE_SLOTS, 2,
                   _nvfp4_group, None)
     else:
@@ -160,7 +160,7 @@ def test_ws_ring_period_constants():
                       "mbar_wait(dbar + 8 * st, static_cast<unsigned>((u / NST) & 1));",
                       "sl * L::T_SLOT + (u % SGT) * 4 + me.s_off,",
                       "kt > kfirst && kt - 1 + NCB < J, (u + NCB - 1) % NCB,",
-                      "ws_fp4_consume_span<NACC, PRE, NT, N256>(accf, k0, k0, 0, KT, KT, s0, dbar,")
+                      "ws_fp4_consume_span<NACC, NT, N256>(accf, k0, k0, 0, KT, KT, s0, dbar,")
     ncb, nst, nsg, sgt, period = 3, 6, 3, 4, 12
     assert (C.WS_CANON_BUFFERS, C.WS_SCALE_SLOTS, C.WS_SCALE_TILES) == (ncb, nsg, sgt)
     assert C.WS_AHEAD + C.WS_CANON_BUFFERS == nst
@@ -187,7 +187,7 @@ def test_ws_n256_persistent_spans(kt_per_tile):
                       "const int kfirst = j, kend = j + KT;",
                       "const int k0 = j - j % P;",
                       "ph_s = static_cast<unsigned>(k0 / P) & 1u;",
-                      "ws_fp4_consume_span<NI * 4, false, kWnThreads, true, true>(",
+                      "ws_fp4_consume_span<NI * 4, kWnThreads, true, true>(",
                       "accf, k0, j, kfirst, kend, J, s0, dbar, sbar, me, aq, next_unit);",
                       "j = k0 + P < kend ? k0 + P : kend;",
                       "if (s == 1 && kt + 1 < J) "
@@ -220,23 +220,19 @@ def test_ws_n256_persistent_spans(kt_per_tile):
     assert released == [(jj % kt_per_tile) >= 1 and jj - 1 + ncb < total for jj in range(total)]
 
 
-def test_ws_fragment_unit_matches_consumer_rows():
-    """Consumer thread c and producer thread t = c take c's A row, quad and fragment place from
-    one WsFragUnit, whose row formula is the consumers' rows (the epilogue's too); over the
-    256 consumer threads each (ar, quad) pair comes once, and rows ar and ar + 8 together cover
-    the 128-row tile exactly. A wrong row would give wrong products only in the steps the
-    producers decode."""
+def test_ws_a_row_matches_consumer_rows():
+    """Consumer thread c reads its A row from one WsARow, whose row formula is the consumers'
+    rows (the epilogue's too); over the 256 consumer threads each (ar, quad) pair comes once,
+    and rows ar and ar + 8 together cover the 128-row tile exactly."""
     assert_source_has("grouped_gemm_ws_fp4.cuh",
-                      "const unsigned ar = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2), "
-                      "aq = lane & 3;",
-                      "s0 + L::T_FRAG + cb * kWsFragBytes + me.o_fr, "
+                      "const unsigned ar = 64 * (warp >> 2) + 16 * (warp & 3) + (lane >> 2);",
                       "[&](int s) { khook(u, kt, s); });")
     assert_source_has("grouped_gemm_ws_n256.cuh",
                       "const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);",
-                      "const WsFragUnit me(threadIdx.x);")
+                      "const WsARow me(threadIdx.x);")
     assert_source_has("grouped_gemm_ws_persist.cuh",
                       "const int wm0 = 64 * (warp >> 2) + 16 * (warp & 3);",
-                      "const WsFragUnit me(threadIdx.x);")
+                      "const WsARow me(threadIdx.x);")
     pairs, covered = set(), set()
     for c in range(256):
         warp, lane = c >> 5, c & 31
@@ -259,7 +255,7 @@ def test_ws_n256_b_units_cover_the_tile_once():
                       "s0 + L::T_DA + static_cast<unsigned>(row * (kBK / 2) + h * 16),",
                       "s0 + L::T_SC + L::T_SB + static_cast<unsigned>(row * L::T_SLD + h * 2),",
                       "s0 + L::T_CANON + static_cast<unsigned>(k_canon_off(row, 4 * h)), 0u);",
-                      "ws_fp4_produce<false, kWnThreads>(")
+                      "ws_fp4_produce<kWnThreads>(")
     # the producers' units (ws_fp4_produce: rows ur, ur + 128) and offsets, the same formulas
     # for row ur and half uh
     assert_source_has("grouped_gemm_ws_fp4.cuh",
