@@ -23,6 +23,7 @@ import numpy as np
 
 from lowprec_moe import formats as F
 from lowprec_moe import kernels
+from lowprec_moe.backends.cupy import tables
 from lowprec_moe.backends.cupy.reduce import segment_sum_tiles
 
 __all__ = ["MODULE", "AMAX_MODES", "activation_forward", "activation_backward"]
@@ -80,9 +81,7 @@ def _tile_tables(splits):
 
 
 def _upload(rows, tiles):
-    cp = _cupy()
-    dev = cp.asarray(np.concatenate([rows, tiles]))
-    return dev[:rows.size], dev[rows.size:]
+    return tables.upload(rows, tiles)
 
 
 def _vec_ok(name: str, f: int, act, *arrays) -> bool:

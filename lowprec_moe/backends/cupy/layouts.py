@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lowprec_moe import kernels
+from lowprec_moe.backends.cupy import tables
 from lowprec_moe.backends.numpy.layouts import _check_shape, round_up, swizzled_size
 
 __all__ = [
@@ -138,12 +139,11 @@ def unswizzle_scales_cp(buf, shape, *, transpose: bool = False):
 def _launch_grouped(kernel_name: str, src, dst, meta: np.ndarray, work: Sequence[int],
                     transpose: bool) -> None:
     """One launch over all members; ``work[g]`` is member g's thread count."""
-    cp = _cupy()
     active = [g for g, w in enumerate(work) if w > 0]
     if not active:
         return
     meta = np.ascontiguousarray(meta[active], dtype=np.int64)
-    meta_d = cp.asarray(meta)
+    (meta_d,) = tables.upload(meta)
     grid = (_blocks(max(work)), min(len(active), _MAX_BLOCKS_Y))
     fn = kernels.get_function(_MODULE, kernel_name)
     fn(grid, (_THREADS,), (src, dst, meta_d, np.int32(len(active)), np.int32(transpose)))

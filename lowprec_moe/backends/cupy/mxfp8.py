@@ -29,6 +29,7 @@ import numpy as np
 
 from lowprec_moe import formats as F
 from lowprec_moe import kernels
+from lowprec_moe.backends.cupy import tables
 
 __all__ = [
     "MODULE",
@@ -126,16 +127,9 @@ def _tile_offsets(splits) -> tuple[np.ndarray, np.ndarray]:
     return rows, tiles
 
 
-def _upload(*tables: np.ndarray):
-    """Upload several host int64 tables in one copy; returns one device view per table."""
-    cp = _cupy()
-    flat = np.ascontiguousarray(np.concatenate(tables).astype(np.int64))
-    dev = cp.asarray(flat)
-    views, start = [], 0
-    for t in tables:
-        views.append(dev[start:start + t.size])
-        start += t.size
-    return views
+def _upload(*host: np.ndarray):
+    """Device views of several host int64 tables (one cached buffer)."""
+    return tables.upload(*host)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import numpy as np
 
 from lowprec_moe import formats as F
 from lowprec_moe import kernels
+from lowprec_moe.backends.cupy import tables
 
 __all__ = [
     "MODULE",
@@ -197,7 +198,7 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
         offsets, cw_prefix, tile_prefix = _member_table(splits, k, padded_tiles=columnwise)
         cw_total = int(cw_prefix[-1])
         n_tiles = int(tile_prefix[-1]) * n_ct
-        meta = cp.asarray(np.concatenate([offsets, cw_prefix, tile_prefix]))
+        (meta,) = tables.upload(np.concatenate([offsets, cw_prefix, tile_prefix]))
         g_arg = n_groups
     else:  # one member of m_total rows: no table
         cw_total = _roundup(m_total, _B)
@@ -463,7 +464,6 @@ def grouped_dequantize_nvfp4(gt, direction: str):
 
     One launch covers all members. ``direction`` is ``"rowwise"`` or ``"columnwise"``.
     """
-    cp = _cupy()
     m_total, k = (int(s) for s in gt.shape)
     splits = [int(s) for s in gt.splits]
     n_groups = len(splits)
@@ -475,7 +475,7 @@ def grouped_dequantize_nvfp4(gt, direction: str):
         amax = _prep_amax(gt.amax_rowwise)
         if gt.row_scaled:
             return _dequant_rowwise(data, scale, amax, 1)
-        offsets = cp.asarray(np.concatenate([[0], np.cumsum(splits)]).astype(np.int64))
+        (offsets,) = tables.upload(np.concatenate([[0], np.cumsum(splits)]))
         return _dequant_rowwise(data, scale, amax, 2, offsets, n_groups)
     if direction != "columnwise":
         raise ValueError(f"direction={direction!r} must be 'rowwise' or 'columnwise'")
@@ -487,7 +487,7 @@ def grouped_dequantize_nvfp4(gt, direction: str):
     offsets, cw_prefix, tile_prefix = _member_table(splits, k, padded_tiles=False)
     if int(cw_prefix[-1]) * k // 2 != data.size or int(cw_prefix[-1]) * k // _B != scale.size:
         raise ValueError("columnwise buffers do not match the splits and K of this GroupedTensor")
-    meta = cp.asarray(np.concatenate([offsets, cw_prefix, tile_prefix]))
+    (meta,) = tables.upload(np.concatenate([offsets, cw_prefix, tile_prefix]))
     return _dequant_columnwise(data, scale, amax, k=k, m_single=0, meta=meta, n_groups=n_groups,
                                out_rows=m_total, n_row_tiles=int(tile_prefix[-1]),
                                amax_per_col=bool(gt.row_scaled), rht=bool(gt.rht))

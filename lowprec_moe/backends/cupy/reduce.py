@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from lowprec_moe import kernels
+from lowprec_moe.backends.cupy import tables
 
 __all__ = ["MODULE", "TILE_ROWS", "grouped_colsum", "segment_sum_tiles"]
 
@@ -53,8 +54,7 @@ def grouped_colsum(a, splits, probs=None):
         out = cp.zeros((num_groups, n), dtype=cp.float32)
         if num_tiles == 0 or n == 0:
             return out
-        table = cp.asarray(np.concatenate([tiles, tile_off]))
-        d_tiles, d_tile_off = table[:tiles.size], table[tiles.size:]
+        d_tiles, d_tile_off = tables.upload(tiles, tile_off)
         part = cp.empty((num_tiles, n), dtype=cp.float32)
         kernels.get_function(MODULE, f"lpm_colsum_tiles_{_SUFFIX[name]}")(
             (num_tiles, -(-n // _THREADS)), (_THREADS,),

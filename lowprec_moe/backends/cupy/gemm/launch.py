@@ -33,13 +33,13 @@ kernels and the environment overrides); this module re-exports its names.
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from collections import OrderedDict
 
 import numpy as np
 
 from lowprec_moe import config, kernels, quant_formats
+from lowprec_moe.backends.cupy import tables
 from lowprec_moe.backends.cupy.gemm.balance import ragged_tile_list, ragged_tile_table
 from lowprec_moe.backends.cupy.gemm.compile import kernel_function
 from lowprec_moe.backends.cupy.gemm.plan import MMA_PARAMS, OUT_TYPES, SIMT_PARAMS, _cdiv, _flat_amax, descriptors, plan, tile_table
@@ -51,7 +51,6 @@ __all__ = ["grouped_gemm", "kernel_info"]
 
 _MAX_CACHED = 64
 _lock = threading.Lock()
-_tables: OrderedDict = OrderedDict()
 _dummies: dict = {}
 _smem_set: set = set()
 
@@ -61,26 +60,11 @@ _smem_set: set = set()
 
 
 def _device_tables(tiles: np.ndarray, desc: np.ndarray):
-    """Device copies of the tile and descriptor tables, cached by content (LRU)."""
-    import cupy as cp
-
-    dev = int(cp.cuda.runtime.getDevice())
-    h = hashlib.blake2b(digest_size=16)
-    h.update(np.int64(tiles.shape[0]).tobytes())
-    h.update(tiles.tobytes())
-    h.update(desc.tobytes())
-    key = (dev, h.digest())
-    with _lock:
-        hit = _tables.get(key)
-        if hit is not None:
-            _tables.move_to_end(key)
-            return hit
-    val = (cp.asarray(tiles if tiles.size else np.zeros((1, 2), np.int32)), cp.asarray(desc))
-    with _lock:
-        _tables[key] = val
-        while len(_tables) > _MAX_CACHED:
-            _tables.popitem(last=False)
-    return val
+    """Device copies of the tile and descriptor tables (cached by content)."""
+    (d_tiles,) = tables.upload(tiles if tiles.size else np.zeros((1, 2), np.int32),
+                               dtype=np.int32)
+    (d_desc,) = tables.upload(desc)
+    return d_tiles, d_desc
 
 
 def _dummy():
@@ -166,7 +150,7 @@ def _prepare(p, arrays, kernel: str):
         grid = tiles.shape[0] * n_col_tiles
     if grid >= 2**31:
         raise ValueError(f"problem too large: {grid} CTAs")
-    tables = _device_tables(tiles, desc) if grid else (None, None)
+    d_tiles, d_desc = _device_tables(tiles, desc) if grid else (None, None)
     a, b = pl.a, pl.b
     if launch.simt:
         modes = ((a.ek, int(a.mn)), (b.ek, int(b.mn)))
@@ -176,7 +160,7 @@ def _prepare(p, arrays, kernel: str):
                  int(a.sld[0]), int(b.sld[0]), int(pl.n_cols), int(pl.rows.max()))
                 if launch.tma else None)
     pair = launch.loader == "rowpair_tma"
-    val = dict(launch=launch, grid_cap=choice.grid_cap, tiles=tables[0], desc=tables[1], n_col_tiles=n_col_tiles,
+    val = dict(launch=launch, grid_cap=choice.grid_cap, tiles=d_tiles, desc=d_desc, n_col_tiles=n_col_tiles,
                tma_geom=tma_geom, pair_geom=_pair_geom(pl) if pair else None,
                rows_max=int(pl.rows.max()) if len(pl.rows) else 0,
                mn=(bool(a.mn), bool(b.mn)), num_experts=len(pl.rows),
