@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from lowprec_moe.backends.numpy.fp import MAGNITUDE, magnitude_bits
 from lowprec_moe.tensors.grouped_tensor import GroupedTensor
 from lowprec_moe.tensors.quantized_tensor import quantize
 from lowprec_moe.io._common import CheckpointError
@@ -24,10 +25,9 @@ from lowprec_moe.io.selection import expert_name, module_name
 
 __all__ = ["quantize_shard", "default_jobs"]
 
-# Non-finite check on the raw bits: exponent all ones (inf or NaN) in the storage format,
-# one cheap integer pass instead of a float32 copy of the tensor.
-_EXPONENT = {"bfloat16": (np.uint16, 0x7F80), "float16": (np.uint16, 0x7C00),
-             "float32": (np.uint32, 0x7F800000)}
+_FLOATS = ("bfloat16", "float16", "float32")
+#: Elements per step of the non-finite check: its temporary stays in cache.
+_FINITE_STEP = 1 << 19
 
 
 def default_jobs() -> int:
@@ -40,12 +40,16 @@ def default_jobs() -> int:
 
 
 def all_finite(x) -> bool:
-    """Whether a host float32 / float16 / bfloat16 array holds no inf or NaN."""
-    utype, mask = _EXPONENT[x.dtype.name]
-    bits = np.ascontiguousarray(x).reshape(-1).view(utype)
-    step = 1 << 24
-    return not any(bool(np.any((bits[i:i + step] & utype(mask)) == utype(mask)))
-                   for i in range(0, bits.size, step))
+    """Whether a host float32 / float16 / bfloat16 array holds no inf or NaN (on the raw bits:
+    the largest magnitude is below +inf's bits)."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    buf = np.empty(min(flat.size, _FINITE_STEP), MAGNITUDE[flat.dtype.name][0])  # every step's
+    for i in range(0, flat.size, _FINITE_STEP):
+        part = flat[i:i + _FINITE_STEP]
+        mag, inf = magnitude_bits(part, out=buf[:part.size])
+        if mag.max() >= inf:
+            return False
+    return True
 
 
 def _device_finite(x2, xp) -> bool:
@@ -106,7 +110,7 @@ def quantize_shard(ck, plan, out, format, opts, layout, xp, allow_nonfinite, rep
                    *, jobs: int = 1, extra_meta=None) -> list[str]:
     """Convert the open checkpoint ``ck`` into ``out``; returns the array names written."""
     jobs = jobs if xp is np else 1
-    with CheckpointWriter(out) as w, ThreadPoolExecutor(max(1, jobs)) as pool:
+    with CheckpointWriter(out, hold=True) as w, ThreadPoolExecutor(max(1, jobs)) as pool:
         pending: collections.deque = collections.deque()
 
         def finish(u: _Unit, fut) -> None:
@@ -116,7 +120,7 @@ def quantize_shard(ck, plan, out, format, opts, layout, xp, allow_nonfinite, rep
                     w.add(u.name, u.array, **u.info)
                     reason = u.info["note"].removeprefix("not quantized: ")
                     report.copied.append((u.name, reason))
-                    if u.array.ndim >= 2 and u.array.dtype.name in _EXPONENT:
+                    if u.array.ndim >= 2 and u.array.dtype.name in _FLOATS:
                         report.excluded_modules.append(module_name(u.name))
                 else:
                     w.add(u.name, q, layout=layout, **u.info)

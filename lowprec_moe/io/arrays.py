@@ -8,11 +8,13 @@ atomically on :meth:`ArrayWriter.commit` (nothing is left behind if it is never 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
 import tempfile
 import zipfile
+from typing import IO
 
 import ml_dtypes
 import numpy as np
@@ -81,22 +83,33 @@ class ArrayWriter:
     ----------
     path : str or os.PathLike
         The destination; its suffix picks the format. A ``.npy`` file takes exactly one array.
+    hold : bool
+        The writer may keep added arrays by reference until :meth:`commit` instead of writing
+        their bytes at once (the caller must not modify them in between). For a safetensors
+        file this saves passing the tensor bytes through a temporary file.
 
     Notes
     -----
     Nothing appears at ``path`` before :meth:`commit`. A safetensors header must precede the
-    data and is only known at the end, so tensor bytes first go to an anonymous temporary file
-    in the destination directory; ``.npz`` members are streamed straight into the archive
-    (uncompressed, so readers can memory-map them). Use as a context manager: leaving the block
-    without :meth:`commit` (or with an exception) discards everything.
+    data and is only known at the end, so tensor bytes are held (``hold=True``, up to
+    ``HOLD_BYTES``) or go to an anonymous temporary file in the destination directory;
+    ``.npz`` members are streamed straight into the archive (uncompressed, so readers can
+    memory-map them). Use as a context manager: leaving the block without :meth:`commit` (or
+    with an exception) discards everything.
     """
 
-    def __init__(self, path):
+    #: The most tensor bytes a ``hold=True`` writer keeps by reference; later arrays are written
+    #: to its temporary file (bounds the memory a conversion keeps alive).
+    HOLD_BYTES = 1 << 30
+
+    def __init__(self, path, *, hold: bool = False):
         self.kind = file_kind(path)
         self.path = check_output_path(path)
         self._names: list[str] = []
         self._entries: list[tuple[str, str, tuple]] = []
         self._dir = os.path.dirname(os.path.abspath(self.path))
+        self._held: list[np.ndarray] = []
+        self._hold_left = self.HOLD_BYTES if hold else -1
         self._body = None
         self._out = None
         self._zip = None
@@ -138,7 +151,13 @@ class ArrayWriter:
             raise TypeError(f"tensor {name!r}: dtype=object cannot be saved (no pickling)")
         if self.kind == "safetensors":
             label = dtype_label(array.dtype)
-            write_array_bytes(self._body, array)
+            # held arrays precede the temporary file's bytes: once one array went there, all do
+            if array.nbytes <= self._hold_left:
+                self._held.append(array)
+                self._hold_left -= array.nbytes
+            else:
+                self._hold_left = -1
+                write_array_bytes(self._body, array)
             self._entries.append((name, label, tuple(array.shape)))
         elif self.kind == "npz":
             if array.dtype.itemsize == 1 and array.dtype.kind == "V" or _is_fp8(array.dtype):
@@ -162,8 +181,11 @@ class ArrayWriter:
             head = header_bytes(self._entries, metadata)
             with atomic_output(self.path) as f:
                 f.write(head)
-                self._body.seek(0)
-                shutil.copyfileobj(self._body, f, 1 << 24)
+                # each array is let go once written: its memory can hold the next pages
+                self._held.reverse()
+                while self._held:
+                    write_array_bytes(f, self._held.pop())
+                copy_file(self._body, f)
         elif self.kind == "npz":
             if metadata:
                 check_metadata(metadata)
@@ -198,6 +220,7 @@ class ArrayWriter:
         if self._body is not None:
             self._body.close()
             self._body = None
+        self._held = []
         self._npy = None
 
     def __enter__(self):
@@ -205,6 +228,30 @@ class ArrayWriter:
 
     def __exit__(self, *exc):
         self.abort()
+
+
+def copy_file(src: IO[bytes], dst: IO[bytes]) -> None:
+    """Append all of ``src`` to ``dst`` (both open binary files), in the kernel where possible."""
+    src.flush()
+    dst.flush()
+    size = os.fstat(src.fileno()).st_size
+    done = 0
+    try:
+        while done < size:
+            n = os.copy_file_range(src.fileno(), dst.fileno(), size - done, done)
+            if n == 0:
+                break
+            done += n
+    except AttributeError:  # not on Linux
+        pass
+    except OSError as exc:  # a file system or kernel without it
+        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+    if done < size:
+        src.seek(done)
+        dst.seek(0, os.SEEK_END)
+        shutil.copyfileobj(src, dst, 1 << 24)
+    dst.seek(0, os.SEEK_END)
 
 
 def check_metadata(metadata) -> None:

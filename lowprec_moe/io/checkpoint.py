@@ -222,10 +222,13 @@ class CheckpointWriter:
     ----------
     path : str or os.PathLike
         ``.safetensors`` or ``.npz`` (``.npy``: one plain array, no metadata).
+    hold : bool
+        Keep added arrays by reference until :meth:`commit` (see :class:`ArrayWriter`); the
+        caller must not modify them in between.
     """
 
-    def __init__(self, path):
-        self._writer = ArrayWriter(path)
+    def __init__(self, path, *, hold: bool = False):
+        self._writer = ArrayWriter(path, hold=hold)
         self.kind = self._writer.kind
         self.entries: dict[str, dict] = {}
 
@@ -316,7 +319,7 @@ def save(path, tensors: Mapping[str, Any], *, metadata: Mapping[str, str] | None
         raise TypeError(f"tensors must be a mapping of names to tensors, got {describe(tensors)}")
     if file_kind(path) == "npy":
         raise ValueError(f"{os.fspath(path)!r}: save() writes .safetensors or .npz")
-    with CheckpointWriter(path) as w:
+    with CheckpointWriter(path, hold=True) as w:
         for name, obj in tensors.items():
             w.add(name, obj)
         w.commit(metadata)

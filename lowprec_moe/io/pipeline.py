@@ -281,7 +281,7 @@ def _check_npy_output(ck, dst, dtype) -> None:
 
 def _dequantize_shard(ck, out, dtype, direction, report, progress) -> list[str]:
     pending: dict[str, list] = {}
-    with CheckpointWriter(out) as w:
+    with CheckpointWriter(out, hold=True) as w:
         for name in ck.names():
             e = ck.entries[name]
             try:

@@ -271,3 +271,68 @@ def test_f64_to_bf16_matches_float32_cast_when_exact_in_float32():
     got = fp.f64_to_bf16(x.astype(np.float64))
     assert got.dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(got.view(np.uint16), x.astype(ml_dtypes.bfloat16).view(np.uint16))
+
+
+# --------------------------------------------------------------------- fast encoders, bf16 bits
+def _sweep() -> np.ndarray:
+    """Every float32 whose low 16 bits are one of a few patterns: every exponent and sign, the
+    top 7 mantissa bits in full, exact ties (low bits 0 and 0x8000) and their neighbours."""
+    high = np.arange(1 << 16, dtype=np.uint32) << 16
+    low = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF], dtype=np.uint32)
+    return (high[:, None] | low[None, :]).reshape(-1).view(np.float32)
+
+
+def _same_or_both_nan_code(got, expected):
+    np.testing.assert_array_equal(got, expected)
+    assert got.dtype == np.uint8
+
+
+def test_f32_to_e2m1_fast_equals_reference_on_a_bit_sweep():
+    x = _sweep()
+    _same_or_both_nan_code(fp.f32_to_e2m1_fast(x), fp.f32_to_e2m1(x))
+    finite = x[~np.isnan(x)]
+    _same_or_both_nan_code(fp.f32_to_e2m1_fast(finite, nan_free=True), fp.f32_to_e2m1(finite))
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2"])
+def test_f32_to_fp8_fast_equals_reference_on_a_bit_sweep(name):
+    x = _sweep()
+    _same_or_both_nan_code(fp.f32_to_fp8_fast(x, name), fp.f32_to_fp8(x, name))
+    finite = x[~np.isnan(x)]
+    _same_or_both_nan_code(fp.f32_to_fp8_fast(finite, name, nan_free=True),
+                           fp.f32_to_fp8(finite, name))
+
+
+def test_fast_encoders_keep_shape_and_input():
+    x = _f32([[0.25, -0.75, np.nan], [5.0, -0.0, 1e-45]])
+    before = x.copy()
+    np.testing.assert_array_equal(fp.f32_to_e2m1_fast(x), [[0, 10, 7], [6, 8, 0]])
+    np.testing.assert_array_equal(x.view(np.uint32), before.view(np.uint32))
+    assert fp.f32_to_fp8_fast(x, "e4m3").shape == (2, 3)
+    assert int(fp.f32_to_e2m1_fast(np.float32(-3.5))) == 14
+    with pytest.raises(ValueError, match="fp8_dtype"):
+        fp.f32_to_fp8_fast(x, "e3m4")
+
+
+def test_pack_fp4_into_equals_pack_fp4():
+    codes = np.random.default_rng(0).integers(0, 16, (7, 48)).astype(np.uint8)
+    out = np.empty((7, 24), np.uint8)
+    fp.pack_fp4_into(codes.reshape(-1), out.reshape(-1), np.empty(out.size, np.uint16))
+    np.testing.assert_array_equal(out, fp.pack_fp4(codes))
+
+
+def test_bf16_bits_upcast_equals_ml_dtypes_for_every_pattern():
+    bits = np.arange(1 << 16, dtype=np.uint16)
+    expected = bits.view(ml_dtypes.bfloat16).astype(np.float32).view(np.uint32)
+    np.testing.assert_array_equal(fp.bf16_bits_to_f32(bits).view(np.uint32), expected)
+    np.testing.assert_array_equal(fp.as_float32(bits.view(ml_dtypes.bfloat16)).view(np.uint32),
+                                  expected)
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.bfloat16, np.float16, np.float32])
+def test_magnitude_bits_order_like_magnitudes(dtype):
+    x = np.array([0.0, -0.0, 1e-3, -2.5, 3.0, -np.inf, np.inf, np.nan], dtype=dtype)
+    mag, inf = fp.magnitude_bits(x)
+    finite = np.abs(x[:5].astype(np.float32))
+    assert (mag[:5].argsort(kind="stable") == finite.argsort(kind="stable")).all()
+    assert mag[5] == mag[6] == inf and mag[7] > inf

@@ -25,7 +25,10 @@ from __future__ import annotations
 import numpy as np
 
 from lowprec_moe import formats as F
-from lowprec_moe.backends.numpy.fp import as_float32, e8m0_inverse_f32, e8m0_to_f32, f32_bits, f32_to_fp8, fp8_to_f32
+from lowprec_moe.backends.numpy.chunks import (Scratch, block_max_bits, chunk_rows, load_f32,
+                                              row_chunks)
+from lowprec_moe.backends.numpy.fp import (FP8_ENCODERS, MAGNITUDE, as_float32, e8m0_inverse_f32,
+                                          e8m0_to_f32, f32_bits, fp8_to_f32, magnitude_bits)
 from lowprec_moe.backends.numpy.nvfp4 import amax_f32
 
 _B = F.MXFP8_BLOCK
@@ -47,11 +50,51 @@ def scale_exponent(block_amax: np.ndarray, fp8_dtype: str = "e4m3") -> np.ndarra
     return e.astype(np.uint8)
 
 
-def _quantize_blocks(blocks: np.ndarray, e: np.ndarray, fp8_dtype: str) -> np.ndarray:
-    mult = e8m0_inverse_f32(e)
+def _bits_amax(mx: np.ndarray, inf: int, dtype) -> np.ndarray | None:
+    """float32 amaxes from max magnitude bits; None when a block holds a NaN."""
+    if (mx > inf).any():
+        return None
+    out = np.empty(mx.shape, np.float32)
+    load_f32(mx.view(dtype), out)
+    return out
+
+
+def _row_exponents(part, fp8_dtype, scratch) -> tuple[np.ndarray, bool]:
+    """``[R, K/32]`` exponents of the rows ``part`` (blocks along K); whether it has no NaN."""
+    rows, k = part.shape
+    amax = _bits_amax(*block_max_bits(part, _B, scratch), part.dtype)
+    if amax is None:  # fmax ignores NaN (an all-NaN block gives 0)
+        return scale_exponent(amax_f32(as_float32(part).reshape(rows, k // _B, _B), axis=2),
+                              fp8_dtype), False
+    return scale_exponent(amax, fp8_dtype), True
+
+
+def _column_exponents(groups, fp8_dtype, scratch) -> tuple[np.ndarray, bool]:
+    """``[G, K]`` exponents of ``groups`` ``[G, 32, K]`` (blocks along M); whether no NaN."""
+    utype = MAGNITUDE[groups.dtype.name][0]
+    mag, inf = magnitude_bits(groups, out=scratch.get("mag", groups.size, utype).reshape(
+        groups.shape))
+    amax = _bits_amax(np.maximum.reduce(mag, axis=1), inf, groups.dtype)
+    if amax is None:
+        return scale_exponent(amax_f32(as_float32(groups), axis=1), fp8_dtype), False
+    return scale_exponent(amax, fp8_dtype), True
+
+
+def _encode_into(part, mult, out, fp8_dtype, nan_free, scratch) -> None:
+    """fp8 bytes of ``part * mult`` into ``out`` (``mult``: powers of two, broadcast to the
+    blocked shape of ``part``; ``out``: uint8, ``part``'s size)."""
+    n = part.size
+    y = scratch.get("y", n, np.float32)
+    blocks = y.reshape(part.shape)
+    if part.dtype == np.float32:
+        src = part
+    else:
+        load_f32(part, blocks)
+        src = blocks
     with np.errstate(invalid="ignore", over="ignore"):
-        y = (blocks * mult).astype(np.float32)
-    return f32_to_fp8(y, fp8_dtype)
+        np.multiply(src, mult, out=blocks)
+    FP8_ENCODERS[fp8_dtype].encode_into(y, out.reshape(-1), scratch.get("e", n, np.uint32),
+                                        scratch.get("t", n, np.uint32), nan_free)
 
 
 def quantize_mxfp8(x: np.ndarray, *, rowwise: bool = True, columnwise: bool = False,
@@ -76,26 +119,50 @@ def quantize_mxfp8(x: np.ndarray, *, rowwise: bool = True, columnwise: bool = Fa
         ``columnwise_scale [Mp/32, K]`` (uint8 or None); ``amax_rowwise`` / ``amax_columnwise``
         are None.
     """
-    a = as_float32(np.ascontiguousarray(x))
+    a = np.ascontiguousarray(x)
     m, k = a.shape
+    mp = -(-m // _B) * _B
+    nb = k // _B
     out = dict(rowwise_data=None, rowwise_scale=None, columnwise_data=None,
                columnwise_scale=None, amax_rowwise=None, amax_columnwise=None)
-    if block_2d:
-        tiles = a.reshape(m // _B, _B, k // _B, _B)  # empty when m == 0
-        e_tile = scale_exponent(amax_f32(tiles, axis=(1, 3)), fp8_dtype)  # [M/32, K/32]
     if rowwise:
-        blocks = a.reshape(m, k // _B, _B)
-        e = np.repeat(e_tile, _B, axis=0) if block_2d else scale_exponent(amax_f32(blocks, axis=2), fp8_dtype)
-        data = _quantize_blocks(blocks, e[:, :, None], fp8_dtype).reshape(m, k)
-        out.update(rowwise_data=data, rowwise_scale=e)
+        out.update(rowwise_data=np.empty((m, k), np.uint8),
+                   rowwise_scale=np.empty((m, nb), np.uint8))
     if columnwise:
-        mp = -(-m // _B) * _B
-        ap = np.zeros((mp, k), dtype=np.float32)
-        ap[:m] = a
-        blocks = ap.reshape(mp // _B, _B, k)
-        e = np.repeat(e_tile, _B, axis=1) if block_2d else scale_exponent(amax_f32(blocks, axis=1), fp8_dtype)
-        data = _quantize_blocks(blocks, e[:, None, :], fp8_dtype).reshape(mp, k)
-        out.update(columnwise_data=data, columnwise_scale=e)
+        out.update(columnwise_data=np.empty((mp, k), np.uint8),
+                   columnwise_scale=np.empty((mp // _B, k), np.uint8))
+    # Chunks of whole 32-row groups, each quantized in both directions while in cache; the
+    # columnwise copy's padding rows (past M) are zeros.
+    scratch = Scratch(chunk_rows(k, _B) * k)
+    for r0, r1 in row_chunks(mp if columnwise else m, k, _B):
+        part = a[r0:min(r1, m)]
+        rows = part.shape[0]
+        if block_2d:
+            amax = amax_f32(as_float32(part).reshape(rows // _B, _B, nb, _B), axis=(1, 3))
+            e_tile = scale_exponent(amax, fp8_dtype)  # [rows/32, K/32]
+            nan_free = False
+        if rowwise:
+            if block_2d:
+                e = np.repeat(e_tile, _B, axis=0)
+            else:
+                e, nan_free = _row_exponents(part, fp8_dtype, scratch)
+            mult = e8m0_inverse_f32(e)[:, :, None]
+            _encode_into(part.reshape(rows, nb, _B), mult, out["rowwise_data"][r0:r0 + rows],
+                         fp8_dtype, nan_free, scratch)
+            out["rowwise_scale"][r0:r0 + rows] = e
+        if columnwise:
+            if r1 > m:
+                padded = np.zeros((r1 - r0, k), part.dtype)
+                padded[:rows] = part
+                part = padded
+            groups = part.reshape(-1, _B, k)
+            if block_2d:
+                e = np.repeat(e_tile, _B, axis=1)
+            else:
+                e, nan_free = _column_exponents(groups, fp8_dtype, scratch)
+            _encode_into(groups, e8m0_inverse_f32(e)[:, None, :], out["columnwise_data"][r0:r1],
+                         fp8_dtype, nan_free, scratch)
+            out["columnwise_scale"][r0 // _B:r1 // _B] = e
     return out
 
 

@@ -37,7 +37,10 @@ from __future__ import annotations
 import numpy as np
 
 from lowprec_moe import formats as F
-from lowprec_moe.backends.numpy.fp import as_float32, e2m1_to_f32, e4m3_to_f32, f32_to_e2m1, f32_to_fp8, pack_fp4, unpack_fp4
+from lowprec_moe.backends.numpy.chunks import (Scratch, block_max_bits, chunk_rows,
+                                              halving_max, load_f32, row_chunks)
+from lowprec_moe.backends.numpy.fp import (E2M1_ENCODER, as_float32, e2m1_to_f32, e4m3_to_f32,
+                                          f32_to_e2m1, f32_to_fp8, pack_fp4_into, unpack_fp4)
 from lowprec_moe.backends.numpy.philox import sr_random_bits
 from lowprec_moe.backends.numpy.rht import rht_forward, rht_inverse
 
@@ -77,25 +80,49 @@ def _sr_round(y: np.ndarray, rbits: np.ndarray) -> np.ndarray:
     return np.where(np.isnan(y), np.uint8(F.E2M1_MAX_CODE), code).astype(np.uint8)
 
 
-def block_amax(a: np.ndarray, block_2d: bool = False) -> np.ndarray:
-    """float32 ``[R, C/16]`` amax of each 16-element block (or its 16x16 tile, repeated)."""
+def _chunk_block_amax(x: np.ndarray, out: np.ndarray, scratch: Scratch) -> bool:
+    """float32 ``[R, C/16]`` block amax of the rows ``x`` into ``out``; whether ``x`` is free
+    of NaN."""
+    mx, inf = block_max_bits(x, _B, scratch)
+    if not (mx > inf).any():
+        load_f32(mx.view(x.dtype), out)
+        return True
+    # NaN present: fmax ignores it (an all-NaN block gives 0)
+    a = np.abs(as_float32(x))
+    bam = halving_max(a.reshape(out.shape + (_B,)), np.fmax, np.empty(a.size, np.float32))
+    np.fmax(bam, np.float32(0), out=out)
+    return False
+
+
+def _block_amax(a: np.ndarray, block_2d: bool) -> tuple[np.ndarray, bool]:
     rows, cols = a.shape
-    nb = cols // _B
+    bam = np.empty((rows, cols // _B), np.float32)
+    scratch = Scratch(chunk_rows(cols, _B) * cols)
+    nan_free = True
+    for r0, r1 in row_chunks(rows, cols, _B):
+        nan_free &= _chunk_block_amax(a[r0:r1], bam[r0:r1], scratch)
     if block_2d:
-        bamax = amax_f32(a.reshape(rows // _B, _B, nb, _B), axis=(1, 3))  # [R/16, nb]
-        return np.repeat(bamax, _B, axis=0)
-    return amax_f32(a.reshape(rows, nb, _B), axis=2)
+        tiles = np.fmax.reduce(bam.reshape(rows // _B, _B, cols // _B), axis=1)  # [R/16, nb]
+        bam = np.repeat(tiles, _B, axis=0)
+    return bam, nan_free
+
+
+def block_amax(a: np.ndarray, block_2d: bool = False) -> np.ndarray:
+    """float32 ``[R, C/16]`` amax of each 16-element block (or its 16x16 tile, repeated) of a
+    float32 / float16 / bfloat16 matrix; NaN is ignored (an all-NaN block gives 0)."""
+    return _block_amax(np.ascontiguousarray(a), block_2d)[0]
 
 
 def quantize_matrix(a: np.ndarray, amax: np.ndarray, *, block_2d: bool = False,
                     sr_bits: np.ndarray | None = None,
                     bamax: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Quantize the rows of a float32 matrix with 16-element blocks.
+    """Quantize the rows of a matrix with 16-element blocks.
 
     Parameters
     ----------
     a : numpy.ndarray
-        float32 ``[R, C]``, ``C % 16 == 0`` (and ``R % 16 == 0`` when ``block_2d``).
+        ``[R, C]`` float32 / float16 / bfloat16 (upcast exactly), ``C % 16 == 0`` (and
+        ``R % 16 == 0`` when ``block_2d``).
     amax : numpy.ndarray
         float32 global amax, shape ``(1,)`` (per tensor) or ``(R,)`` (per row).
     block_2d : bool
@@ -112,26 +139,55 @@ def quantize_matrix(a: np.ndarray, amax: np.ndarray, *, block_2d: bool = False,
     scale : numpy.ndarray
         uint8 ``[R, C/16]`` E4M3 block scales.
     """
+    a = np.ascontiguousarray(a)
+    nan_free = False
+    if bamax is None and a.size:
+        bamax, nan_free = _block_amax(a, block_2d)
+    return _quantize_rows(a, amax, bamax, sr_bits, nan_free)
+
+
+def _quantize_rows(a, amax, bamax, sr_bits, nan_free):
     rows, cols = a.shape
     nb = cols // _B
+    data = np.zeros((rows, cols // 2), np.uint8)
+    scale = np.zeros((rows, nb), np.uint8)
     if rows == 0 or cols == 0:
-        return np.zeros((rows, cols // 2), np.uint8), np.zeros((rows, nb), np.uint8)
+        return data, scale
     s_enc = encode_scale(amax).reshape(-1, 1)  # (1,1) or (R,1)
     s_dec = (np.float32(1) / s_enc).astype(np.float32)
-    blocks = a.reshape(rows, nb, _B)
-    if bamax is None:
-        bamax = block_amax(a, block_2d)
     with np.errstate(over="ignore"):
-        s = bamax * (s_enc * _ONE_SIXTH).astype(np.float32)
-    s = np.minimum(s.astype(np.float32), _FLT_MAX)
-    scale = f32_to_fp8(s, "e4m3")
-    with np.errstate(divide="ignore", over="ignore"):
-        enc = np.float32(1) / (e4m3_to_f32(scale) * s_dec).astype(np.float32)
-    enc = np.minimum(enc.astype(np.float32), _FLT_MAX)
-    with np.errstate(invalid="ignore", over="ignore"):
-        y = np.multiply(blocks, enc[:, :, None], dtype=np.float32).reshape(rows, cols)
-    codes = f32_to_e2m1(y) if sr_bits is None else _sr_round(y, sr_bits)
-    return pack_fp4(codes), scale
+        s_fac = (s_enc * _ONE_SIXTH).astype(np.float32)
+    per_row = s_enc.shape[0] > 1
+    scratch = Scratch(chunk_rows(cols, _B) * cols)
+    for r0, r1 in row_chunks(rows, cols, _B):
+        g = slice(r0, r1) if per_row else slice(None)
+        with np.errstate(over="ignore"):
+            s = bamax[r0:r1] * s_fac[g]
+        s = np.minimum(s.astype(np.float32), _FLT_MAX)
+        sc = f32_to_fp8(s, "e4m3")
+        scale[r0:r1] = sc
+        with np.errstate(divide="ignore", over="ignore"):
+            enc = np.float32(1) / (e4m3_to_f32(sc) * s_dec[g]).astype(np.float32)
+        enc = np.minimum(enc.astype(np.float32), _FLT_MAX)
+        part = a[r0:r1]
+        n = part.size
+        y = scratch.get("y", n, np.float32)
+        blocks = y.reshape(r1 - r0, nb, _B)
+        if part.dtype == np.float32:
+            src = part.reshape(blocks.shape)
+        else:
+            load_f32(part, y.reshape(part.shape))
+            src = blocks
+        with np.errstate(invalid="ignore", over="ignore"):
+            np.multiply(src, enc[:, :, None], out=blocks)
+        if sr_bits is None:
+            codes = scratch.get("codes", n, np.uint8)
+            E2M1_ENCODER.encode_into(y, codes, scratch.get("e", n, np.uint32),
+                                     scratch.get("t", n, np.uint32), nan_free)
+        else:
+            codes = _sr_round(y.reshape(part.shape), sr_bits[r0:r1]).reshape(-1)
+        pack_fp4_into(codes, data[r0:r1].reshape(-1), scratch.get("pack", n // 2, np.uint16))
+    return data, scale
 
 
 def dequantize_matrix(data: np.ndarray, scale: np.ndarray, amax: np.ndarray) -> np.ndarray:
@@ -173,18 +229,18 @@ def quantize_nvfp4(x: np.ndarray, *, rowwise: bool = True, columnwise: bool = Fa
         ``columnwise_scale [K, Mp/16]`` (uint8, or None when not requested), ``amax_rowwise``,
         ``amax_columnwise`` (float32 ``(1,)``, or ``(M,)`` / ``(K,)`` when row-scaled).
     """
-    a = as_float32(np.ascontiguousarray(x))
+    a = np.ascontiguousarray(x)  # rows are upcast to float32 chunk by chunk
     m, k = a.shape
     out = dict(rowwise_data=None, rowwise_scale=None, columnwise_data=None,
                columnwise_scale=None, amax_rowwise=None, amax_columnwise=None)
     # Global amaxes are taken as the max of block amaxes (the same value, one pass fewer).
-    bam_row = block_amax(a, block_2d) if rowwise else None
+    bam_row, nan_free_row = _block_amax(a, block_2d) if rowwise else (None, False)
     at = bam_col = None
     if columnwise:
         mp = -(-m // _B) * _B
         at = np.zeros((k, mp), dtype=np.float32)
         at[:, :m] = a.T
-        bam_col = block_amax(at, block_2d)
+        bam_col, nan_free_col = _block_amax(at, block_2d)
     if row_scaled:
         amax_row = amax_f32(bam_row, axis=1) if rowwise else None
         amax_col = amax_f32(bam_col, axis=1) if columnwise else None
@@ -193,15 +249,15 @@ def quantize_nvfp4(x: np.ndarray, *, rowwise: bool = True, columnwise: bool = Fa
         amax_col = amax_row
     if rowwise:
         bits = sr_random_bits(seed, member, 0, (m, k)) if stochastic_rounding else None
-        d, s = quantize_matrix(a, amax_row, block_2d=block_2d, sr_bits=bits, bamax=bam_row)
+        d, s = _quantize_rows(a, amax_row, bam_row, bits, nan_free_row)
         out.update(rowwise_data=d, rowwise_scale=s, amax_rowwise=amax_row)
     if columnwise:
         if rht:
             at = rht_forward(at).astype(np.float32)
-            bam_col = block_amax(at, block_2d)
+            bam_col, nan_free_col = _block_amax(at, block_2d)
             amax_col = amax_f32(bam_col).reshape(1)
         bits = sr_random_bits(seed, member, 1, (k, mp)) if stochastic_rounding else None
-        d, s = quantize_matrix(at, amax_col, block_2d=block_2d, sr_bits=bits, bamax=bam_col)
+        d, s = _quantize_rows(at, amax_col, bam_col, bits, nan_free_col)
         out.update(columnwise_data=d, columnwise_scale=s, amax_columnwise=amax_col)
         if not rowwise:
             out["amax_rowwise"] = None
