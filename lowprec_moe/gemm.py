@@ -24,6 +24,16 @@ Either both operands are high-precision arrays, or both are quantized (same form
   [N] * G, "nvfp4", columnwise=True, block_2d=True)``). NVFP4 or MXFP8 on both sides; MXFP8
   operands may mix E4M3 and E5M2 ("hybrid"). Row-scaled NVFP4 is honoured on either side.
 
+Device splits
+-------------
+On the GPU, with high-precision operands, ``splits`` may be a 1-D CuPy integer array on the
+operands' device (the router's token counts, say). The call then never reads them back: output
+shapes come from ``M_total``, and the launch tables are built on the device. They are not
+checked (that would need a device-to-host copy): negative counts act as 0 and counts past
+``M_total`` are cut there, so no row outside the tensors is ever addressed. Valid device splits
+give the same bits as the same host splits (NUMERICS §7.5). wgrad with ``accumulate=True`` and
+quantized operands (whose GroupedTensors carry host splits) raise ``NotImplementedError``.
+
 Numerics
 --------
 Operands are dequantized exactly (NVFP4 ``e2m1 * e4m3``, MXFP8 ``fp8 * 2**k``, without the global
@@ -106,10 +116,10 @@ class GemmProblem:
     b : array or GroupedTensor
         fprop / dgrad: the weight (``[G, N, K]`` array, or GroupedTensor of ``[G*N, K]``);
         wgrad: ``x`` (2-D array or GroupedTensor).
-    splits : tuple of int
-        Tokens per expert.
-    offsets : numpy.ndarray
-        int64 ``[G+1]`` token offsets.
+    splits : tuple of int or None
+        Tokens per expert (None with ``device_splits``).
+    offsets : numpy.ndarray or None
+        int64 ``[G+1]`` token offsets (None with ``device_splits``).
     m_total, n, k : int
         Tokens, weight rows (out features) and weight columns (in features).
     out_shape : tuple
@@ -126,6 +136,9 @@ class GemmProblem:
     hp_dtype : str or None
         ``"float32"``, ``"float16"`` or ``"bfloat16"`` for ``fmt == "hp"``.
     on_gpu : bool
+    device_splits : cupy.ndarray or None
+        int64 ``[G]`` tokens per expert on the operands' device, when the caller passed them
+        there (``splits`` and ``offsets`` are then None; NUMERICS §7.5).
     """
 
     mode: str
@@ -146,9 +159,12 @@ class GemmProblem:
     scale_mode: int = SCALE_NONE
     hp_dtype: str | None = None
     on_gpu: bool = False
+    device_splits: Any = None
 
     @property
     def num_groups(self) -> int:
+        if self.splits is None:
+            return int(self.device_splits.size)
         return len(self.splits)
 
 
@@ -166,9 +182,10 @@ def grouped_gemm_fprop(x, weight, splits=None, *, bias=None, probs=None, out_dty
         Tokens, expert-major.
     weight : array ``[G, N, K]`` or GroupedTensor of ``[G*N, K]`` with splits ``[N]*G``
         (rowwise copy).
-    splits : sequence of int, optional
+    splits : sequence of int, or 1-D cupy integer array, optional
         Tokens per expert (``G`` entries, summing to ``M_total``). Defaults to ``x.splits`` when
-        ``x`` is a GroupedTensor (and must equal it when given).
+        ``x`` is a GroupedTensor (and must equal it when given). On the GPU with
+        high-precision operands they may be a device array (see "Device splits" above).
     bias : array ``[G, N]``, optional
         Added in fp32 after the NVFP4 scaling.
     probs : array ``[M_total]``, optional
@@ -378,21 +395,33 @@ def _validate(mode, a, b, splits, *, bias, probs, out_dtype, out, accumulate) ->
         a_op, b_op = a, b
 
     # ---- splits
+    device_splits = None
     if splits is None:
         if not a_q:
             raise ValueError(f"splits=None: pass the tokens per expert (splits) when {an} is a "
                              "plain array")
         splits = a.splits
-    splits = V.check_splits(splits, m_total)
-    if a_q and tuple(a.splits) != splits:
-        raise ValueError(f"splits={list(splits)} differ from {an}.splits={list(a.splits)}")
-    g_count = len(splits)
+    if is_cupy_array(splits):
+        device_splits = _check_device_splits(splits, an, a_q, on_gpu, a if not a_q else None)
+        splits = None
+        g_count = int(device_splits.size)
+        if mode == "wgrad" and accumulate:
+            raise NotImplementedError("accumulate=True with device splits is not implemented "
+                                      "for wgrad (an expert without tokens must leave its "
+                                      "block of out untouched, which needs its count on the "
+                                      "host)")
+    else:
+        splits = V.check_splits(splits, m_total)
+        if a_q and tuple(a.splits) != splits:
+            raise ValueError(f"splits={list(splits)} differ from {an}.splits={list(a.splits)}")
+        g_count = len(splits)
     if num_w is not None and num_w != g_count:
         raise ValueError(f"weight has G={num_w} experts but splits has G={g_count} entries: "
                          "mismatched expert count")
     if n <= 0 or k <= 0:
         raise ValueError(f"N={n} and K={k} must be positive")
-    offsets = np.fromiter(itertools.accumulate(splits, initial=0), np.int64, g_count + 1)
+    offsets = (None if splits is None else
+               np.fromiter(itertools.accumulate(splits, initial=0), np.int64, g_count + 1))
 
     # ---- bias / probs (fprop only)
     if bias is not None:
@@ -449,7 +478,33 @@ def _validate(mode, a, b, splits, *, bias, probs, out_dtype, out, accumulate) ->
     return GemmProblem(mode=mode, fmt=fmt, a=a_op, b=b_op, splits=splits, offsets=offsets,
                        m_total=m_total, n=n, k=k, out_shape=out_shape, out_dtype=out_dtype,
                        bias=bias, probs=probs, out=out, accumulate=accumulate,
-                       scale_mode=scale_mode, hp_dtype=hp_dtype, on_gpu=on_gpu)
+                       scale_mode=scale_mode, hp_dtype=hp_dtype, on_gpu=on_gpu,
+                       device_splits=device_splits)
+
+
+def _check_device_splits(splits, an: str, quantized: bool, on_gpu: bool, a):
+    """int64 contiguous device splits of a GPU problem (values are not read: see NUMERICS
+    §7.5), or TypeError / ValueError / NotImplementedError naming what does not fit."""
+    if not on_gpu:
+        raise TypeError("splits is a cupy array but the operands are numpy arrays; pass host "
+                        "splits (list, tuple or numpy array)")
+    if quantized:
+        raise NotImplementedError(f"device splits with a quantized {an} are not implemented: "
+                                  "a GroupedTensor carries host splits (quantize with host "
+                                  "splits, or use high-precision operands)")
+    if splits.ndim != 1 or splits.size == 0:
+        raise ValueError(f"splits must be a 1-D array of at least one expert, got shape "
+                         f"{tuple(splits.shape)}")
+    if splits.dtype.kind not in "iu":
+        raise TypeError(f"splits.dtype={splits.dtype} must be an integer dtype")
+    if a is not None and splits.device.id != a.device.id:
+        raise ValueError(f"splits is on device {splits.device.id} but {an} is on device "
+                         f"{a.device.id}")
+    if splits.dtype == np.int64 and splits.flags.c_contiguous:
+        return splits
+    import cupy as cp
+
+    return cp.ascontiguousarray(splits.astype(cp.int64))
 
 
 def _dtype_name_or_none(dt) -> str | None:

@@ -33,6 +33,7 @@ kernels and the environment overrides); this module re-exports its names.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 
@@ -40,6 +41,7 @@ import numpy as np
 
 from lowprec_moe import config, kernels, quant_formats
 from lowprec_moe.backends.cupy import tables
+from lowprec_moe.backends.cupy.gemm import device_splits as DS
 from lowprec_moe.backends.cupy.gemm.balance import ragged_tile_list, ragged_tile_table
 from lowprec_moe.backends.cupy.gemm.compile import kernel_function
 from lowprec_moe.backends.cupy.gemm.plan import MMA_PARAMS, OUT_TYPES, SIMT_PARAMS, _cdiv, _flat_amax, descriptors, plan, tile_table
@@ -173,6 +175,81 @@ def _prepare(p, arrays, kernel: str):
     return val
 
 
+def _nominal(p, splits):
+    """``p`` with host ``splits`` in place of its device splits (for planning)."""
+    s = tuple(int(v) for v in splits)
+    return dataclasses.replace(p, splits=s, device_splits=None,
+                               offsets=np.concatenate([[0], np.cumsum(s, dtype=np.int64)]))
+
+
+def _prepare_device_splits(p, arrays, kernel: str):
+    """Launch configuration of a problem with device splits, cached by its signature: the
+    kernel config (chosen for an even split of M; the plain kernels it may pick compute the
+    same bits for any split, NUMERICS §7.5), the affine descriptor coefficients and, for wgrad,
+    the tile table (module :mod:`.device_splits`)."""
+    g, m = p.num_groups, p.m_total
+    key = ("device", g) + _signature(_nominal(p, [0] * g), arrays, kernel)
+    with _lock:
+        hit = _prepared.get(key)
+        if hit is not None:
+            _prepared.move_to_end(key)
+            return hit
+    even = [m // g] * (g - 1) + [m - (g - 1) * (m // g)]
+    p_even = _nominal(p, even)
+    pl = plan(p_even)
+    choice = choose_kernel(p_even, pl, kernel=kernel)
+    launch = choice.config
+    if launch.role != "plain" or launch.persistent or launch.tma:
+        raise NotImplementedError(f"device splits: kernel {launch.name} depends on the splits "
+                                  "on the host")
+    a, b = pl.a, pl.b
+    token_ops = (a, b) if p.mode == "wgrad" else (a,)
+    if any(int(op.ld[0]) % 16 or _ptr(op.data) % 16 for op in token_ops):
+        raise NotImplementedError("device splits need token rows of whole 16-byte chunks "
+                                  "(row bytes and the array's address multiples of 16)")
+    static, c_row0, c_rows = DS.affine_descriptors(
+        lambda s: descriptors(plan(_nominal(p, s))), g, m)
+    n_col_tiles = _cdiv(pl.n_cols, launch.bn)
+    if p.mode == "wgrad":  # one row tile per bm output rows of every expert, whatever the splits
+        host_tiles = tile_table(pl.rows, np.ones(g, bool), launch.bm)
+        (tiles,) = tables.upload(host_tiles, dtype=np.int32)
+        entries = host_tiles.shape[0]
+    else:
+        tiles = None
+        entries = DS.max_row_tiles(m, g, launch.bm)
+    grid = entries * n_col_tiles
+    if grid >= 2**31:
+        raise ValueError(f"problem too large: {grid} CTAs")
+    coefs = tables.upload(static, c_row0, c_rows)
+    if launch.simt:
+        modes = ((a.ek, int(a.mn)), (b.ek, int(b.mn)))
+    else:
+        modes = ((launch.chunk, int(a.e5m2)), (launch.chunk, int(b.e5m2)))
+    val = dict(launch=launch, grid_cap=0, tiles=tiles, desc=None, coefs=coefs,
+               n_col_tiles=n_col_tiles, tma_geom=None, pair_geom=None, rows_max=m,
+               mn=(bool(a.mn), bool(b.mn)), num_experts=g, grid=grid, n_cols=pl.n_cols,
+               modes=modes, a_vec=int(a.amax_vec), b_vec=int(b.amax_vec),
+               zero_if_empty=int(pl.zero_if_empty))
+    with _lock:
+        _prepared[key] = val
+        while len(_prepared) > _MAX_CACHED:
+            _prepared.popitem(last=False)
+    return val
+
+
+def _device_tables_of_call(p, prep):
+    """The prepared launch with this call's descriptor (and M-grouped tile) table, built on the
+    device from ``p.device_splits`` (nothing is read back)."""
+    import cupy as cp
+
+    row0, rows = DS.clamped_rows(cp, p.device_splits, p.m_total)
+    call = dict(prep)
+    call["desc"] = DS.device_descriptors(cp, *prep["coefs"], row0, rows)
+    if call["tiles"] is None:
+        call["tiles"] = DS.device_tile_table(cp, rows, p.m_total, prep["launch"].bm)
+    return call
+
+
 def _range_words(prep, a_scale, b_scale):
     """The range kernel's words and out-of-window flag for a prepared warp-specialised MXFP8
     launch (:func:`~lowprec_moe.backends.cupy.gemm.ranges.mx_range_words`; tests read the flag to tell
@@ -198,7 +275,10 @@ def grouped_gemm(p, kernel: str = "auto"):
         kernel = opts.kernel
     out = p.out if p.out is not None else cp.empty(p.out_shape, dtype=_out_dtype(p.out_dtype))
     arrays = _operand_arrays(p)
-    prep = _prepare(p, arrays, kernel)
+    if p.device_splits is not None:
+        prep = _device_tables_of_call(p, _prepare_device_splits(p, arrays, kernel))
+    else:
+        prep = _prepare(p, arrays, kernel)
     grid = prep["grid"]
     if grid == 0 or out.size == 0:
         return out
@@ -256,6 +336,9 @@ def kernel_info(p, kernel: str = "auto") -> dict:
     benchmarks."""
     if kernel == "auto":
         kernel = config.gemm_options().kernel
+    if p.device_splits is not None:  # the config chosen for an even split (see above)
+        g, m = p.num_groups, p.m_total
+        p = _nominal(p, [m // g] * (g - 1) + [m - (g - 1) * (m // g)])
     c = choose_kernel(p, plan(p), kernel=kernel).config
     if c.simt:
         instr = "fma.rn.f32 (SIMT)"

@@ -1,0 +1,92 @@
+"""The device-splits tables of the grouped GEMM (lowprec_moe.backends.cupy.gemm.device_splits),
+checked on the CPU with NumPy as the array module against the host plan: the descriptor table is
+affine in the experts' first rows and row counts with the coefficients found, the tile table
+lists the host tiles and then entries without a valid row, and the clamp leaves valid splits
+alone and keeps invalid ones inside [0, M)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from lowprec_moe.backends.cupy.gemm import device_splits as DS
+from lowprec_moe.backends.cupy.gemm.plan import descriptors, plan, tile_table
+from lowprec_moe.gemm import _validate
+
+_K, _N = 64, 48
+
+
+def _problem(mode, splits, rng, m, g, dtype=ml_dtypes.bfloat16, bias=False):
+    x = rng.standard_normal((m, _K)).astype(dtype)
+    dy = rng.standard_normal((m, _N)).astype(dtype)
+    w = rng.standard_normal((g, _N, _K)).astype(dtype)
+    kw = dict(bias=None, probs=None, out_dtype=None, out=None, accumulate=False)
+    if bias and mode == "fprop":
+        kw.update(bias=np.ones((g, _N), np.float32), probs=np.ones(m, np.float32))
+    a, b = {"fprop": (x, w), "dgrad": (dy, w), "wgrad": (dy, x)}[mode]
+    return _validate(mode, a, b, splits, **kw)
+
+
+def _random_splits(rng, m, g):
+    cuts = np.sort(rng.integers(0, m + 1, g - 1))
+    return np.diff(np.concatenate([[0], cuts, [m]])).astype(np.int64)
+
+
+@pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
+@pytest.mark.parametrize("g,m", [(1, 37), (2, 64), (5, 100), (8, 0), (3, 2), (16, 700)])
+def test_descriptors_are_affine_in_rows(mode, g, m):
+    rng = np.random.default_rng(g * 1000 + m)
+    fixed = rng.integers(0, 2**31)
+
+    def desc_of(s):
+        return descriptors(plan(_problem(mode, list(s), np.random.default_rng(fixed), m, g,
+                                         bias=True)))
+
+    static, c_row0, c_rows = DS.affine_descriptors(desc_of, g, m)
+    for _ in range(25):
+        s = _random_splits(rng, m, g)
+        row0, rows = DS.clamped_rows(np, s, m)
+        np.testing.assert_array_equal(rows, s)
+        got = DS.device_descriptors(np, static, c_row0, c_rows, row0, rows)
+        np.testing.assert_array_equal(got, desc_of(s))
+
+
+@pytest.mark.parametrize("bm", [32, 64, 128])
+@pytest.mark.parametrize("g,m", [(1, 37), (4, 512), (7, 300), (16, 16), (9, 0)])
+def test_tile_table_lists_the_host_tiles_then_empty_entries(bm, g, m):
+    rng = np.random.default_rng(bm + g + m)
+    for _ in range(25):
+        s = _random_splits(rng, m, g)
+        _, rows = DS.clamped_rows(np, s, m)
+        got = DS.device_tile_table(np, rows, m, bm)
+        host = tile_table(s, s > 0, bm)
+        assert got.dtype == np.int32
+        assert got.shape == (DS.max_row_tiles(m, g, bm), 2)
+        np.testing.assert_array_equal(got[:len(host)], host)
+        pad = got[len(host):].astype(np.int64)
+        assert np.all(pad[:, 1] * bm >= m) and np.all(pad[:, 0] == 0)
+
+
+def test_max_row_tiles_is_the_worst_split():
+    rng = np.random.default_rng(3)
+    for g, m, bm in [(8, 1000, 128), (3, 5, 64), (16, 4096, 128), (1, 77, 32)]:
+        worst = 0
+        for _ in range(200):
+            s = _random_splits(rng, m, g)
+            worst = max(worst, int(np.sum(-(-s // bm))))
+        ones = [1] * min(g, m) + [0] * (g - min(g, m))
+        ones[0] += m - sum(ones)
+        assert worst <= DS.max_row_tiles(m, g, bm)
+        assert int(np.sum(-(-np.asarray(ones) // bm))) <= DS.max_row_tiles(m, g, bm)
+
+
+def test_clamp_keeps_rows_inside_m():
+    """Negative counts act as 0; counts past M are cut at M; valid splits are unchanged."""
+    row0, rows = DS.clamped_rows(np, np.array([5, -3, 10, 7], np.int64), 12)
+    np.testing.assert_array_equal(row0, [0, 5, 5, 12])
+    np.testing.assert_array_equal(rows, [5, 0, 7, 0])
+    row0, rows = DS.clamped_rows(np, np.array([3, 4, 5], np.int32), 12)
+    np.testing.assert_array_equal(row0, [0, 3, 7])
+    np.testing.assert_array_equal(rows, [3, 4, 5])
+    assert row0.dtype == np.int64 and rows.dtype == np.int64

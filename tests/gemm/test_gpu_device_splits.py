@@ -1,0 +1,132 @@
+"""Grouped GEMMs with device splits on the GPU: the same bits as host splits (fprop with bias
+and probs, dgrad, wgrad; bf16 and fp16; empty experts), invalid device splits clamped inside
+the tensors, a call that reads nothing back (it captures into a CUDA graph, and the graph
+replayed with other splits of the same experts gives the eager host-splits result), and the
+cases that are not implemented say so."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lowprec_moe as lpm
+
+from conftest import assert_bytes_equal, requires_gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+_CASES = [(4, 512, 256, 384), (16, 1000, 128, 256), (1, 100, 64, 64), (8, 24, 256, 128)]
+
+
+def _splits(rng, m, g, empty=True):
+    cuts = np.sort(rng.integers(0, m + 1, g - 1))
+    s = np.diff(np.concatenate([[0], cuts, [m]])).astype(np.int64)
+    if empty and g > 2:
+        s[1] += s[2]
+        s[2] = 0
+    return s
+
+
+def _data(cp, rng, m, g, k, n, dtype):
+    def rnd(*shape):
+        return cp.asarray(rng.standard_normal(shape).astype(np.float32)).astype(dtype)
+
+    return rnd(m, k), rnd(g, n, k), rnd(m, n)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("g,m,k,n", _CASES)
+def test_device_splits_give_host_bits(dtype, g, m, k, n):
+    import cupy as cp
+
+    rng = np.random.default_rng(g * m + k)
+    dt = cp.float16 if dtype == "float16" else __import__("ml_dtypes").bfloat16
+    x, w, dy = _data(cp, rng, m, g, k, n, dt)
+    bias = cp.asarray(rng.standard_normal((g, n)).astype(np.float32))
+    probs = cp.asarray(rng.uniform(0.1, 1, m).astype(np.float32))
+    for _ in range(3):
+        s = _splits(rng, m, g)
+        ds = cp.asarray(s.astype(np.int32))
+        host = list(int(v) for v in s)
+        assert_bytes_equal(lpm.grouped_gemm_fprop(x, w, ds, bias=bias, probs=probs),
+                           lpm.grouped_gemm_fprop(x, w, host, bias=bias, probs=probs), "fprop")
+        assert_bytes_equal(lpm.grouped_gemm_dgrad(dy, w, ds), lpm.grouped_gemm_dgrad(dy, w, host),
+                           "dgrad")
+        out = cp.full((g, n, k), np.nan, dtype=cp.float32)
+        got = lpm.grouped_gemm_wgrad(dy, x, ds, out_dtype="float32", out=out)
+        assert_bytes_equal(got, lpm.grouped_gemm_wgrad(dy, x, host, out_dtype="float32"),
+                           "wgrad")
+
+
+def test_invalid_device_splits_are_clamped():
+    import cupy as cp
+    import ml_dtypes
+
+    rng = np.random.default_rng(7)
+    g, m, k, n = 4, 300, 128, 256
+    x, w, dy = _data(cp, rng, m, g, k, n, ml_dtypes.bfloat16)
+    for bad, clamped in (([200, -5, 150, 400], [200, 0, 100, 0]), ([10, 20, 30, 40],
+                                                                   [10, 20, 30, 40])):
+        ds = cp.asarray(np.array(bad, np.int64))
+        y = lpm.grouped_gemm_fprop(x, w, ds)
+        if sum(clamped) == m:
+            assert_bytes_equal(y, lpm.grouped_gemm_fprop(x, w, clamped), "clamped fprop")
+        else:  # the rows past the clamped splits are left as allocated: compare the rest
+            y_ref = lpm.grouped_gemm_fprop(x[:sum(clamped)], w, clamped)
+            assert_bytes_equal(y[:sum(clamped)], y_ref, "clamped fprop")
+        lpm.grouped_gemm_wgrad(dy, x, ds)
+        cp.cuda.get_current_stream().synchronize()
+
+
+def test_a_call_captures_into_a_graph_and_replays_with_new_splits():
+    import cupy as cp
+    import ml_dtypes
+
+    rng = np.random.default_rng(11)
+    g, m, k, n = 8, 1024, 256, 512
+    x, w, dy = _data(cp, rng, m, g, k, n, ml_dtypes.bfloat16)
+    ds = cp.asarray(_splits(rng, m, g))
+    pool = cp.cuda.MemoryPool()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with cp.cuda.using_allocator(pool.malloc), stream:
+        for _ in range(2):  # fill the caches and the private pool
+            y = lpm.grouped_gemm_fprop(x, w, ds)
+            dw = lpm.grouped_gemm_wgrad(dy, x, ds)
+        del y, dw
+        stream.synchronize()
+        stream.begin_capture()
+        y = lpm.grouped_gemm_fprop(x, w, ds)
+        dw = lpm.grouped_gemm_wgrad(dy, x, ds)
+        graph = stream.end_capture()
+    for _ in range(3):
+        s = _splits(rng, m, g)
+        ds[...] = cp.asarray(s)
+        cp.cuda.get_current_stream().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        host = [int(v) for v in s]
+        assert_bytes_equal(y, lpm.grouped_gemm_fprop(x, w, host), "replayed fprop")
+        assert_bytes_equal(dw, lpm.grouped_gemm_wgrad(dy, x, host), "replayed wgrad")
+
+
+def test_unsupported_device_split_cases_say_so():
+    import cupy as cp
+    import ml_dtypes
+
+    rng = np.random.default_rng(5)
+    g, m, k, n = 4, 128, 64, 64
+    x, w, dy = _data(cp, rng, m, g, k, n, ml_dtypes.bfloat16)
+    ds = cp.asarray(np.array([32] * 4))
+    xq = lpm.GroupedTensor.quantize(x, [32] * 4, "mxfp8")
+    wq = lpm.GroupedTensor.quantize(w.reshape(g * n, k), [n] * g, "mxfp8")
+    with pytest.raises(NotImplementedError, match="device splits"):
+        lpm.grouped_gemm_fprop(xq, wq, ds)
+    with pytest.raises(NotImplementedError, match="accumulate"):
+        lpm.grouped_gemm_wgrad(dy, x, ds, out=cp.zeros((g, n, k), cp.float32),
+                               accumulate=True)
+    with pytest.raises(TypeError, match="integer"):
+        lpm.grouped_gemm_fprop(x, w, ds.astype(cp.float32))
+    with pytest.raises(ValueError, match="1-D"):
+        lpm.grouped_gemm_fprop(x, w, ds.reshape(2, 2))
+    with pytest.raises(TypeError, match="numpy"):
+        lpm.grouped_gemm_fprop(x.get(), w.get(), ds)
