@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from lowprec_moe import _validate as V
-from lowprec_moe.backend import get_xp
+from lowprec_moe.backend import get_xp, is_cupy_array
 from lowprec_moe.gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
 from lowprec_moe.tensors.grouped_tensor import GroupedTensor
 from lowprec_moe.layers.recipe import Recipe
@@ -132,8 +132,10 @@ def grouped_linear_forward(x, splits, weight, bias=None, *, recipe: Recipe, prob
     ----------
     x : array ``[M, K]`` (float32 / float16 / bfloat16; rank > 2 flattened) or GroupedTensor
         Tokens sorted by expert, or a pre-quantized rowwise MXFP8 wire tensor.
-    splits : sequence of int or None
+    splits : sequence of int, 1-D cupy integer array, or None
         Tokens per expert (``G`` host ints summing to M); None takes ``x.splits`` from a wire x.
+        With the bf16 recipe on the GPU they may be a device array: neither forward nor
+        backward then reads anything back (NUMERICS §7.5; see ``grouped_gemm_fprop``).
     weight : array ``[G, N, K]``
     bias : array ``[G, N]``, optional
     recipe : Recipe
@@ -167,7 +169,7 @@ def grouped_linear_forward(x, splits, weight, bias=None, *, recipe: Recipe, prob
         V.check_array("x", x)
         x = V.as_2d(x)
         m, k = x.shape
-        splits = V.check_splits(splits, m)
+        splits = check_layer_splits(splits, m, recipe, x)
         x_dtype = V.dtype_name(x.dtype)
         arrays = [x, weight, bias, probs]
     _check_weight(weight, bias, probs, len(splits), m, k, arrays)
@@ -205,6 +207,26 @@ def grouped_linear_forward(x, splits, weight, bias=None, *, recipe: Recipe, prob
         ctx.w_saved = _columnwise_only(wq)
     del fmt
     return y, ctx
+
+
+def check_layer_splits(splits, m: int, recipe: Recipe, x):
+    """Host splits checked against ``m`` (a tuple), or device splits of a GPU bf16-recipe layer
+    as given (their values are not read; ``NotImplementedError`` for the quantized recipes,
+    whose quantizers take host splits)."""
+    if not is_cupy_array(splits):
+        return V.check_splits(splits, m)
+    if recipe.quantized:
+        raise NotImplementedError(f"device splits with the {recipe.name} recipe are not "
+                                  "implemented: its quantizers take host splits (pass host "
+                                  "splits, or use the bf16 recipe)")
+    if not is_cupy_array(x):
+        raise TypeError("splits is a cupy array but x is a numpy array; pass host splits")
+    if splits.ndim != 1 or splits.size == 0:
+        raise ValueError(f"splits must be a 1-D array of at least one expert, got shape "
+                         f"{tuple(splits.shape)}")
+    if splits.dtype.kind not in "iu":
+        raise TypeError(f"splits.dtype={splits.dtype} must be an integer dtype")
+    return splits
 
 
 def _quantize_x(x, splits, recipe: Recipe, wire: bool, *, columnwise: bool) -> GroupedTensor:
@@ -275,6 +297,8 @@ def check_backward_dy(dy, recipe: Recipe, m: int, n: int, splits, y_dtype: str):
     wire = isinstance(dy, GroupedTensor)
     if wire:
         check_wire("dy", dy, recipe, recipe.dy_fp8_dtype)
+        if is_cupy_array(splits):
+            raise NotImplementedError("a pre-quantized dy with device splits is not implemented")
         if tuple(dy.shape) != (m, n):
             raise ValueError(f"dy.shape={tuple(dy.shape)} must be (M, N)={(m, n)}")
         if tuple(dy.splits) != tuple(splits):
@@ -350,8 +374,12 @@ def _quantize_dy(dy, ctx: GroupedLinearContext, wire: bool, *, rowwise: bool, co
         rowwise=rowwise, columnwise=columnwise, rht=ctx.x_rht and columnwise, seed=seed))
 
 
-def expert_index(splits, xp):
-    """int64 ``[M]``: the expert of every token row."""
+def expert_index(splits, xp, m: int):
+    """int64 ``[M]``: the expert of every token row (device splits: built on the device)."""
+    if is_cupy_array(splits):
+        from lowprec_moe.backends.cupy.splits import clamped_rows, expert_of_rows
+
+        return expert_of_rows(xp, clamped_rows(xp, splits, m)[1], m)
     return xp.asarray(np.repeat(np.arange(len(splits), dtype=np.int64), splits))
 
 
@@ -372,7 +400,7 @@ def _bias_grads(dy_hp, ctx: GroupedLinearContext):
     dprobs = None
     if ctx.probs is not None:
         dy32 = dy_hp.astype(xp.float32)
-        b_rows = ctx.bias.astype(xp.float32)[expert_index(ctx.splits, xp)]
+        b_rows = ctx.bias.astype(xp.float32)[expert_index(ctx.splits, xp, ctx.m)]
         dprobs = (dy32 * b_rows).sum(axis=1).astype(ctx.probs.dtype)
     return dbias, dprobs
 

@@ -90,3 +90,39 @@ def test_clamp_keeps_rows_inside_m():
     np.testing.assert_array_equal(row0, [0, 3, 7])
     np.testing.assert_array_equal(rows, [3, 4, 5])
     assert row0.dtype == np.int64 and rows.dtype == np.int64
+
+
+def test_expert_of_rows_and_colsum_tiles_match_the_host():
+    from lowprec_moe.backends.cupy.reduce import _tiles, device_tiles
+    from lowprec_moe.backends.cupy.splits import expert_of_rows
+
+    rng = np.random.default_rng(9)
+    for g, m in [(1, 5), (4, 1000), (9, 300), (3, 0), (16, 129)]:
+        for _ in range(20):
+            s = _random_splits(rng, m, g)
+            _, rows = DS.clamped_rows(np, s, m)
+            np.testing.assert_array_equal(expert_of_rows(np, rows, m),
+                                          np.repeat(np.arange(g), s))
+            tiles, tile_off = _tiles(s)
+            d_tiles, d_off = device_tiles(np, s, m)
+            np.testing.assert_array_equal(d_off, tile_off)
+            np.testing.assert_array_equal(d_tiles[:len(tiles)], tiles)
+            assert not d_tiles[len(tiles):].any()
+
+
+def test_layer_refuses_device_splits_it_cannot_take(monkeypatch):
+    """Quantized recipes take host splits only (their quantizers do), and device splits need
+    device tokens; checked before any array is touched."""
+    import lowprec_moe as lpm
+    import lowprec_moe.layers.linear as L
+
+    class DeviceSplits:  # stands for a cupy array: only is_cupy_array looks at it
+        pass
+
+    monkeypatch.setattr(L, "is_cupy_array", lambda a: isinstance(a, DeviceSplits))
+    x = np.zeros((4, 32), np.float32)
+    for recipe in (lpm.Recipe.nvfp4(), lpm.Recipe.mxfp8()):
+        with pytest.raises(NotImplementedError, match=recipe.name):
+            L.check_layer_splits(DeviceSplits(), 4, recipe, x)
+    with pytest.raises(TypeError, match="numpy"):
+        L.check_layer_splits(DeviceSplits(), 4, lpm.Recipe.bf16(), x)

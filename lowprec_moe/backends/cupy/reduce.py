@@ -13,6 +13,7 @@ import numpy as np
 
 from lowprec_moe import kernels
 from lowprec_moe.backends.cupy import tables
+from lowprec_moe.backends.cupy.splits import clamped_rows, row_tiles
 
 __all__ = ["MODULE", "TILE_ROWS", "grouped_colsum", "segment_sum_tiles"]
 
@@ -37,8 +38,24 @@ def _tiles(splits):
     return np.stack([begin, end], axis=1).reshape(-1), tile_off
 
 
+def device_tiles(xp, splits, m_total: int):
+    """:func:`_tiles` of device splits, built on the device (module
+    :mod:`lowprec_moe.backends.cupy.splits`): the same tiles, padded to the most any split of
+    ``M`` rows can need with empty ``(0, 0)`` tiles past the experts' last one."""
+    row0, rows = clamped_rows(xp, splits, m_total)
+    expert, tile, real, tile_end = row_tiles(xp, rows, m_total, TILE_ROWS)
+    begin = row0[expert] + tile * TILE_ROWS
+    end = xp.minimum(begin + TILE_ROWS, row0[expert] + rows[expert])
+    pairs = xp.stack([xp.where(real, begin, 0), xp.where(real, end, 0)], axis=1)
+    tile_off = xp.concatenate([xp.zeros(1, dtype=xp.int64), tile_end])
+    return pairs.reshape(-1), tile_off
+
+
 def grouped_colsum(a, splits, probs=None):
-    """float32 ``[G, N]`` per-expert column sums of ``a`` ``[M, N]`` (times ``probs`` ``[M]``)."""
+    """float32 ``[G, N]`` per-expert column sums of ``a`` ``[M, N]`` (times ``probs`` ``[M]``).
+
+    ``splits``: host integers, or a device integer array (the tables are then built on the
+    device; NUMERICS §7.5)."""
     import cupy as cp  # noqa: PLC0415
 
     name = np.dtype(a.dtype).name
@@ -49,12 +66,17 @@ def grouped_colsum(a, splits, probs=None):
         m, n = (int(v) for v in a.shape)
         if probs is not None:
             probs = cp.ascontiguousarray(probs.astype(cp.float32, copy=False))
-        tiles, tile_off = _tiles(splits)
-        num_groups, num_tiles = len(tile_off) - 1, len(tiles) // 2
+        if isinstance(splits, cp.ndarray):
+            d_tiles, d_tile_off = device_tiles(cp, splits, m)
+            num_groups, num_tiles = int(splits.size), int(d_tiles.size) // 2
+        else:
+            tiles, tile_off = _tiles(splits)
+            num_groups, num_tiles = len(tile_off) - 1, len(tiles) // 2
         out = cp.zeros((num_groups, n), dtype=cp.float32)
         if num_tiles == 0 or n == 0:
             return out
-        d_tiles, d_tile_off = tables.upload(tiles, tile_off)
+        if not isinstance(splits, cp.ndarray):
+            d_tiles, d_tile_off = tables.upload(tiles, tile_off)
         part = cp.empty((num_tiles, n), dtype=cp.float32)
         kernels.get_function(MODULE, f"lpm_colsum_tiles_{_SUFFIX[name]}")(
             (num_tiles, -(-n // _THREADS)), (_THREADS,),

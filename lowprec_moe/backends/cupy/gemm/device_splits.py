@@ -5,9 +5,8 @@ What the launch needs from them is computed on the device, with array operations
 kernels and never read a value back (so a call neither waits for the GPU nor breaks a CUDA-graph
 capture):
 
-* the rows of every expert, **clamped** so that no row outside ``[0, M)`` is ever addressed:
-  splits are not checked against M (that would need a device-to-host copy); negative entries
-  count as 0 and entries past M are cut at M. Valid splits are unchanged by the clamp.
+* the rows of every expert, clamped so that no row outside ``[0, M)`` is ever addressed
+  (:func:`lowprec_moe.backends.cupy.splits.clamped_rows`);
 * the descriptor table: every split-dependent word of :func:`.plan.descriptors` is affine in the
   expert's first row ``row0`` and its row count, ``desc = static + row0 * c_row0 + rows *
   c_rows`` per column, with host-known integer coefficients (:func:`affine_descriptors` finds
@@ -27,15 +26,10 @@ from __future__ import annotations
 import numpy as np
 
 from lowprec_moe.backends.cupy.gemm.plan import DESC_WORDS, _cdiv
+from lowprec_moe.backends.cupy.splits import clamped_rows, max_row_tiles, row_tiles
 
-
-def clamped_rows(xp, splits, m_total: int):
-    """Per expert ``(row0, rows)`` int64 of device splits, clamped to ``[0, M)`` (module
-    docstring); equal to the offsets and splits themselves when they are valid."""
-    s = xp.maximum(splits.astype(xp.int64), 0)
-    end = xp.minimum(xp.cumsum(s), np.int64(m_total))
-    row0 = xp.concatenate([xp.zeros(1, dtype=xp.int64), end[:-1]])
-    return row0, end - row0
+__all__ = ["affine_descriptors", "clamped_rows", "device_descriptors", "device_tile_table",
+           "max_row_tiles"]
 
 
 def affine_descriptors(desc_of, g: int, m_total: int) -> tuple[np.ndarray, np.ndarray,
@@ -78,24 +72,11 @@ def device_descriptors(xp, static_d, c_row0_d, c_rows_d, row0, rows):
     return static_d + row0[:, None] * c_row0_d[None, :] + rows[:, None] * c_rows_d[None, :]
 
 
-def max_row_tiles(m_total: int, g: int, bm: int) -> int:
-    """The most row tiles of ``bm`` rows any split of ``m_total`` rows over ``g`` experts
-    needs."""
-    return (m_total + g * (bm - 1)) // bm
-
-
 def device_tile_table(xp, rows, m_total: int, bm: int):
     """int32 ``[max_row_tiles, 2]`` (expert, row tile) of an M-grouped launch: the row tiles of
     every expert in expert order, then padding entries ``(0, t)`` with ``t * bm >= M`` (no valid
     row; the kernels skip them)."""
-    g = int(rows.shape[0])
-    entries = max_row_tiles(m_total, g, bm)
-    per = (rows + (bm - 1)) // bm
-    end = xp.cumsum(per)
-    i = xp.arange(entries, dtype=xp.int64)
-    expert = xp.minimum(xp.searchsorted(end, i, side="right"), g - 1)
-    row_tile = i - (end[expert] - per[expert])
-    real = i < end[-1]
+    expert, tile, real, _ = row_tiles(xp, rows, m_total, bm)
     pad = np.int64(_cdiv(m_total, bm))
-    out = xp.stack([xp.where(real, expert, 0), xp.where(real, row_tile, pad)], axis=1)
+    out = xp.stack([xp.where(real, expert, 0), xp.where(real, tile, pad)], axis=1)
     return out.astype(xp.int32)
