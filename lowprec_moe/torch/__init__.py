@@ -14,8 +14,11 @@ backward with the forward's context, so gradients land in ``.grad`` as for any t
     y.float().square().mean().backward()      # mlp.fc1_weight.grad, x_sorted.grad, probs.grad
 
 Tensors cross to NumPy (CPU) / CuPy (CUDA) without copies (:mod:`lowprec_moe.interop`); on the
-GPU every library kernel runs on torch's current CUDA stream, so nothing is synchronised except
-where splits arrive as a CUDA tensor (:func:`host_splits`).
+GPU every library kernel runs on torch's current CUDA stream, so nothing is synchronised. Splits
+that arrive as a CUDA tensor stay on the device for ``GroupedLinear`` with ``Recipe.bf16()``
+(nothing is read back: such a layer step can be captured into a CUDA graph); the other layers
+and recipes take host splits and copy a CUDA tensor to the host (:func:`host_splits`: one
+synchronisation per call).
 
 Dtypes: the layer dtype is x's (float32, float16 or bfloat16); parameters may be float32 master
 weights. The quantized recipes quantize them directly and return their gradients in their dtype;
@@ -147,7 +150,7 @@ def _compute_weights(x, recipe: lpm.Recipe, *params):
 class _Call:
     """Everything but tensors that one layer call passes to its autograd.Function."""
 
-    splits: tuple
+    splits: Any                        # host ints, or a cupy view of device splits
     recipe: lpm.Recipe
     seed: int
     grad_enabled: bool
@@ -251,7 +254,8 @@ def grouped_linear(x, splits, weight: torch.Tensor, bias: torch.Tensor | None = 
     x : torch.Tensor ``[M, K]`` (float32 / float16 / bfloat16) or lowprec_moe.GroupedTensor
         Tokens sorted by expert, or pre-quantized rowwise MXFP8 wire tokens (see
         :func:`mxfp8_wire`; no gradient flows to them).
-    splits : see :func:`host_splits`, or None for a wire x (its own splits)
+    splits : see :func:`host_splits`, or None for a wire x (its own splits); a CUDA tensor
+        stays on the device with ``Recipe.bf16()`` (see the module docstring)
     weight : torch.Tensor ``[G, N, K]``
     bias : torch.Tensor ``[G, N]``, optional
     recipe : lowprec_moe.Recipe
@@ -266,7 +270,16 @@ def grouped_linear(x, splits, weight: torch.Tensor, bias: torch.Tensor | None = 
         x's dtype (bfloat16 for a wire x), on x's device. Gradients reach every argument that
         requires grad (``dprobs`` is zero without a bias).
     """
-    x_t, wire, splits = _prepare(x, splits)
+    device_splits = (isinstance(splits, torch.Tensor) and splits.is_cuda
+                     and not recipe.quantized and not isinstance(x, lpm.GroupedTensor))
+    if device_splits:
+        _check_x(x)
+        if splits.ndim != 1 or splits.dtype.is_floating_point or splits.dtype.is_complex:
+            raise TypeError(f"splits must be a 1-D integer tensor, got {splits.dtype} of shape "
+                            f"{tuple(splits.shape)}")
+        x_t, wire, splits = x, None, interop.to_xp(splits)
+    else:
+        x_t, wire, splits = _prepare(x, splits)
     weight, bias = _compute_weights(x_t, recipe, weight, bias)
     call = _Call(splits=splits, recipe=recipe, seed=int(seed),
                  grad_enabled=torch.is_grad_enabled(), wire=wire, counter=_counter)
