@@ -89,11 +89,13 @@ def main(argv=None) -> None:
         start = startup_seconds()
         print(f"input: {nbytes / 1e6:.0f} MB bf16, {os.cpu_count()} CPUs, "
               f"CLI start-up {start:.2f} s, format {args.format}")
-        print(f"{'device':<8}{'best s':>10}{'MB/s':>10}{'MB/s w/o start-up':>20}")
+        print(f"{'device':<8}{'best s':>10}{'MB/s':>10}{'MB/s w/o start-up':>20}   every run (s)")
         for device in devices:
-            best = min(run_cli(src, dst, args.format, device) for _ in range(args.repeat))
+            runs = [run_cli(src, dst, args.format, device) for _ in range(args.repeat)]
+            best = min(runs)
             print(f"{device:<8}{best:>10.2f}{nbytes / best / 1e6:>10.0f}"
-                  f"{nbytes / max(best - start, 1e-9) / 1e6:>20.0f}")
+                  f"{nbytes / max(best - start, 1e-9) / 1e6:>20.0f}   "
+                  + " ".join(f"{t:.2f}" for t in runs))
 
 
 if __name__ == "__main__":

@@ -40,11 +40,12 @@ class Scratch:
         self._bufs: dict[str, np.ndarray] = {}
 
     def get(self, name: str, n: int, dtype) -> np.ndarray:
-        """The first ``n`` elements of buffer ``name`` (of ``dtype``)."""
+        """The first ``n`` elements of buffer ``name``, as ``dtype``."""
+        itemsize = np.dtype(dtype).itemsize
         buf = self._bufs.get(name)
-        if buf is None or buf.dtype != dtype:
-            buf = self._bufs[name] = np.empty(self.size, dtype)
-        return buf[:n]
+        if buf is None or buf.size < n * itemsize:
+            buf = self._bufs[name] = np.empty(max(n, self.size) * itemsize, np.uint8)
+        return buf[:n * itemsize].view(dtype)
 
 
 def load_f32(x: np.ndarray, out: np.ndarray) -> None:
@@ -71,11 +72,22 @@ def halving_max(v: np.ndarray, fn, buf: np.ndarray) -> np.ndarray:
 
 def block_max_bits(x: np.ndarray, block: int, scratch: Scratch) -> tuple[np.ndarray, int]:
     """Max magnitude bits of each ``block`` consecutive elements of the rows ``x`` (C-contiguous
-    float32 / float16 / bfloat16, ``[R, C]``), as ``[R, C/block]`` unsigned integers (a view
-    into ``scratch``), and the integer of +inf: a larger value means the block holds a NaN."""
+    float32 / float16 / bfloat16, ``[R, C]``), as ``[R, C/block]`` unsigned integers of
+    ``x``'s width, and the integer of +inf: a larger value means the block holds a NaN."""
     rows, cols = x.shape
-    utype = MAGNITUDE[x.dtype.name][0]
-    mag, inf = magnitude_bits(x, out=scratch.get("mag", x.size, utype).reshape(x.shape))
+    utype, mask, inf = MAGNITUDE[x.dtype.name]
+    if utype is np.uint16:
+        # two magnitudes per 32-bit word: the first halving on whole words, without strides
+        w = scratch.get("mag", x.size // 2, np.uint32)
+        np.bitwise_and(x.view(np.uint32).reshape(-1), np.uint32(mask * 0x10001), out=w)
+        hi = scratch.get("hi", w.size, np.uint32)
+        np.right_shift(w, np.uint32(16), out=hi)
+        np.bitwise_and(w, np.uint32(mask), out=w)
+        np.maximum(w, hi, out=w)
+        mx = halving_max(w.reshape(rows, cols // block, block // 2), np.maximum,
+                         scratch.get("halves", w.size, np.uint32))
+        return mx.astype(utype), inf
+    mag, _ = magnitude_bits(x, out=scratch.get("mag", x.size, utype).reshape(x.shape))
     mx = halving_max(mag.reshape(rows, cols // block, block), np.maximum,
                      scratch.get("halves", x.size, utype))
     return mx, inf

@@ -39,8 +39,8 @@ import numpy as np
 from lowprec_moe import formats as F
 from lowprec_moe.backends.numpy.chunks import (Scratch, block_max_bits, chunk_rows,
                                               halving_max, load_f32, row_chunks)
-from lowprec_moe.backends.numpy.fp import (E2M1_ENCODER, as_float32, e2m1_to_f32, e4m3_to_f32,
-                                          f32_to_e2m1, f32_to_fp8, pack_fp4_into, unpack_fp4)
+from lowprec_moe.backends.numpy.fp import (E2M1_ENCODER, FP8_ENCODERS, as_float32, e2m1_to_f32,
+                                          e4m3_to_f32, f32_to_e2m1, pack_fp4_into, unpack_fp4)
 from lowprec_moe.backends.numpy.philox import sr_random_bits
 from lowprec_moe.backends.numpy.rht import rht_forward, rht_inverse
 
@@ -48,6 +48,7 @@ _FLT_MAX = np.float32(F.FLT_MAX)
 _ONE_SIXTH = F.fp32_one_sixth()
 _INV_2688 = F.f32_from_bits(F.FP32_INV_NVFP4_AMAX_DIVISOR_BITS)
 _B = F.NVFP4_BLOCK
+_E4M3_VALUES = e4m3_to_f32(np.arange(256, dtype=np.uint8))  # decode table of the block scales
 
 
 def amax_f32(a: np.ndarray, axis=None) -> np.ndarray:
@@ -163,12 +164,14 @@ def _quantize_rows(a, amax, bamax, sr_bits, nan_free):
         g = slice(r0, r1) if per_row else slice(None)
         with np.errstate(over="ignore"):
             s = bamax[r0:r1] * s_fac[g]
-        s = np.minimum(s.astype(np.float32), _FLT_MAX)
-        sc = f32_to_fp8(s, "e4m3")
+        np.minimum(s, _FLT_MAX, out=s)  # finite, never NaN
+        sc = FP8_ENCODERS["e4m3"](s, nan_free=True)
         scale[r0:r1] = sc
+        dec = _E4M3_VALUES[sc]
+        dec *= s_dec[g]
         with np.errstate(divide="ignore", over="ignore"):
-            enc = np.float32(1) / (e4m3_to_f32(sc) * s_dec[g]).astype(np.float32)
-        enc = np.minimum(enc.astype(np.float32), _FLT_MAX)
+            enc = np.float32(1) / dec
+        np.minimum(enc, _FLT_MAX, out=enc)
         part = a[r0:r1]
         n = part.size
         y = scratch.get("y", n, np.float32)
