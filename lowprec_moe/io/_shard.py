@@ -43,7 +43,7 @@ def all_finite(x) -> bool:
     """Whether a host float32 / float16 / bfloat16 array holds no inf or NaN (on the raw bits:
     the largest magnitude is below +inf's bits)."""
     flat = np.ascontiguousarray(x).reshape(-1)
-    buf = np.empty(min(flat.size, _FINITE_STEP), MAGNITUDE[flat.dtype.name][0])  # every step's
+    buf = np.empty(min(flat.size, _FINITE_STEP), MAGNITUDE[flat.dtype.name][0])  # reused
     for i in range(0, flat.size, _FINITE_STEP):
         part = flat[i:i + _FINITE_STEP]
         mag, inf = magnitude_bits(part, out=buf[:part.size])
