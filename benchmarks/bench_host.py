@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lowprec_moe as lpm  # noqa: E402
+from lowprec_moe import gemm as G  # noqa: E402
 from lowprec_moe.backend import cupy_available  # noqa: E402
 from _harness import Backend, recipes  # noqa: E402
 
@@ -75,19 +76,19 @@ def cases(be: Backend):
     out_d = xp.empty((m, K), dtype=x.dtype)
     out_w = xp.empty((g, N, K), dtype=x.dtype)
     rows = []
-    rows.append(("gemm bf16 fprop", lambda: lpm.grouped_gemm_fprop(x, w, splits, out=out_f)))
-    rows.append(("gemm bf16 dgrad", lambda: lpm.grouped_gemm_dgrad(dy, w, splits, out=out_d)))
-    rows.append(("gemm bf16 wgrad", lambda: lpm.grouped_gemm_wgrad(dy, x, splits, out=out_w)))
+    rows.append(("gemm bf16 fprop", lambda: G.grouped_gemm_fprop(x, w, splits, out=out_f)))
+    rows.append(("gemm bf16 dgrad", lambda: G.grouped_gemm_dgrad(dy, w, splits, out=out_d)))
+    rows.append(("gemm bf16 wgrad", lambda: G.grouped_gemm_wgrad(dy, x, splits, out=out_w)))
     for fmt in ("mxfp8", "nvfp4"):
         xq = lpm.GroupedTensor.quantize(x, splits, fmt, columnwise=True)
         dyq = lpm.GroupedTensor.quantize(dy, splits, fmt, columnwise=True)
         wq = lpm.GroupedTensor.quantize(w.reshape(g * N, K), [N] * g, fmt, columnwise=True)
         rows.append((f"gemm {fmt} fprop",
-                     lambda xq=xq, wq=wq: lpm.grouped_gemm_fprop(xq, wq, out=out_f)))
+                     lambda xq=xq, wq=wq: G.grouped_gemm_fprop(xq, wq, out=out_f)))
         rows.append((f"gemm {fmt} dgrad",
-                     lambda dyq=dyq, wq=wq: lpm.grouped_gemm_dgrad(dyq, wq, out=out_d)))
+                     lambda dyq=dyq, wq=wq: G.grouped_gemm_dgrad(dyq, wq, out=out_d)))
         rows.append((f"gemm {fmt} wgrad",
-                     lambda dyq=dyq, xq=xq: lpm.grouped_gemm_wgrad(dyq, xq, out=out_w)))
+                     lambda dyq=dyq, xq=xq: G.grouped_gemm_wgrad(dyq, xq, out=out_w)))
         rows.append((f"quantize {fmt}",
                      lambda fmt=fmt: lpm.GroupedTensor.quantize(x, splits, fmt,
                                                                 columnwise=True)))

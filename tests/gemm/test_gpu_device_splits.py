@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import lowprec_moe as lpm
+from lowprec_moe import gemm as G
 
 from conftest import assert_bytes_equal, requires_gpu
 
@@ -48,13 +49,13 @@ def test_device_splits_give_host_bits(dtype, g, m, k, n):
         s = _splits(rng, m, g)
         ds = cp.asarray(s.astype(np.int32))
         host = list(int(v) for v in s)
-        assert_bytes_equal(lpm.grouped_gemm_fprop(x, w, ds, bias=bias, probs=probs),
-                           lpm.grouped_gemm_fprop(x, w, host, bias=bias, probs=probs), "fprop")
-        assert_bytes_equal(lpm.grouped_gemm_dgrad(dy, w, ds), lpm.grouped_gemm_dgrad(dy, w, host),
+        assert_bytes_equal(G.grouped_gemm_fprop(x, w, ds, bias=bias, probs=probs),
+                           G.grouped_gemm_fprop(x, w, host, bias=bias, probs=probs), "fprop")
+        assert_bytes_equal(G.grouped_gemm_dgrad(dy, w, ds), G.grouped_gemm_dgrad(dy, w, host),
                            "dgrad")
         out = cp.full((g, n, k), np.nan, dtype=cp.float32)
-        got = lpm.grouped_gemm_wgrad(dy, x, ds, out_dtype="float32", out=out)
-        assert_bytes_equal(got, lpm.grouped_gemm_wgrad(dy, x, host, out_dtype="float32"),
+        got = G.grouped_gemm_wgrad(dy, x, ds, out_dtype="float32", out=out)
+        assert_bytes_equal(got, G.grouped_gemm_wgrad(dy, x, host, out_dtype="float32"),
                            "wgrad")
 
 
@@ -68,13 +69,13 @@ def test_invalid_device_splits_are_clamped():
     for bad, clamped in (([200, -5, 150, 400], [200, 0, 100, 0]), ([10, 20, 30, 40],
                                                                    [10, 20, 30, 40])):
         ds = cp.asarray(np.array(bad, np.int64))
-        y = lpm.grouped_gemm_fprop(x, w, ds)
+        y = G.grouped_gemm_fprop(x, w, ds)
         if sum(clamped) == m:
-            assert_bytes_equal(y, lpm.grouped_gemm_fprop(x, w, clamped), "clamped fprop")
+            assert_bytes_equal(y, G.grouped_gemm_fprop(x, w, clamped), "clamped fprop")
         else:  # the rows past the clamped splits are left as allocated: compare the rest
-            y_ref = lpm.grouped_gemm_fprop(x[:sum(clamped)], w, clamped)
+            y_ref = G.grouped_gemm_fprop(x[:sum(clamped)], w, clamped)
             assert_bytes_equal(y[:sum(clamped)], y_ref, "clamped fprop")
-        lpm.grouped_gemm_wgrad(dy, x, ds)
+        G.grouped_gemm_wgrad(dy, x, ds)
         cp.cuda.get_current_stream().synchronize()
 
 
@@ -90,13 +91,13 @@ def test_a_call_captures_into_a_graph_and_replays_with_new_splits():
     stream = cp.cuda.Stream(non_blocking=True)
     with cp.cuda.using_allocator(pool.malloc), stream:
         for _ in range(2):  # fill the caches and the private pool
-            y = lpm.grouped_gemm_fprop(x, w, ds)
-            dw = lpm.grouped_gemm_wgrad(dy, x, ds)
+            y = G.grouped_gemm_fprop(x, w, ds)
+            dw = G.grouped_gemm_wgrad(dy, x, ds)
         del y, dw
         stream.synchronize()
         stream.begin_capture()
-        y = lpm.grouped_gemm_fprop(x, w, ds)
-        dw = lpm.grouped_gemm_wgrad(dy, x, ds)
+        y = G.grouped_gemm_fprop(x, w, ds)
+        dw = G.grouped_gemm_wgrad(dy, x, ds)
         graph = stream.end_capture()
     for _ in range(3):
         s = _splits(rng, m, g)
@@ -105,8 +106,8 @@ def test_a_call_captures_into_a_graph_and_replays_with_new_splits():
         graph.launch(stream)
         stream.synchronize()
         host = [int(v) for v in s]
-        assert_bytes_equal(y, lpm.grouped_gemm_fprop(x, w, host), "replayed fprop")
-        assert_bytes_equal(dw, lpm.grouped_gemm_wgrad(dy, x, host), "replayed wgrad")
+        assert_bytes_equal(y, G.grouped_gemm_fprop(x, w, host), "replayed fprop")
+        assert_bytes_equal(dw, G.grouped_gemm_wgrad(dy, x, host), "replayed wgrad")
 
 
 def test_unsupported_device_split_cases_say_so():
@@ -120,13 +121,13 @@ def test_unsupported_device_split_cases_say_so():
     xq = lpm.GroupedTensor.quantize(x, [32] * 4, "mxfp8")
     wq = lpm.GroupedTensor.quantize(w.reshape(g * n, k), [n] * g, "mxfp8")
     with pytest.raises(NotImplementedError, match="device splits"):
-        lpm.grouped_gemm_fprop(xq, wq, ds)
+        G.grouped_gemm_fprop(xq, wq, ds)
     with pytest.raises(NotImplementedError, match="accumulate"):
-        lpm.grouped_gemm_wgrad(dy, x, ds, out=cp.zeros((g, n, k), cp.float32),
+        G.grouped_gemm_wgrad(dy, x, ds, out=cp.zeros((g, n, k), cp.float32),
                                accumulate=True)
     with pytest.raises(TypeError, match="integer"):
-        lpm.grouped_gemm_fprop(x, w, ds.astype(cp.float32))
+        G.grouped_gemm_fprop(x, w, ds.astype(cp.float32))
     with pytest.raises(ValueError, match="1-D"):
-        lpm.grouped_gemm_fprop(x, w, ds.reshape(2, 2))
+        G.grouped_gemm_fprop(x, w, ds.reshape(2, 2))
     with pytest.raises(TypeError, match="numpy"):
-        lpm.grouped_gemm_fprop(x.get(), w.get(), ds)
+        G.grouped_gemm_fprop(x.get(), w.get(), ds)
