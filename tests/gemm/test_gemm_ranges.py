@@ -30,19 +30,19 @@ def _expected_words(p, pl, arrays, ra):
     """The twin over the bytes the kernel addresses: per expert, A's rows and B's columns of
     its descriptor (K-major: row r's codes at soff + r * sld; MN-major: line j at soff + j *
     sld + r), ceil(len / 32) blocks each."""
-    from lowprec_moe.backends.cupy.gemm import launch as C
+    from lowprec_moe.backends.cupy.gemm import plan as P
 
-    d = C.descriptors(pl)
+    d = P.descriptors(pl)
     a_scale, b_scale = (to_host(arrays[1]).view(np.uint8).ravel(),
                         to_host(arrays[4]).view(np.uint8).ravel())
     rb = int(pl.n_cols)
     out = np.zeros(len(pl.rows) * (ra + rb), np.uint16)
     valid = np.zeros(out.shape, bool)
     for g in range(len(pl.rows)):
-        nb = -(-int(d[g, C.D_LEN]) // F.MXFP8_BLOCK)
+        nb = -(-int(d[g, P.D_LEN]) // F.MXFP8_BLOCK)
         for op, (flat, mn, rows, soff, sld) in enumerate((
-                (a_scale, pl.a.mn, int(d[g, C.D_ROWS]), d[g, C.D_A_SOFF], d[g, C.D_A_SLD]),
-                (b_scale, pl.b.mn, rb, d[g, C.D_B_SOFF], d[g, C.D_B_SLD]))):
+                (a_scale, pl.a.mn, int(d[g, P.D_ROWS]), d[g, P.D_A_SOFF], d[g, P.D_A_SLD]),
+                (b_scale, pl.b.mn, rb, d[g, P.D_B_SOFF], d[g, P.D_B_SLD]))):
             r = np.arange(rows)[:, None]
             j = np.arange(nb)[None, :]
             idx = soff + (j * sld + r if mn else r * sld + j)
@@ -59,6 +59,7 @@ def test_gpu_mx_range_words(mode):
     import cupy as cp
 
     from lowprec_moe.backends.cupy.gemm import launch as C
+    from lowprec_moe.backends.cupy.gemm import plan as P
     from lowprec_moe.backends.cupy.gemm.ranges import mx_range_words
     from lowprec_moe.gemm import _validate
 
@@ -78,10 +79,10 @@ def test_gpu_mx_range_words(mode):
     a, b = {"fprop": (xq, wq), "dgrad": (dq, wq), "wgrad": (dq, xq)}[mode]
     p = _validate(mode, gpu(a), gpu(b), splits, bias=None, probs=None, out_dtype="bfloat16",
                   out=None, accumulate=False)
-    pl = C.plan(p)
+    pl = P.plan(p)
     arrays = C._operand_arrays(p)
     ra = int(pl.rows.max())
-    desc = cp.asarray(C.descriptors(pl))
+    desc = cp.asarray(P.descriptors(pl))
     words, flag = mx_range_words(desc, arrays[1], arrays[4], pl.a.mn, pl.b.mn, pl.a.e5m2,
                                  pl.b.e5m2, int(pl.n_cols), ra, len(pl.rows))
     got = to_host(words)

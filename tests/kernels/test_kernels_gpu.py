@@ -185,7 +185,7 @@ def test_philox_device_matches_known_answers_and_python():
     import cupy
 
     spec = importlib.util.spec_from_file_location("_lpm_test_formats",
-                                                  Path(__file__).with_name("test_formats.py"))
+                                                  Path(__file__).parents[1] / "formats" / "test_formats.py")
     tf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tf)
     PHILOX_KAT, philox4x32_10_py = tf.PHILOX_KAT, tf.philox4x32_10_py
