@@ -64,7 +64,7 @@ from typing import Any
 import numpy as np
 
 from lowprec_moe import _validate as V
-from lowprec_moe.backend import get_xp
+from lowprec_moe.backend import get_xp, is_cupy_array
 from lowprec_moe.tensors.grouped_tensor import GroupedTensor, _offsets
 from lowprec_moe.backends.numpy import activations as _ref
 from lowprec_moe.backends.numpy.reduce import grouped_colsum
@@ -183,7 +183,14 @@ def _check_common(h, probs, splits, act, f):
     check_features(act, n_in, f)
     if splits is None:
         splits = (m,)
-    splits = V.check_splits(splits, m)
+    if is_cupy_array(splits):  # device splits: not read here (NUMERICS §7.5)
+        if not is_cupy_array(h):
+            raise TypeError("splits is a cupy array but h is a numpy array; pass host splits")
+        if splits.ndim != 1 or splits.size == 0 or splits.dtype.kind not in "iu":
+            raise TypeError(f"splits must be a 1-D integer array of at least one expert, got "
+                            f"{splits.dtype} of shape {tuple(splits.shape)}")
+    else:
+        splits = V.check_splits(splits, m)
     if probs is not None:
         V.check_array("probs", probs, min_rank=1)
         if probs.size != m or probs.ndim != 1:
@@ -210,6 +217,12 @@ def _probs32(probs, xp):
     if probs is None:
         return None
     return xp.ascontiguousarray(probs.astype(xp.float32, copy=False).reshape(-1))
+
+
+def _device_splits_unquantized(splits, q: dict | None) -> None:
+    if q is not None and is_cupy_array(splits):
+        raise NotImplementedError("device splits with a quantized activation output are not "
+                                  "implemented: the quantizers take host splits")
 
 
 def _quantize_grouped(t, splits, q: dict) -> GroupedTensor:
@@ -304,6 +317,7 @@ def activation_forward(h, activation="swiglu", probs=None, *, splits=None, glu_i
     act = make_activation(activation, glu_interleave, limit, alpha)
     h, m, f, splits = _check_common(h, probs, splits, act, None)
     q = _check_quantize(quantize, f, "z")
+    _device_splits_unquantized(splits, q)
     xp = get_xp(h, probs)
     if xp is np:
         z = _ref.forward(h, act, probs)
@@ -374,6 +388,7 @@ def activation_backward(dz, h, activation="swiglu", probs=None, *, splits=None,
                         f"{V.dtype_name(h.dtype)}")
     w = h.shape[1]
     q = _check_quantize(quantize, w, "dh")
+    _device_splits_unquantized(splits, q)
     if want_dh is None:
         want_dh = q is None
     xp = get_xp(h, dz, probs)

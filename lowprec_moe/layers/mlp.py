@@ -52,7 +52,8 @@ from lowprec_moe.backend import get_xp
 from lowprec_moe.gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
 from lowprec_moe.tensors.grouped_tensor import GroupedTensor
 from lowprec_moe.layers.linear import (_bias_grads, _check_recipe, _columnwise_only, _np_dtype, _quantize_x,
-                     check_backward_dy, check_wire, claim_context, quantize_weight, saved_arrays)
+                     check_backward_dy, check_layer_splits, check_wire, claim_context,
+                     quantize_weight, saved_arrays)
 from lowprec_moe.layers.recipe import Recipe
 
 __all__ = [
@@ -202,8 +203,10 @@ def grouped_mlp_forward(x, splits, fc1_weight, fc2_weight, fc1_bias=None, fc2_bi
     ----------
     x : array ``[M, K]`` (float32 / float16 / bfloat16; rank > 2 flattened) or GroupedTensor
         Tokens sorted by expert, or a pre-quantized rowwise MXFP8 wire tensor.
-    splits : sequence of int or None
+    splits : sequence of int, 1-D cupy integer array, or None
         Tokens per expert (G host ints summing to M); None takes ``x.splits`` from a wire x.
+        With the bf16 recipe on the GPU they may be a device array: neither forward nor
+        backward then reads anything back (NUMERICS §7.5).
     fc1_weight : array ``[G, N1, K]``
         ``N1 = 2F`` for GLU activations (gate rows first, then linear rows, or interleaved in
         blocks of ``glu_interleave``), ``N1 = F`` for srelu.
@@ -250,7 +253,7 @@ def grouped_mlp_forward(x, splits, fc1_weight, fc2_weight, fc1_bias=None, fc2_bi
         V.check_array("x", x)
         x = V.as_2d(x)
         m, k = (int(v) for v in x.shape)
-        splits = V.check_splits(splits, m)
+        splits = check_layer_splits(splits, m, recipe, x)
         dtype = V.dtype_name(x.dtype)
         x_arrays = [x]
     n1, n2, f = _check_weights(fc1_weight, fc2_weight, fc1_bias, fc2_bias, probs, act,

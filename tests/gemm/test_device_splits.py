@@ -126,3 +126,18 @@ def test_layer_refuses_device_splits_it_cannot_take(monkeypatch):
             L.check_layer_splits(DeviceSplits(), 4, recipe, x)
     with pytest.raises(TypeError, match="numpy"):
         L.check_layer_splits(DeviceSplits(), 4, lpm.Recipe.bf16(), x)
+
+
+def test_member_tables_match_the_activation_host_tables():
+    from lowprec_moe.backends.cupy.activation import _tile_tables
+    from lowprec_moe.backends.cupy.splits import max_row_tiles, member_tables
+
+    rng = np.random.default_rng(13)
+    for g, m in [(1, 5), (4, 1000), (9, 300), (3, 0), (16, 129)]:
+        for _ in range(20):
+            s = _random_splits(rng, m, g)
+            rows, tiles = _tile_tables(s)
+            row_off, tile_off = member_tables(np, s, m, 32)
+            np.testing.assert_array_equal(row_off, rows)
+            np.testing.assert_array_equal(tile_off, tiles)
+            assert tiles[-1] <= max_row_tiles(m, g, 32)

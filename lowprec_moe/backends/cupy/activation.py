@@ -25,6 +25,7 @@ from lowprec_moe import formats as F
 from lowprec_moe import kernels
 from lowprec_moe.backends.cupy import tables
 from lowprec_moe.backends.cupy.reduce import segment_sum_tiles
+from lowprec_moe.backends.cupy.splits import max_row_tiles, member_tables
 
 __all__ = ["MODULE", "AMAX_MODES", "activation_forward", "activation_backward"]
 
@@ -82,6 +83,23 @@ def _tile_tables(splits):
 
 def _upload(rows, tiles):
     return tables.upload(rows, tiles)
+
+
+def _layout(cp, splits, m: int, mxfp8, amax):
+    """``(g_count, num_tiles, host rows / tiles or None, device row_off / tile_off or None)``.
+
+    Device splits (a CuPy array): the tables are built on the device and the launch covers the
+    most 32-row tiles any split of ``m`` rows can need; the tiles past the experts' last one have
+    no valid row, which the plain modes skip (the fused MXFP8 and NVFP4-amax outputs are laid
+    out per tile on the host: ``NotImplementedError``)."""
+    if not isinstance(splits, cp.ndarray):
+        rows, tiles = _tile_tables(splits)
+        return len(splits), int(tiles[-1]), (rows, tiles), None
+    if mxfp8 is not None or amax is not None:
+        raise NotImplementedError("device splits with a fused MXFP8 or NVFP4-amax activation "
+                                  "output are not implemented (their layouts need host splits)")
+    g = int(splits.size)
+    return g, max_row_tiles(m, g, _B), None, member_tables(cp, splits, m, _B)
 
 
 def _vec_ok(name: str, f: int, act, *arrays) -> bool:
@@ -184,8 +202,7 @@ def activation_forward(h, splits, act, probs, f: int, *, mxfp8: dict | None = No
         h = cp.ascontiguousarray(h)
         name = _dtype(h)
         m, width = (int(v) for v in h.shape)
-        rows, tiles = _tile_tables(splits)
-        num_tiles = int(tiles[-1])
+        g_count, num_tiles, host, dev = _layout(cp, splits, m, mxfp8, amax)
         z = None
         if mxfp8 is not None and amax is not None:
             raise ValueError("amax applies to the layer-dtype output, not with mxfp8")
@@ -195,22 +212,22 @@ def activation_forward(h, splits, act, probs, f: int, *, mxfp8: dict | None = No
         else:
             z = cp.empty((m, f), dtype=h.dtype)
             parts, flags = {}, 0
-        aflags, amax_a, amax_b, amax_pair = _amax_outputs(amax, name, m, f, len(splits))
+        aflags, amax_a, amax_b, amax_pair = _amax_outputs(amax, name, m, f, g_count)
         flags |= aflags
         if _vec_ok(name, f, act, h, z):
             flags |= _FLAG_VEC
         if num_tiles and f:
-            row_off, tile_off = _upload(rows, tiles)
+            row_off, tile_off = dev if dev is not None else _upload(*host)
             f_tiles = _cdiv(f, 16 * _VEC[name])
             kernels.get_function(MODULE, _kernel_name("fwd", mxfp8, amax, _SUFFIX[name]))(
                 (_cdiv(num_tiles * f_tiles, _WARPS_PER_CTA),), (_WARPS_PER_CTA * 32,),
                 (h, _NULL if probs is None else probs, *_act_args(act, f, width), np.int64(m),
-                 row_off, tile_off, np.int32(len(splits)), np.int64(num_tiles),
+                 row_off, tile_off, np.int32(g_count), np.int64(num_tiles),
                  _NULL if z is None else z, *_mx_ptrs(parts), np.int32(flags),
                  _NULL if amax_a is None else amax_a, _NULL if amax_b is None else amax_b))
         if mxfp8 is None:
             return z if amax is None else (z, amax_pair)
-        _mx_offsets(parts, f, tiles)
+        _mx_offsets(parts, f, host[1])
         return parts
 
 
@@ -236,9 +253,7 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
         if _dtype(dz) != name:
             raise TypeError(f"dz.dtype={_dtype(dz)} must match h.dtype={name}")
         m, width = (int(v) for v in h.shape)
-        g_count = len(splits)
-        rows, tiles = _tile_tables(splits)
-        num_tiles = int(tiles[-1])
+        g_count, num_tiles, host, dev = _layout(cp, splits, m, mxfp8, amax)
         f_tiles = _cdiv(f, 16 * _VEC[name]) if f else 0
         dh = cp.empty((m, width), dtype=h.dtype) if want_dh else None
         parts, flags = {}, 0
@@ -256,7 +271,7 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
             flags |= _FLAG_VEC
         row_off = tile_off = None
         if num_tiles and f:
-            row_off, tile_off = _upload(rows, tiles)
+            row_off, tile_off = dev if dev is not None else _upload(*host)
             kernels.get_function(MODULE, _kernel_name("bwd", mxfp8, amax, _SUFFIX[name]))(
                 (_cdiv(num_tiles * f_tiles, _WARPS_PER_CTA),), (_WARPS_PER_CTA * 32,),
                 (dz, h, _NULL if probs is None else probs, *_act_args(act, f, width),
@@ -277,9 +292,9 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
             dbias = cp.zeros((g_count, width), dtype=cp.float32)
             if num_tiles and width:
                 if tile_off is None:
-                    tile_off = _upload(rows, tiles)[1]
+                    tile_off = dev[1] if dev is not None else _upload(*host)[1]
                 segment_sum_tiles(colsum_part, tile_off, dbias)
         if mxfp8 is not None:
-            _mx_offsets(parts, width, tiles)
+            _mx_offsets(parts, width, host[1])
         return dict(dh=dh, parts=parts if mxfp8 is not None else None, dprobs=dprobs,
                     dbias=dbias, amax=amax_pair)

@@ -54,6 +54,17 @@ def row_tiles(xp, rows, m_total: int, rows_per_tile: int):
     return expert, tile, i < tile_end[-1], tile_end
 
 
+def member_tables(xp, splits, m_total: int, rows_per_tile: int):
+    """Row offsets and tile offsets (int64 ``[G+1]`` each) of device splits: expert ``g`` owns
+    rows ``row_off[g] .. row_off[g+1] - 1`` and tiles ``tile_off[g] .. tile_off[g+1] - 1`` of
+    ``rows_per_tile`` rows (the host ``[0, cumsum]`` tables of the clamped splits)."""
+    row0, rows = clamped_rows(xp, splits, m_total)
+    zero = xp.zeros(1, dtype=xp.int64)
+    row_off = xp.concatenate([row0, (row0[-1] + rows[-1]).reshape(1)])
+    tile_off = xp.concatenate([zero, xp.cumsum((rows + (rows_per_tile - 1)) // rows_per_tile)])
+    return row_off, tile_off
+
+
 def expert_of_rows(xp, rows, m_total: int):
     """int64 ``[M]``: the expert of every row (rows past the clamped splits: the last
     expert)."""

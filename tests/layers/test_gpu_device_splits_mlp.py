@@ -1,0 +1,99 @@
+"""GroupedMLP (bf16 recipe) and the activation kernels with device splits on the GPU: the bits
+of host splits (biases, probs, an empty expert), a whole step captured into a CUDA graph and
+replayed with new splits and data, and the quantized recipes refusing device splits."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import lowprec_moe as lpm
+
+from conftest import assert_bytes_equal, requires_gpu
+
+pytestmark = [pytest.mark.gpu, requires_gpu]
+
+_NAMES = ("y", "dx", "dfc1_weight", "dfc2_weight", "dfc1_bias", "dfc2_bias", "dprobs")
+
+
+def _splits(rng, m, g):
+    cuts = np.sort(rng.integers(0, m + 1, g - 1))
+    s = np.diff(np.concatenate([[0], cuts, [m]])).astype(np.int64)
+    s[1] += s[2]
+    s[2] = 0
+    return s
+
+
+def _data(cp, rng, m, g, k, f):
+    import ml_dtypes
+
+    def rnd(*shape, scale=1.0):
+        return cp.asarray((rng.standard_normal(shape) * scale).astype(np.float32)).astype(
+            ml_dtypes.bfloat16)
+
+    return dict(x=rnd(m, k), w1=rnd(g, 2 * f, k, scale=k ** -0.5),
+                w2=rnd(g, k, f, scale=f ** -0.5), b1=rnd(g, 2 * f), b2=rnd(g, k),
+                dy=rnd(m, k, scale=m ** -0.5),
+                probs=cp.asarray(rng.uniform(0.1, 1.0, m).astype(np.float32)))
+
+
+def _step(d, splits, recipe=None):
+    y, ctx = lpm.grouped_mlp_forward(d["x"], splits, d["w1"], d["w2"], d["b1"], d["b2"],
+                                     probs=d["probs"], recipe=recipe or lpm.Recipe.bf16())
+    g = lpm.grouped_mlp_backward(d["dy"], ctx)
+    return (y, g.dx, g.dfc1_weight, g.dfc2_weight, g.dfc1_bias, g.dfc2_bias, g.dprobs)
+
+
+def test_mlp_step_with_device_splits_gives_host_bits():
+    import cupy as cp
+
+    rng = np.random.default_rng(21)
+    g, m, k, f = 8, 1536, 256, 256
+    d = _data(cp, rng, m, g, k, f)
+    for _ in range(3):
+        s = _splits(rng, m, g)
+        got = _step(d, cp.asarray(s))
+        want = _step(d, [int(v) for v in s])
+        for name, a, b in zip(_NAMES, got, want):
+            assert_bytes_equal(a, b, name)
+
+
+def test_mlp_step_captures_into_a_graph():
+    import cupy as cp
+
+    rng = np.random.default_rng(22)
+    g, m, k, f = 8, 1024, 256, 128
+    d = _data(cp, rng, m, g, k, f)
+    ds = cp.asarray(_splits(rng, m, g))
+    pool = cp.cuda.MemoryPool()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with cp.cuda.using_allocator(pool.malloc), stream:
+        for _ in range(2):
+            out = _step(d, ds)
+        del out
+        stream.synchronize()
+        stream.begin_capture()
+        out = _step(d, ds)
+        graph = stream.end_capture()
+    for _ in range(2):
+        s = _splits(rng, m, g)
+        for key, val in _data(cp, rng, m, g, k, f).items():
+            d[key][...] = val
+        ds[...] = cp.asarray(s)
+        cp.cuda.get_current_stream().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        want = _step(d, [int(v) for v in s])
+        for name, a, b in zip(_NAMES, out, want):
+            assert_bytes_equal(a, b, f"replayed {name}")
+
+
+def test_quantized_recipes_refuse_device_splits():
+    import cupy as cp
+
+    rng = np.random.default_rng(23)
+    d = _data(cp, rng, 256, 4, 128, 128)
+    ds = cp.asarray(np.array([64] * 4))
+    for recipe in (lpm.Recipe.mxfp8(), lpm.Recipe.nvfp4()):
+        with pytest.raises(NotImplementedError, match="device splits"):
+            _step(d, ds, recipe)
