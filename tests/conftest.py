@@ -117,6 +117,17 @@ def spread_random(shape, seed: int, spread: int) -> np.ndarray:
     return x
 
 
+def random_splits(rng, m: int, g: int, empty: bool = True) -> np.ndarray:
+    """int64 ``[g]`` random rows per expert summing to ``m``; with ``empty`` (and ``g > 2``)
+    expert 2 gets none."""
+    cuts = np.sort(rng.integers(0, m + 1, g - 1))
+    s = np.diff(np.concatenate([[0], cuts, [m]])).astype(np.int64)
+    if empty and g > 2:
+        s[1] += s[2]
+        s[2] = 0
+    return s
+
+
 def assert_source_has(name: str, *texts: str) -> None:
     """Assert that raw_kernels/<name> contains every text (the expressions a CPU emulation of
     that kernel mirrors); the message names the first one missing."""

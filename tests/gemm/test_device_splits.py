@@ -14,6 +14,8 @@ from lowprec_moe.backends.cupy.gemm import device_splits as DS
 from lowprec_moe.backends.cupy.gemm.plan import descriptors, plan, tile_table
 from lowprec_moe.gemm import _validate
 
+from conftest import random_splits
+
 _K, _N = 64, 48
 
 
@@ -28,11 +30,6 @@ def _problem(mode, splits, rng, m, g, dtype=ml_dtypes.bfloat16, bias=False):
     return _validate(mode, a, b, splits, **kw)
 
 
-def _random_splits(rng, m, g):
-    cuts = np.sort(rng.integers(0, m + 1, g - 1))
-    return np.diff(np.concatenate([[0], cuts, [m]])).astype(np.int64)
-
-
 @pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
 @pytest.mark.parametrize("g,m", [(1, 37), (2, 64), (5, 100), (8, 0), (3, 2), (16, 700)])
 def test_descriptors_are_affine_in_rows(mode, g, m):
@@ -45,7 +42,7 @@ def test_descriptors_are_affine_in_rows(mode, g, m):
 
     static, c_row0, c_rows = DS.affine_descriptors(desc_of, g, m)
     for _ in range(25):
-        s = _random_splits(rng, m, g)
+        s = random_splits(rng, m, g, empty=False)
         row0, rows = DS.clamped_rows(np, s, m)
         np.testing.assert_array_equal(rows, s)
         got = DS.device_descriptors(np, static, c_row0, c_rows, row0, rows)
@@ -57,7 +54,7 @@ def test_descriptors_are_affine_in_rows(mode, g, m):
 def test_tile_table_lists_the_host_tiles_then_empty_entries(bm, g, m):
     rng = np.random.default_rng(bm + g + m)
     for _ in range(25):
-        s = _random_splits(rng, m, g)
+        s = random_splits(rng, m, g, empty=False)
         _, rows = DS.clamped_rows(np, s, m)
         got = DS.device_tile_table(np, rows, m, bm)
         host = tile_table(s, s > 0, bm)
@@ -73,7 +70,7 @@ def test_max_row_tiles_is_the_worst_split():
     for g, m, bm in [(8, 1000, 128), (3, 5, 64), (16, 4096, 128), (1, 77, 32)]:
         worst = 0
         for _ in range(200):
-            s = _random_splits(rng, m, g)
+            s = random_splits(rng, m, g, empty=False)
             worst = max(worst, int(np.sum(-(-s // bm))))
         ones = [1] * min(g, m) + [0] * (g - min(g, m))
         ones[0] += m - sum(ones)
@@ -99,7 +96,7 @@ def test_expert_of_rows_and_colsum_tiles_match_the_host():
     rng = np.random.default_rng(9)
     for g, m in [(1, 5), (4, 1000), (9, 300), (3, 0), (16, 129)]:
         for _ in range(20):
-            s = _random_splits(rng, m, g)
+            s = random_splits(rng, m, g, empty=False)
             _, rows = DS.clamped_rows(np, s, m)
             np.testing.assert_array_equal(expert_of_rows(np, rows, m),
                                           np.repeat(np.arange(g), s))
@@ -135,7 +132,7 @@ def test_member_tables_match_the_activation_host_tables():
     rng = np.random.default_rng(13)
     for g, m in [(1, 5), (4, 1000), (9, 300), (3, 0), (16, 129)]:
         for _ in range(20):
-            s = _random_splits(rng, m, g)
+            s = random_splits(rng, m, g, empty=False)
             rows, tiles = _tile_tables(s)
             row_off, tile_off = member_tables(np, s, m, 32)
             np.testing.assert_array_equal(row_off, rows)

@@ -12,20 +12,11 @@ import pytest
 import lowprec_moe as lpm
 from lowprec_moe import gemm as G
 
-from conftest import assert_bytes_equal, requires_gpu
+from conftest import assert_bytes_equal, random_splits, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
 _CASES = [(4, 512, 256, 384), (16, 1000, 128, 256), (1, 100, 64, 64), (8, 24, 256, 128)]
-
-
-def _splits(rng, m, g, empty=True):
-    cuts = np.sort(rng.integers(0, m + 1, g - 1))
-    s = np.diff(np.concatenate([[0], cuts, [m]])).astype(np.int64)
-    if empty and g > 2:
-        s[1] += s[2]
-        s[2] = 0
-    return s
 
 
 def _data(cp, rng, m, g, k, n, dtype):
@@ -46,7 +37,7 @@ def test_device_splits_give_host_bits(dtype, g, m, k, n):
     bias = cp.asarray(rng.standard_normal((g, n)).astype(np.float32))
     probs = cp.asarray(rng.uniform(0.1, 1, m).astype(np.float32))
     for _ in range(3):
-        s = _splits(rng, m, g)
+        s = random_splits(rng, m, g)
         ds = cp.asarray(s.astype(np.int32))
         host = list(int(v) for v in s)
         assert_bytes_equal(G.grouped_gemm_fprop(x, w, ds, bias=bias, probs=probs),
@@ -86,7 +77,7 @@ def test_a_call_captures_into_a_graph_and_replays_with_new_splits():
     rng = np.random.default_rng(11)
     g, m, k, n = 8, 1024, 256, 512
     x, w, dy = _data(cp, rng, m, g, k, n, ml_dtypes.bfloat16)
-    ds = cp.asarray(_splits(rng, m, g))
+    ds = cp.asarray(random_splits(rng, m, g))
     pool = cp.cuda.MemoryPool()
     stream = cp.cuda.Stream(non_blocking=True)
     with cp.cuda.using_allocator(pool.malloc), stream:
@@ -100,7 +91,7 @@ def test_a_call_captures_into_a_graph_and_replays_with_new_splits():
         dw = G.grouped_gemm_wgrad(dy, x, ds)
         graph = stream.end_capture()
     for _ in range(3):
-        s = _splits(rng, m, g)
+        s = random_splits(rng, m, g)
         ds[...] = cp.asarray(s)
         cp.cuda.get_current_stream().synchronize()
         graph.launch(stream)

@@ -9,17 +9,9 @@ import pytest
 
 import lowprec_moe as lpm
 
-from conftest import assert_bytes_equal, requires_gpu
+from conftest import assert_bytes_equal, random_splits, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
-
-
-def _splits(rng, m, g):
-    cuts = np.sort(rng.integers(0, m + 1, g - 1))
-    s = np.diff(np.concatenate([[0], cuts, [m]])).astype(np.int64)
-    s[1] += s[2]
-    s[2] = 0
-    return s
 
 
 def _step(x, splits, w, bias, probs, dy):
@@ -48,7 +40,7 @@ def test_linear_step_with_device_splits_gives_host_bits():
     g, m, k, n = 8, 2048, 256, 512
     x, w, dy, bias, probs = _data(cp, rng, m, g, k, n)
     for _ in range(3):
-        s = _splits(rng, m, g)
+        s = random_splits(rng, m, g)
         got = _step(x, cp.asarray(s), w, bias, probs, dy)
         want = _step(x, [int(v) for v in s], w, bias, probs, dy)
         for name, a, b in zip(("y", "dx", "dweight", "dbias", "dprobs"), got, want):
@@ -61,7 +53,7 @@ def test_linear_step_captures_into_a_graph():
     rng = np.random.default_rng(4)
     g, m, k, n = 8, 1024, 256, 256
     x, w, dy, bias, probs = _data(cp, rng, m, g, k, n)
-    ds = cp.asarray(_splits(rng, m, g))
+    ds = cp.asarray(random_splits(rng, m, g))
     pool = cp.cuda.MemoryPool()
     stream = cp.cuda.Stream(non_blocking=True)
     with cp.cuda.using_allocator(pool.malloc), stream:
@@ -73,7 +65,7 @@ def test_linear_step_captures_into_a_graph():
         out = _step(x, ds, w, bias, probs, dy)
         graph = stream.end_capture()
     for _ in range(3):
-        s = _splits(rng, m, g)
+        s = random_splits(rng, m, g)
         new = _data(cp, rng, m, g, k, n)
         for dst, src in zip((x, w, dy, bias, probs), new):
             dst[...] = src

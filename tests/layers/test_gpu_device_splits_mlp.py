@@ -9,19 +9,11 @@ import pytest
 
 import lowprec_moe as lpm
 
-from conftest import assert_bytes_equal, requires_gpu
+from conftest import assert_bytes_equal, random_splits, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
 _NAMES = ("y", "dx", "dfc1_weight", "dfc2_weight", "dfc1_bias", "dfc2_bias", "dprobs")
-
-
-def _splits(rng, m, g):
-    cuts = np.sort(rng.integers(0, m + 1, g - 1))
-    s = np.diff(np.concatenate([[0], cuts, [m]])).astype(np.int64)
-    s[1] += s[2]
-    s[2] = 0
-    return s
 
 
 def _data(cp, rng, m, g, k, f):
@@ -51,7 +43,7 @@ def test_mlp_step_with_device_splits_gives_host_bits():
     g, m, k, f = 8, 1536, 256, 256
     d = _data(cp, rng, m, g, k, f)
     for _ in range(3):
-        s = _splits(rng, m, g)
+        s = random_splits(rng, m, g)
         got = _step(d, cp.asarray(s))
         want = _step(d, [int(v) for v in s])
         for name, a, b in zip(_NAMES, got, want):
@@ -64,7 +56,7 @@ def test_mlp_step_captures_into_a_graph():
     rng = np.random.default_rng(22)
     g, m, k, f = 8, 1024, 256, 128
     d = _data(cp, rng, m, g, k, f)
-    ds = cp.asarray(_splits(rng, m, g))
+    ds = cp.asarray(random_splits(rng, m, g))
     pool = cp.cuda.MemoryPool()
     stream = cp.cuda.Stream(non_blocking=True)
     with cp.cuda.using_allocator(pool.malloc), stream:
@@ -76,7 +68,7 @@ def test_mlp_step_captures_into_a_graph():
         out = _step(d, ds)
         graph = stream.end_capture()
     for _ in range(2):
-        s = _splits(rng, m, g)
+        s = random_splits(rng, m, g)
         for key, val in _data(cp, rng, m, g, k, f).items():
             d[key][...] = val
         ds[...] = cp.asarray(s)

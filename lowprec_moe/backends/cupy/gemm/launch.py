@@ -125,14 +125,29 @@ def _signature(p, arrays, kernel: str) -> tuple:
 _prepared: OrderedDict = OrderedDict()
 
 
-def _prepare(p, arrays, kernel: str):
-    """Launch configuration and device tables of a problem, cached by its signature."""
-    key = _signature(p, arrays, kernel)
+def _lookup(key):
+    """A prepared launch by signature (LRU), or None."""
     with _lock:
         hit = _prepared.get(key)
         if hit is not None:
             _prepared.move_to_end(key)
-            return hit
+        return hit
+
+
+def _remember(key, val):
+    with _lock:
+        _prepared[key] = val
+        while len(_prepared) > _MAX_CACHED:
+            _prepared.popitem(last=False)
+    return val
+
+
+def _prepare(p, arrays, kernel: str):
+    """Launch configuration and device tables of a problem, cached by its signature."""
+    key = _signature(p, arrays, kernel)
+    hit = _lookup(key)
+    if hit is not None:
+        return hit
     pl = plan(p)
     choice = choose_kernel(p, pl, kernel=kernel)
     launch = choice.config
@@ -168,11 +183,7 @@ def _prepare(p, arrays, kernel: str):
                mn=(bool(a.mn), bool(b.mn)), num_experts=len(pl.rows),
                grid=grid, n_cols=pl.n_cols, modes=modes, a_vec=int(a.amax_vec),
                b_vec=int(b.amax_vec), zero_if_empty=int(pl.zero_if_empty))
-    with _lock:
-        _prepared[key] = val
-        while len(_prepared) > _MAX_CACHED:
-            _prepared.popitem(last=False)
-    return val
+    return _remember(key, val)
 
 
 def _nominal(p, splits):
@@ -189,11 +200,9 @@ def _prepare_device_splits(p, arrays, kernel: str):
     the tile table (module :mod:`.device_splits`)."""
     g, m = p.num_groups, p.m_total
     key = ("device", g) + _signature(_nominal(p, [0] * g), arrays, kernel)
-    with _lock:
-        hit = _prepared.get(key)
-        if hit is not None:
-            _prepared.move_to_end(key)
-            return hit
+    hit = _lookup(key)
+    if hit is not None:
+        return hit
     even = [m // g] * (g - 1) + [m - (g - 1) * (m // g)]
     p_even = _nominal(p, even)
     pl = plan(p_even)
@@ -230,11 +239,7 @@ def _prepare_device_splits(p, arrays, kernel: str):
                mn=(bool(a.mn), bool(b.mn)), num_experts=g, grid=grid, n_cols=pl.n_cols,
                modes=modes, a_vec=int(a.amax_vec), b_vec=int(b.amax_vec),
                zero_if_empty=int(pl.zero_if_empty))
-    with _lock:
-        _prepared[key] = val
-        while len(_prepared) > _MAX_CACHED:
-            _prepared.popitem(last=False)
-    return val
+    return _remember(key, val)
 
 
 def _device_tables_of_call(p, prep):
