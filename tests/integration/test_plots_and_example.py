@@ -99,3 +99,23 @@ def test_train_example_cpu_smoke(tmp_path):
                          timeout=300, cwd=ROOT)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "loss.png").exists()
+
+
+@pytest.mark.gpu
+def test_train_example_gpu_smoke(tmp_path):
+    """The training example on the GPU, every recipe, a few steps: finite losses that start
+    near ln(256)."""
+    torch = pytest.importorskip("torch")
+    from lowprec_moe.backend import cupy_available
+
+    if not (cupy_available() and torch.cuda.is_available()):
+        pytest.skip("needs CuPy, torch with CUDA and a GPU")
+    cmd = [sys.executable, str(EXAMPLE), "--device", "cuda", "--tiny", "--steps", "3",
+           "--out-dir", str(tmp_path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert len(results["runs"]) == 4
+    for run in results["runs"].values():
+        assert len(run["train_loss"]) == 3 and np.isfinite(run["final_eval"])
+        assert 4.0 < run["train_loss"][0] < 7.0
