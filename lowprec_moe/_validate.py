@@ -82,6 +82,18 @@ def check_seed(seed) -> int:
     return seed
 
 
+def check_first_member(first_member, num_members: int) -> int:
+    """The stochastic-rounding member index of a grouped tensor's first member: an int such that
+    every member's index fits 32 bits."""
+    if isinstance(first_member, bool) or not isinstance(first_member, numbers.Integral):
+        raise TypeError(f"first_member={first_member!r} must be an int")
+    first_member = int(first_member)
+    if not 0 <= first_member or first_member + num_members > 2**32:
+        raise ValueError(f"first_member={first_member} must be >= 0 with first_member + "
+                         f"{num_members} members <= 2**32")
+    return first_member
+
+
 def check_options(fmt: str, *, rowwise, columnwise, row_scaled, block_2d, rht,
                   stochastic_rounding, fp8_dtype, dtype) -> None:
     """Check a combination of quantization options (raises ValueError naming the conflict)."""

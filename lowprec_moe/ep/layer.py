@@ -114,12 +114,15 @@ def moe_forward(x, topk_idx, topk_weights, fc1_weight, fc2_weight, fc1_bias=None
     if getattr(fc1_weight, "ndim", 0) != 3:
         raise ValueError(f"fc1_weight must be [E/W, N1, K], got shape "
                          f"{tuple(getattr(fc1_weight, 'shape', ()))}")
-    num_experts = int(fc1_weight.shape[0]) * size
+    local = int(fc1_weight.shape[0])
+    num_experts = local * size
     tokens, splits, handle = dispatch(x, topk_idx, topk_weights, num_experts, group=group,
                                       wire=wire, fp8_dtype=recipe.x_fp8_dtype)
+    # the local experts round (NVFP4 SR) as experts rank * E/W ... of one process
     out, mlp = grouped_mlp_forward(tokens, splits, fc1_weight, fc2_weight, fc1_bias, fc2_bias,
                                    activation=activation, glu_interleave=glu_interleave,
-                                   recipe=recipe)
+                                   recipe=recipe,
+                                   first_expert=0 if group is None else group.rank * local)
     y = combine(out, handle)
     return y, MoEContext(handle, mlp, out, dy_wire, recipe.dy_fp8_dtype)
 

@@ -236,7 +236,7 @@ def _gt_from_parts(parts: dict, shape, splits, fp8_dtype: str) -> GroupedTensor:
 
 
 _NVFP4_KEYS = {"format", "rowwise", "columnwise", "row_scaled", "block_2d", "rht",
-               "stochastic_rounding", "seed", "fp8_dtype"}
+               "stochastic_rounding", "seed", "fp8_dtype", "first_member"}
 
 
 def _fusable_nvfp4(q: dict | None, t_dtype, splits) -> dict | None:
@@ -252,6 +252,7 @@ def _fusable_nvfp4(q: dict | None, t_dtype, splits) -> dict | None:
     if o["block_2d"] and any(s % b for s in splits):
         return None  # the unfused call raises
     o["seed"] = V.check_seed(q.get("seed", 0))
+    o["first_member"] = V.check_first_member(q.get("first_member", 0), len(splits))
     o["rht"] = o["rht"] and o["columnwise"]
     return o
 
@@ -270,7 +271,8 @@ def _nvfp4_from_amax(t, splits, o: dict, amax) -> GroupedTensor:
     return GroupedTensor(format="nvfp4", shape=tuple(t.shape), splits=tuple(splits),
                          offsets=_offsets(splits), row_scaled=o["row_scaled"],
                          block_2d=o["block_2d"], rht=o["rht"],
-                         stochastic_rounding=o["stochastic_rounding"], seed=o["seed"], **parts)
+                         stochastic_rounding=o["stochastic_rounding"], seed=o["seed"],
+                         first_member=o["first_member"], **parts)
 
 
 def _fusable_mxfp8(q: dict | None, act: Activation, f: int, backward: bool) -> bool:

@@ -56,6 +56,7 @@ class GroupedLinearContext:
     probs: Any = None
     x_rht: bool = False
     seed: int = 0
+    first_expert: int = 0
     used: bool = field(default=False, repr=False)
 
 
@@ -125,7 +126,7 @@ def _check_weight(weight, bias, probs, num_groups: int, m: int, k: int, xp_args)
 
 def grouped_linear_forward(x, splits, weight, bias=None, *, recipe: Recipe, probs=None,
                            input_requires_grad: bool = True, weight_requires_grad: bool = True,
-                           seed: int = 0):
+                           seed: int = 0, first_expert: int = 0):
     """Forward of a grouped linear layer: ``y_g = x_g W_g^T (+ bias_g (* probs))``.
 
     Parameters
@@ -146,6 +147,10 @@ def grouped_linear_forward(x, splits, weight, bias=None, *, recipe: Recipe, prob
         Whether backward computes ``dx`` / ``dweight`` (and so what the context keeps).
     seed : int
         Stochastic-rounding seed used by the backward for dy (NVFP4 recipes with SR).
+    first_expert : int
+        Global index of this call's first expert, for the stochastic-rounding stream only: with
+        the experts spread over processes (expert parallelism), each rank passes the index of
+        its first local expert and rounds as one process holding every expert would. 0 otherwise.
 
     Returns
     -------
@@ -185,7 +190,8 @@ def grouped_linear_forward(x, splits, weight, bias=None, *, recipe: Recipe, prob
                                y_dtype=x_dtype, weight_dtype=V.dtype_name(weight.dtype),
                                input_requires_grad=bool(input_requires_grad),
                                weight_requires_grad=bool(weight_requires_grad),
-                               bias=bias, probs=probs, seed=seed)
+                               bias=bias, probs=probs, seed=seed,
+                               first_expert=V.check_first_member(first_expert, len(splits)))
     if not recipe.quantized:
         xh = x.dequantize("rowwise", dtype="bfloat16") if wire else x
         if xh.dtype != weight.dtype:
@@ -371,7 +377,8 @@ def _quantize_dy(dy, ctx: GroupedLinearContext, wire: bool, *, rowwise: bool, co
     if wire:
         return dy.with_columnwise() if columnwise else dy
     return GroupedTensor.quantize(dy, ctx.splits, **recipe.grad_options(
-        rowwise=rowwise, columnwise=columnwise, rht=ctx.x_rht and columnwise, seed=seed))
+        rowwise=rowwise, columnwise=columnwise, rht=ctx.x_rht and columnwise, seed=seed,
+        first_member=ctx.first_expert))
 
 
 def expert_index(splits, xp, m: int):

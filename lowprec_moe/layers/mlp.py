@@ -100,6 +100,7 @@ class GroupedMLPContext:
     z_rht: bool = False
     seed: int = 0
     fused: bool = True
+    first_expert: int = 0
     used: bool = field(default=False, repr=False)
 
 
@@ -196,7 +197,8 @@ def _fc1_seed(seed: int) -> int:
 def grouped_mlp_forward(x, splits, fc1_weight, fc2_weight, fc1_bias=None, fc2_bias=None, *,
                         probs=None, activation="swiglu", glu_interleave=None, recipe: Recipe,
                         limit=None, alpha=None, input_requires_grad: bool = True,
-                        weight_requires_grad: bool = True, seed: int = 0, fused: bool = True):
+                        weight_requires_grad: bool = True, seed: int = 0, fused: bool = True,
+                        first_expert: int = 0):
     """Forward of a grouped MLP expert block.
 
     Parameters
@@ -229,6 +231,10 @@ def grouped_mlp_forward(x, splits, fc1_weight, fc2_weight, fc1_bias=None, fc2_bi
         Stochastic-rounding seed of the backward (NVFP4 recipes with SR).
     fused : bool
         GPU: use the fused activation + quantize kernels where available (same results).
+    first_expert : int
+        Global index of this call's first expert, for the stochastic-rounding stream only: with
+        the experts spread over processes (expert parallelism), each rank passes the index of
+        its first local expert and rounds as one process holding every expert would. 0 otherwise.
 
     Returns
     -------
@@ -276,7 +282,8 @@ def grouped_mlp_forward(x, splits, fc1_weight, fc2_weight, fc1_bias=None, fc2_bi
         fc2_weight_dtype=V.dtype_name(fc2_weight.dtype),
         fc1_bias_dtype=None if fc1_bias is None else V.dtype_name(fc1_bias.dtype),
         input_requires_grad=input_requires_grad, weight_requires_grad=weight_requires_grad,
-        need_dz=need_dz, fc2_bias=fc2_bias, probs=probs, seed=seed, fused=bool(fused))
+        need_dz=need_dz, fc2_bias=fc2_bias, probs=probs, seed=seed, fused=bool(fused),
+        first_expert=V.check_first_member(first_expert, len(splits)))
     fc2_probs = probs if fc2_bias is not None else None
 
     if not recipe.quantized:
@@ -370,7 +377,8 @@ def grouped_mlp_backward(dy, ctx: GroupedMLPContext, *, seed: int | None = None)
             dyq = dy.with_columnwise() if need_dw else dy
         else:
             q = recipe.grad_options(rowwise=ctx.need_dz, columnwise=need_dw,
-                                    rht=ctx.z_rht and need_dw, seed=seed)
+                                    rht=ctx.z_rht and need_dw, seed=seed,
+                                    first_member=ctx.first_expert)
             dyq = GroupedTensor.quantize(dy, splits, q.pop("format"), **q)
         if ctx.need_dz:
             dz = grouped_gemm_dgrad(dyq, ctx.w2_saved, splits, out_dtype=dt)
@@ -385,7 +393,8 @@ def grouped_mlp_backward(dy, ctx: GroupedMLPContext, *, seed: int | None = None)
         q = None
         if recipe.quantized and (need_dx or need_dw):
             q = recipe.grad_options(rowwise=need_dx, columnwise=need_dw,
-                                    rht=ctx.x_rht and need_dw, seed=_fc1_seed(seed))
+                                    rht=ctx.x_rht and need_dw, seed=_fc1_seed(seed),
+                                    first_member=ctx.first_expert)
         ag = activation_backward(dz, ctx.h, ctx.activation, probs, splits=splits, quantize=q,
                                  want_dh=not recipe.quantized and (need_dx or need_dw),
                                  want_dprobs=True, want_dbias=ctx.fc1_bias_dtype is not None,

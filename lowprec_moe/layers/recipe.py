@@ -118,15 +118,18 @@ class Recipe:
                     row_scaled=self.row_scaled_activation,
                     rht=bool(self.rht and columnwise and dtype == "bfloat16"))
 
-    def grad_options(self, *, rowwise: bool, columnwise: bool, rht: bool, seed: int) -> dict:
+    def grad_options(self, *, rowwise: bool, columnwise: bool, rht: bool, seed: int,
+                     first_member: int = 0) -> dict:
         """``GroupedTensor.quantize`` options of a gradient operand (dy, fc1's dh): rowwise for
         dgrad, columnwise for wgrad, Hadamard-transformed when x's columnwise copy was
-        (``rht``), stochastically rounded with ``seed`` when the recipe says (NUMERICS §7)."""
+        (``rht``), stochastically rounded with ``seed`` when the recipe says, the experts
+        numbered from ``first_member`` in the rounding stream (NUMERICS §7)."""
         if self.name == "mxfp8":
             return dict(format="mxfp8", rowwise=rowwise, columnwise=columnwise,
                         fp8_dtype=self.dy_fp8_dtype)
         return dict(format="nvfp4", rowwise=rowwise, columnwise=columnwise, rht=bool(rht),
-                    stochastic_rounding=self.stochastic_rounding, seed=seed)
+                    stochastic_rounding=self.stochastic_rounding, seed=seed,
+                    first_member=first_member)
 
     def __repr__(self) -> str:
         if self.name == "bf16":

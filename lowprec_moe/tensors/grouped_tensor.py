@@ -17,7 +17,7 @@ amax), so a grouped quantization is bit-identical to quantizing every member alo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -73,18 +73,23 @@ class GroupedTensor:
     rht: bool = False
     stochastic_rounding: bool = False
     seed: int = 0
+    #: Member index of the first member in the stochastic-rounding stream (member g uses
+    #: ``first_member + g``).
+    first_member: int = field(default=0, repr=False)
 
     # ---------------------------------------------------------------------------------- build
     @staticmethod
     def quantize(x, splits, format: str, *, rowwise: bool = True, columnwise: bool = False,
                  row_scaled: bool = False, block_2d: bool = False, rht: bool = False,
                  stochastic_rounding: bool = False, seed: int = 0, fp8_dtype: str = "e4m3",
-                 check_finite: bool = False) -> "GroupedTensor":
+                 check_finite: bool = False, first_member: int = 0) -> "GroupedTensor":
         """Quantize ``x`` ``[M_total, K]`` member by member (options as in ``quantize``).
 
         ``splits`` are host ints (any sizes, zeros allowed) summing to ``M_total``. With
         ``block_2d`` every split must be a multiple of the block. Member ``g`` uses member index
-        ``g`` in the stochastic-rounding stream.
+        ``first_member + g`` in the stochastic-rounding stream (``first_member``: the global
+        index of the first expert when the experts are spread over processes, so that each
+        rounds as one process holding them all would; 0 otherwise).
         """
         V.check_array("x", x)
         V.check_format(format)
@@ -100,6 +105,7 @@ class GroupedTensor:
             raise ValueError(f"splits={list(splits)} must all be multiples of {b} for {format} "
                              "with block_2d=True")
         seed = V.check_seed(seed)
+        first_member = V.check_first_member(first_member, len(splits))
         if check_finite:
             V.check_finite("x", x2)
         if is_cupy_array(x2):
@@ -108,18 +114,21 @@ class GroupedTensor:
             parts = grouped.grouped_quantize(
                 x2, splits, format, rowwise=rowwise, columnwise=columnwise,
                 row_scaled=row_scaled, block_2d=block_2d, rht=rht,
-                stochastic_rounding=stochastic_rounding, seed=seed, fp8_dtype=fp8_dtype)
+                stochastic_rounding=stochastic_rounding, seed=seed, fp8_dtype=fp8_dtype,
+                first_member=first_member)
         else:
             parts = _grouped_quantize_reference(
                 x2, splits, format, rowwise=rowwise, columnwise=columnwise,
                 row_scaled=row_scaled, block_2d=block_2d, rht=rht,
-                stochastic_rounding=stochastic_rounding, seed=seed, fp8_dtype=fp8_dtype)
+                stochastic_rounding=stochastic_rounding, seed=seed, fp8_dtype=fp8_dtype,
+                first_member=first_member)
         return GroupedTensor(format=format, shape=(m_total, k), splits=splits,
                              offsets=_offsets(splits),
                              fp8_dtype=fp8_dtype if format == "mxfp8" else None,
                              row_scaled=row_scaled, block_2d=block_2d,
                              rht=bool(rht and columnwise),
-                             stochastic_rounding=stochastic_rounding, seed=seed, **parts)
+                             stochastic_rounding=stochastic_rounding, seed=seed,
+                             first_member=first_member, **parts)
 
     @staticmethod
     def from_mxfp8_rowwise(data, scale, splits, *, fp8_dtype: str = "e4m3") -> "GroupedTensor":
@@ -221,7 +230,7 @@ class GroupedTensor:
         return QuantizedTensor(format=self.format, shape=(hi - lo, k), fp8_dtype=self.fp8_dtype,
                                row_scaled=self.row_scaled, block_2d=self.block_2d, rht=self.rht,
                                stochastic_rounding=self.stochastic_rounding, seed=self.seed,
-                               member_index=g, **fields)
+                               member_index=self.first_member + g, **fields)
 
     def dequantize(self, direction: str = "rowwise", dtype="float32"):
         """Dequantize every member and return ``[M_total, K]`` of ``dtype``."""
@@ -255,14 +264,15 @@ def _offsets(splits) -> np.ndarray:
 
 
 def _grouped_quantize_reference(x2, splits, fmt, *, rowwise, columnwise, row_scaled, block_2d,
-                                rht, stochastic_rounding, seed, fp8_dtype) -> dict:
+                                rht, stochastic_rounding, seed, fp8_dtype,
+                                first_member: int = 0) -> dict:
     """NumPy: quantize each member alone and pack the results (see module docstring)."""
     m_total, k = x2.shape
     offs = _offsets(splits)
     members = [_quantize_2d(x2[offs[g]:offs[g + 1]], fmt, rowwise=rowwise, columnwise=columnwise,
                             row_scaled=row_scaled, block_2d=block_2d, rht=rht,
                             stochastic_rounding=stochastic_rounding, seed=seed,
-                            fp8_dtype=fp8_dtype, member=g)
+                            fp8_dtype=fp8_dtype, member=first_member + g)
                for g in range(len(splits))]
     out: dict = {}
     if rowwise:

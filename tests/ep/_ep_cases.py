@@ -23,12 +23,14 @@ WIRES = {
     "mxfp8-hybrid": ("mxfp8-hybrid", "mxfp8", "mxfp8"),
     "mxfp8-bf16-wire": ("mxfp8", "bf16", "bf16"),
     "bf16": ("bf16", "bf16", "bf16"),
+    # stochastic rounding: the ranks' experts round as the global experts of one process
+    "nvfp4-sr": ("nvfp4", "bf16", "bf16"),
 }
 
 
 def recipe_of(name: str):
     return {"mxfp8": lpm.Recipe.mxfp8(), "mxfp8-hybrid": lpm.Recipe.mxfp8(fp8_format="hybrid"),
-            "bf16": lpm.Recipe.bf16()}[name]
+            "bf16": lpm.Recipe.bf16(), "nvfp4": lpm.Recipe.nvfp4()}[name]
 
 
 def problem(world: int, case: str, seed: int = 0) -> dict:

@@ -244,3 +244,35 @@ def test_swizzle_round_trip_grouped(xp, fmt, direction):
     assert len(back) == 7
     for i, (b, s) in enumerate(zip(back, scales)):
         assert_bytes_equal(b, s, f"member {i}")
+
+
+@pytest.mark.parametrize("rht", [False, True])
+def test_first_member_numbers_the_rounding_stream(xp, rht):
+    """Members 2.. quantized alone with first_member=2 round (stochastic rounding, RHT) exactly
+    as members 2.. of the whole tensor: an expert-parallel rank holding experts 2.. matches one
+    process holding them all."""
+    rng = np.random.default_rng(31)
+    splits = [48, 16, 32, 0, 64]
+    x = rng.standard_normal((sum(splits), 64)).astype(ml_dtypes.bfloat16)
+    opts = dict(columnwise=True, stochastic_rounding=True, rht=rht, seed=7)
+    whole = lpm.GroupedTensor.quantize(xp.asarray(x), splits, "nvfp4", **opts)
+    part = lpm.GroupedTensor.quantize(xp.asarray(x[64:]), splits[2:], "nvfp4", first_member=2,
+                                      **opts)
+    shifted = lpm.GroupedTensor.quantize(xp.asarray(x[64:]), splits[2:], "nvfp4", **opts)
+    for g in range(len(splits) - 2):
+        a, b = part.member(g), whole.member(g + 2)
+        assert a.member_index == b.member_index == g + 2
+        assert_bytes_equal(a.rowwise_data, b.rowwise_data, f"member {g + 2} rowwise")
+        assert_bytes_equal(a.columnwise_data, b.columnwise_data, f"member {g + 2} columnwise")
+    differs = any(not np.array_equal(to_host(shifted.member(g).rowwise_data),
+                                     to_host(whole.member(g + 2).rowwise_data))
+                  for g in range(len(splits) - 2) if splits[g + 2])
+    assert differs, "member index 0.. and 2.. gave the same stochastic rounding"
+
+
+def test_first_member_is_checked():
+    x = np.zeros((32, 32), np.float32)
+    with pytest.raises(TypeError, match="first_member"):
+        lpm.GroupedTensor.quantize(x, [16, 16], "nvfp4", first_member=1.5)
+    with pytest.raises(ValueError, match="first_member"):
+        lpm.GroupedTensor.quantize(x, [16, 16], "nvfp4", first_member=2**32 - 1)

@@ -307,7 +307,7 @@ def quantize_nvfp4(x2d, *, rowwise: bool = True, columnwise: bool = False,
 def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: bool = False,
                            row_scaled: bool = False, block_2d: bool = False, rht: bool = False,
                            stochastic_rounding: bool = False, seed: int = 0,
-                           amax=None) -> dict:
+                           amax=None, first_member: int = 0) -> dict:
     """Quantize every member of ``x2d`` ``[M_total, K]`` (rows split by ``splits``).
 
     One launch per kernel stage covers all members. The result holds the fields of
@@ -315,7 +315,7 @@ def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: boo
     ``[M_total, ...]``; flat columnwise data and scales with host int64 ``columnwise_data_offsets``
     / ``columnwise_scale_offsets`` ``[G+1]``; ``amax_rowwise`` ``[G]`` (row-scaled:
     ``[M_total]``) and ``amax_columnwise`` ``[G]`` (row-scaled: ``[G, K]``). Member ``g`` uses
-    member index ``g`` in the stochastic-rounding stream.
+    member index ``first_member + g`` in the stochastic-rounding stream.
 
     ``amax`` (optional): the precomputed ``(amax_rowwise, amax_columnwise)`` pair, float32 CuPy
     arrays on x's device with the shapes of the result (per tensor ``[G]`` and ``[G]``, the
@@ -331,7 +331,7 @@ def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: boo
         raise ValueError(f"splits={splits} must be non-negative and sum to M={m_total}")
     if amax is not None:
         amax = _check_amax(amax, x, len(splits), row_scaled)
-    r = _quantize_core(x, splits, grouped=True, member_base=0, rowwise=rowwise,
+    r = _quantize_core(x, splits, grouped=True, member_base=first_member, rowwise=rowwise,
                        columnwise=columnwise, row_scaled=row_scaled, block_2d=block_2d, rht=rht,
                        stochastic_rounding=stochastic_rounding, seed=seed, amax=amax)
     out: dict = {}
