@@ -125,9 +125,10 @@ def test_sigterm_inside_a_conversion_leaves_no_temporary_file(tmp_path):
 @pytest.mark.skipif(os.name != "posix", reason="POSIX signals")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_cli_killed_by_a_signal_cleans_up(tmp_path, sig):
+    # big enough that the conversion outlives the first temporary file by ~0.5 s on 2 cores
     rng = np.random.default_rng(0)
     lio.save(tmp_path / "big.safetensors",
-             {f"l{i}.weight": rng.standard_normal((1024, 2048), np.float32) for i in range(12)})
+             {f"l{i}.weight": rng.standard_normal((1024, 2048), np.float32) for i in range(48)})
     p = subprocess.Popen([sys.executable, "-m", "lowprec_moe.cli", "quantize",
                           "big.safetensors", "q.npz", "--format", "nvfp4", "--device", "cpu"],
                          cwd=tmp_path, stderr=subprocess.PIPE, text=True)
