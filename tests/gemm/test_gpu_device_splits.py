@@ -122,3 +122,43 @@ def test_unsupported_device_split_cases_say_so():
         G.grouped_gemm_fprop(x, w, ds.reshape(2, 2))
     with pytest.raises(TypeError, match="numpy"):
         G.grouped_gemm_fprop(x.get(), w.get(), ds)
+
+
+@pytest.mark.parametrize("g", [1, 7, 256, 300, 3000])
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_split_table_kernels_equal_their_twins(g, dtype):
+    """raw_kernels/layouts/splits.cu against the array-operation twins, on valid splits and on
+    splits with negative counts, counts past M and sums past M (the clamp), with more experts
+    than the CTA's threads."""
+    import cupy as cp
+
+    from lowprec_moe.backends.cupy import splits_kernels as SK
+    from lowprec_moe.backends.cupy.gemm import device_splits as DS
+    from lowprec_moe.backends.cupy.splits import member_tables
+
+    rng = np.random.default_rng(g)
+    m, bm = 5000, 128
+    static = rng.integers(-2**40, 2**40, (g, 16)).astype(np.int64)
+    c_row0 = rng.integers(-4, 5, 16).astype(np.int64)
+    c_rows = rng.integers(-4, 5, 16).astype(np.int64)
+    for case in range(4):
+        s = random_splits(rng, m, g)
+        if case == 1:
+            s = rng.integers(-50, 60, g)
+        elif case == 2:
+            s[rng.integers(0, g)] = 2**31 - 1 if dtype == "int32" else 2**62
+        elif case == 3:
+            s = np.zeros(g, np.int64)
+        s = s.astype(dtype)
+        ds = cp.asarray(s)
+        row_off, tile_off = SK.offsets(ds, m, bm)
+        want_rows, want_tiles = member_tables(np, s, m, bm)
+        assert_bytes_equal(row_off, want_rows, f"row offsets, case {case}")
+        assert_bytes_equal(tile_off, want_tiles, f"tile offsets, case {case}")
+        entries = DS.max_row_tiles(m, g, bm)
+        desc, tiles = SK.gemm_tables(row_off, tile_off, m, cp.asarray(static), cp.asarray(c_row0),
+                                     cp.asarray(c_rows), bm, entries)
+        row0, rows = DS.clamped_rows(np, s, m)
+        assert_bytes_equal(desc, DS.device_descriptors(np, static, c_row0, c_rows, row0, rows),
+                           f"descriptors, case {case}")
+        assert_bytes_equal(tiles, DS.device_tile_table(np, rows, m, bm), f"tiles, case {case}")

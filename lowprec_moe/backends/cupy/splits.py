@@ -8,7 +8,9 @@ neither waits for the GPU nor breaks a CUDA-graph capture. Splits are not checke
 inside ``[0, M)`` whatever they hold.
 
 Every function takes the array module ``xp`` (NumPy or CuPy) and uses only operations both
-share, so the CPU tests compare them with the host tables bit for bit.
+share, so the CPU tests compare them with the host tables bit for bit. They are also the twins
+of the kernels in ``raw_kernels/layouts/splits.cu`` (:mod:`.splits_kernels`), which build the
+GEMM's tables in two launches.
 """
 
 from __future__ import annotations
@@ -18,8 +20,9 @@ import numpy as np
 
 def clamped_rows(xp, splits, m_total: int):
     """Per expert ``(row0, rows)``, int64: negative counts act as 0 and counts past ``M`` are cut
-    there; for valid splits, the offsets and the splits themselves."""
-    s = xp.maximum(splits.astype(xp.int64), 0)
+    there; for valid splits, the offsets and the splits themselves. (Each count is first cut to
+    ``[0, M]``, so the running sum cannot overflow.)"""
+    s = xp.minimum(xp.maximum(splits.astype(xp.int64), 0), np.int64(m_total))
     end = xp.minimum(xp.cumsum(s), np.int64(m_total))
     row0 = xp.concatenate([xp.zeros(1, dtype=xp.int64), end[:-1]])
     return row0, end - row0

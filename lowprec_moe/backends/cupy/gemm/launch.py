@@ -41,6 +41,7 @@ import numpy as np
 
 from lowprec_moe import config, kernels, quant_formats
 from lowprec_moe.backends.cupy import tables
+from lowprec_moe.backends.cupy import splits_kernels as SK
 from lowprec_moe.backends.cupy.gemm import device_splits as DS
 from lowprec_moe.backends.cupy.gemm.balance import ragged_tile_list, ragged_tile_table
 from lowprec_moe.backends.cupy.gemm.compile import kernel_function
@@ -244,14 +245,18 @@ def _prepare_device_splits(p, arrays, kernel: str):
 
 def _device_tables_of_call(p, prep):
     """The prepared launch with this call's descriptor (and M-grouped tile) table, built on the
-    device from ``p.device_splits`` (nothing is read back)."""
-    import cupy as cp
-
-    row0, rows = DS.clamped_rows(cp, p.device_splits, p.m_total)
+    device from ``p.device_splits`` in two launches (``raw_kernels/layouts/splits.cu``; NumPy
+    twins in :mod:`.device_splits`); nothing is read back."""
+    bm = prep["launch"].bm
+    row_off, tile_off = SK.offsets(p.device_splits, p.m_total, bm)
+    m_grouped = prep["tiles"] is None
+    desc, tiles = SK.gemm_tables(row_off, tile_off, p.m_total, *prep["coefs"], bm,
+                                 DS.max_row_tiles(p.m_total, p.num_groups, bm) if m_grouped
+                                 else None)
     call = dict(prep)
-    call["desc"] = DS.device_descriptors(cp, *prep["coefs"], row0, rows)
-    if call["tiles"] is None:
-        call["tiles"] = DS.device_tile_table(cp, rows, p.m_total, prep["launch"].bm)
+    call["desc"] = desc
+    if m_grouped:
+        call["tiles"] = tiles
     return call
 
 

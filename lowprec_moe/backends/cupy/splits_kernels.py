@@ -1,0 +1,58 @@
+"""Launchers of ``raw_kernels/layouts/splits.cu``: the grouped GEMM's tables from device splits
+in two launches (NumPy / CuPy twins: :mod:`.splits`, :mod:`.gemm.device_splits`).
+
+* :func:`offsets` -- clamped row offsets and tile offsets ``[G+1]`` (one CTA);
+* :func:`gemm_tables` -- the descriptor table ``static + row0 * c_row0 + rows * c_rows`` and,
+  for an M-grouped launch, the padded tile table.
+
+Both enqueue on the current stream and read nothing back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from lowprec_moe import kernels
+
+MODULE = "splits"
+#: threads per CTA (kSplitsThreads)
+THREADS = 256
+#: words per descriptor (kDescWords)
+DESC_WORDS = 16
+
+
+def offsets(splits, m_total: int, rows_per_tile: int):
+    """``(row_off, tile_off)``: int64 device arrays ``[G+1]`` of the clamped splits (as
+    :func:`lowprec_moe.backends.cupy.splits.member_tables`)."""
+    import cupy as cp
+
+    if splits.dtype == np.int64 or splits.dtype == np.int32:
+        s = cp.ascontiguousarray(splits)
+    else:
+        s = cp.ascontiguousarray(splits.astype(cp.int64))
+    g = int(s.size)
+    row_off = cp.empty(g + 1, dtype=cp.int64)
+    tile_off = cp.empty(g + 1, dtype=cp.int64)
+    kernels.get_function(MODULE, "lpm_splits_offsets")(
+        (1,), (THREADS,), (s, np.int32(s.dtype == np.int64), np.int64(g), np.int64(m_total),
+                           np.int64(rows_per_tile), row_off, tile_off))
+    return row_off, tile_off
+
+
+def gemm_tables(row_off, tile_off, m_total: int, static_desc, c_row0, c_rows, bm: int,
+                entries: int | None):
+    """``(desc, tiles)``: the descriptor table int64 ``[G, 16]`` and, with ``entries``, the tile
+    table int32 ``[entries, 2]`` (else None) of a launch with ``bm``-row tiles."""
+    import cupy as cp
+
+    g = int(row_off.size) - 1
+    desc = cp.empty((g, DESC_WORDS), dtype=cp.int64)
+    tiles = None if entries is None else cp.empty((entries, 2), dtype=cp.int32)
+    n = max(g * DESC_WORDS, entries or 0)
+    if n:
+        kernels.get_function(MODULE, "lpm_gemm_split_tables")(
+            (-(-n // THREADS),), (THREADS,),
+            (row_off, tile_off, np.int64(g), np.int64(m_total), static_desc, c_row0, c_rows,
+             desc, tiles if tiles is not None else np.uint64(0), np.int64(entries or 0),
+             np.int64(bm)))
+    return desc, tiles

@@ -1,0 +1,120 @@
+// lowprec_moe: per-expert tables from splits that live on the device (NUMERICS §7.5).
+//
+// The NumPy twin is lowprec_moe/backends/cupy/splits.py and gemm/device_splits.py (the same
+// functions run on NumPy arrays in the CPU tests); the launcher is
+// lowprec_moe/backends/cupy/splits_kernels.py.
+//
+// lpm_splits_offsets (one CTA): the splits clamped so that no row outside [0, M) is ever
+// addressed -- each count cut to [0, M], the running end cut at M -- as row offsets row_off
+// [G+1] (expert g owns rows row_off[g] .. row_off[g+1]-1) and tile offsets tile_off [G+1] of
+// tiles of `rows_per_tile` rows (expert g owns tiles tile_off[g] .. tile_off[g+1]-1). Two block
+// scans over G; G may exceed the CTA's threads (each thread takes a run of experts).
+//
+// lpm_gemm_split_tables: from those offsets, the grouped GEMM's descriptor table desc [G, 16] =
+// static + row0 * c_row0 + rows * c_rows (per word) and, when tiles != nullptr, its M-grouped
+// tile table [entries, 2] of (expert, row tile): real tiles in expert order, then (0, pad) with
+// pad * BM >= M (no valid row; the GEMM kernels skip them). One thread per output word.
+// All indices are 64-bit; nothing is read back by the host.
+
+#include "lpm_formats.cuh"
+
+namespace {
+
+constexpr int kSplitsThreads = 256;
+constexpr int kDescWords = 16;
+
+// Exclusive scan of one value per thread over the CTA (serial over the partials: the CTA is
+// small and this runs once per call). Every thread of the CTA must call it.
+__device__ long long block_exclusive_scan(long long v) {
+    __shared__ long long part[kSplitsThreads];
+    __syncthreads();  // an earlier scan's reads are done
+    part[threadIdx.x] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long long run = 0;
+        for (int t = 0; t < kSplitsThreads; ++t) {
+            const long long x = part[t];
+            part[t] = run;
+            run += x;
+        }
+    }
+    __syncthreads();
+    return part[threadIdx.x];
+}
+
+// Count g cut to [0, M] (so that sums of G of them cannot overflow).
+__device__ __forceinline__ long long clamped_split(const void* splits, int is64, long long g,
+                                                   long long M) {
+    const long long s = is64 ? static_cast<const long long*>(splits)[g]
+                             : static_cast<long long>(static_cast<const int*>(splits)[g]);
+    return s < 0 ? 0 : (s > M ? M : s);
+}
+
+}  // namespace
+
+extern "C" __global__ void __launch_bounds__(kSplitsThreads)
+    lpm_splits_offsets(const void* __restrict__ splits, int is64, long long G, long long M,
+                       long long rows_per_tile, long long* __restrict__ row_off,
+                       long long* __restrict__ tile_off) {
+    // thread t takes experts g0 .. g1 - 1
+    const long long per = (G + kSplitsThreads - 1) / kSplitsThreads;
+    const long long g0 = static_cast<long long>(threadIdx.x) * per;
+    const long long g1 = g0 + per < G ? g0 + per : G;
+    long long local = 0;
+    for (long long g = g0; g < g1; ++g) local += clamped_split(splits, is64, g, M);
+    const long long first = block_exclusive_scan(local);  // rows before g0, before the cut
+    // row offsets (the running end cut at M) and this thread's tile count
+    long long run = first, prev = first < M ? first : M, tiles_local = 0;
+    for (long long g = g0; g < g1; ++g) {
+        run += clamped_split(splits, is64, g, M);
+        const long long end = run < M ? run : M;
+        row_off[g + 1] = end;
+        tiles_local += (end - prev + rows_per_tile - 1) / rows_per_tile;
+        prev = end;
+    }
+    long long t = block_exclusive_scan(tiles_local);
+    run = first;
+    prev = first < M ? first : M;
+    for (long long g = g0; g < g1; ++g) {
+        run += clamped_split(splits, is64, g, M);
+        const long long end = run < M ? run : M;
+        t += (end - prev + rows_per_tile - 1) / rows_per_tile;
+        tile_off[g + 1] = t;
+        prev = end;
+    }
+    if (threadIdx.x == 0) {
+        row_off[0] = 0;
+        tile_off[0] = 0;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(kSplitsThreads)
+    lpm_gemm_split_tables(const long long* __restrict__ row_off,
+                          const long long* __restrict__ tile_off, long long G, long long M,
+                          const long long* __restrict__ static_desc,
+                          const long long* __restrict__ c_row0,
+                          const long long* __restrict__ c_rows, long long* __restrict__ desc,
+                          int* __restrict__ tiles, long long entries, long long bm) {
+    const long long i = static_cast<long long>(blockIdx.x) * kSplitsThreads + threadIdx.x;
+    if (i < G * kDescWords) {
+        const long long g = i / kDescWords, w = i % kDescWords;
+        const long long row0 = row_off[g], rows = row_off[g + 1] - row0;
+        desc[i] = static_desc[i] + row0 * c_row0[w] + rows * c_rows[w];
+    }
+    if (tiles != nullptr && i < entries) {
+        // the expert whose tiles hold entry i: the last g with tile_off[g] <= i (g < G)
+        long long lo = 0, hi = G;
+        while (hi - lo > 1) {
+            const long long mid = (lo + hi) >> 1;
+            if (tile_off[mid] <= i) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        const bool real = i < tile_off[G];
+        tiles[2 * i] = real ? static_cast<int>(lo) : 0;
+        tiles[2 * i + 1] = real ? static_cast<int>(i - tile_off[lo])
+                                : static_cast<int>((M + bm - 1) / bm);
+    }
+}
