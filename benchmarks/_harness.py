@@ -198,8 +198,49 @@ def add_common_args(ap, recipes) -> None:
     ap.add_argument("--no-torch", action="store_true", help="skip the torch peer")
     ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu",
                     help="cpu: NumPy reference on tiny shapes (smoke test of the harness)")
+    ap.add_argument("--launch", default="host,device,graph",
+                    help="comma-separated launch modes of our step: host (host splits), device "
+                         "(splits as a device array), graph (the device-splits step captured "
+                         "into a CUDA graph once and replayed); GPU only beyond host")
     ap.add_argument("--json", default=None, help="also write the results to this JSON file")
     ap.add_argument("--verbose", action="store_true", help="print tracebacks of errors")
+
+
+LAUNCH_MODES = ("host", "device", "graph")
+
+
+def step_variants(be, modes, step, splits):
+    """``(label suffix, fn)`` per launch mode of ``step(splits)``: ``""`` with host splits,
+    ``"@device"`` with the splits as a device array, ``"@graph"`` the device-splits step
+    captured into a CUDA graph (after two eager calls; its own memory pool) and replayed on the
+    current stream. A mode the step cannot take raises when its fn is built or first called."""
+    out = []
+    for mode in modes:
+        if mode == "host":
+            out.append(("", lambda: step(splits)))
+            continue
+        if not be.gpu:
+            continue
+        cp = be.xp
+        ds = cp.asarray(np.asarray(splits, dtype=np.int64))
+        if mode == "device":
+            out.append(("@device", lambda ds=ds: step(ds)))
+            continue
+
+        def build(ds=ds):
+            pool = cp.cuda.MemoryPool()
+            stream = cp.cuda.Stream(non_blocking=True)
+            with cp.cuda.using_allocator(pool.malloc), stream:
+                step(ds)
+                step(ds)
+                stream.synchronize()
+                stream.begin_capture()
+                kept = step(ds)
+                graph = stream.end_capture()
+            return lambda: graph.launch(cp.cuda.get_current_stream()), (pool, kept)
+
+        out.append(("@graph", build))
+    return out
 
 
 def finish_args(args):
@@ -207,6 +248,10 @@ def finish_args(args):
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)
     args.reps = args.reps if args.reps is not None else (3 if args.quick else 10)
     args.budget = args.budget if args.budget is not None else (2.0 if args.quick else 10.0)
+    args.launch = [s.strip() for s in args.launch.split(",") if s.strip()]
+    bad = [m for m in args.launch if m not in LAUNCH_MODES]
+    if bad:
+        raise SystemExit(f"--launch: unknown mode(s) {bad}; choose from {LAUNCH_MODES}")
     return args
 
 

@@ -22,6 +22,12 @@ step, NUMERICS target). ``err y`` is the relative error (Frobenius) of the recip
 bf16 recipe on the same data, a sanity check of the kernels. Every case runs in its own
 try / except: an error is printed and the run goes on.
 
+Launch modes (``--launch``, default all three): ``host`` -- splits as host ints, as most callers
+pass them today; ``device`` -- splits as a device array (the router's counts stay on the GPU;
+the rows say ``@device``); ``graph`` -- the device-splits step captured into a CUDA graph once
+and replayed (``@graph``). The quantized recipes take host splits only so far: their device and
+graph rows report the ``NotImplementedError``.
+
 ``--device cpu`` runs the same harness on the NumPy reference (tiny shapes only: a smoke test).
 """
 
@@ -46,7 +52,7 @@ except ImportError:  # running from a checkout that is not installed
 
 
 from _harness import (Backend, add_common_args, finish_args, recipes, rel_err,  # noqa: E402
-                      release_torch, select, time_torch_step, torch_module)
+                      release_torch, select, step_variants, time_torch_step, torch_module)
 
 RECIPES = recipes(lpm)
 
@@ -127,34 +133,38 @@ def bench_ours(be: Backend, case: Case, recipe_names, args,
     try:
         for rname in recipe_names:
             recipe = RECIPES[rname]
-            row = {"case": case.name, "impl": "ours", "recipe": rname, "ms": None,
-                   "reps": 0, "err_y": None, "error": None}
-            step_no = [0]
 
-            def step():
-                step_no[0] += 1
-                y, ctx = lpm.grouped_linear_forward(x, splits, w, recipe=recipe,
-                                                    seed=step_no[0])
+            def step(splits_arg, recipe=recipe):
+                y, ctx = lpm.grouped_linear_forward(x, splits_arg, w, recipe=recipe, seed=1)
                 grads = lpm.grouped_linear_backward(dy, ctx)
                 return y, grads
 
-            try:
-                row["ms"], row["reps"] = be.time_ms(step, warmup=args.warmup, reps=args.reps,
-                                                    budget_s=args.budget)
-                y, _ = step()
-                if rname == "bf16":
-                    y_ref = y
-                    row["err_y"] = 0.0
-                elif y_ref is not None:
-                    row["err_y"] = rel_err(xp, y, y_ref)
-                del y
-            except Exception as exc:  # keep going: report and move on
-                row["error"] = f"{type(exc).__name__}: {exc}"
-                if args.verbose:
-                    traceback.print_exc()
-                be.free()
-            rows.append(row)
-            report(row, case, torch_ms)
+            for suffix, fn in step_variants(be, args.launch, step, splits):
+                label = rname + suffix
+                row = {"case": case.name, "impl": "ours", "recipe": label, "ms": None,
+                       "reps": 0, "err_y": None, "error": None}
+                keep = None
+                try:
+                    if suffix == "@graph":
+                        fn, keep = fn()
+                    row["ms"], row["reps"] = be.time_ms(fn, warmup=args.warmup,
+                                                        reps=args.reps, budget_s=args.budget)
+                    if suffix == "":
+                        y, _ = step(splits)
+                        if rname == "bf16":
+                            y_ref = y
+                            row["err_y"] = 0.0
+                        elif y_ref is not None:
+                            row["err_y"] = rel_err(xp, y, y_ref)
+                        del y
+                except Exception as exc:  # keep going: report and move on
+                    row["error"] = f"{type(exc).__name__}: {exc}"
+                    if args.verbose:
+                        traceback.print_exc()
+                    be.free()
+                del keep
+                rows.append(row)
+                report(row, case, torch_ms)
     finally:
         del x, w, dy, y_ref
         be.free()
@@ -283,6 +293,8 @@ def main(argv=None) -> int:
         ap.error("needs CuPy and a CUDA GPU (use --device cpu for a smoke test of the harness)")
     cases = smoke_cases() if args.device == "cpu" else spec_cases(0.25 if args.quick else 1.0)
     recipe_names, cases = select(ap, args, RECIPES, cases)
+    modes = args.launch if args.device == "gpu" else ["host"]
+    labels = [r + ("" if m == "host" else f"@{m}") for r in recipe_names for m in modes]
 
     be = Backend(args.device)
     torch = torch_module(args)
@@ -311,7 +323,7 @@ def main(argv=None) -> int:
             if args.verbose:
                 traceback.print_exc()
             be.free()
-    summary(results, cases, recipe_names)
+    summary(results, cases, labels)
     print(f"\ntotal {time.perf_counter() - t_start:.1f} s")
     if args.json:
         payload = {"device": be.name, "torch": getattr(torch, "__version__", None),

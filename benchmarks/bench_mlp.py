@@ -28,6 +28,10 @@ sample times ``--act-inner`` back-to-back calls (host overhead overlapped). ``--
 just these rows (a microbenchmark of the activation step, fused vs unfused, at full size unless
 ``--quick``).
 
+Launch modes of the step (``--launch``, default all three): ``host`` splits, ``device`` splits
+(``@device`` rows) and the device-splits step captured into a CUDA graph and replayed
+(``@graph``), as in ``bench_linear.py``; the quantized recipes take host splits only so far.
+
 Timing: random data (never zeros), warm-up (the first call compiles the kernels), CUDA events,
 medians. Reported: ms, TFLOP/s (``6 M (K 2F + F K)`` per step), ``vs torch`` = torch ms / our ms
 (> 1: faster than the torch bf16 step) and ``err y`` = relative error (Frobenius) of y against
@@ -59,7 +63,7 @@ except ImportError:  # running from a checkout that is not installed
 from lowprec_moe.layers.activations import activation_backward, activation_forward, make_activation
 
 from _harness import (Backend, add_common_args, finish_args, recipes, rel_err,  # noqa: E402
-                      release_torch, select, time_torch_step, torch_module)
+                      release_torch, select, step_variants, time_torch_step, torch_module)
 
 RECIPES = recipes(lpm)
 
@@ -122,36 +126,41 @@ def bench_ours(be: Backend, case: Case, recipe_names, args, torch_ms=None) -> li
     try:
         for rname, fused in variants:
             recipe = RECIPES[rname]
-            label = rname if fused else f"{rname} (unfused)"
-            row = {"case": case.name, "impl": "ours", "recipe": label, "ms": None, "reps": 0,
-                   "err_y": None, "error": None}
-            step_no = [0]
 
-            def step(recipe=recipe, fused=fused, step_no=step_no):
-                step_no[0] += 1
-                y, ctx = lpm.grouped_mlp_forward(d["x"], splits, d["w1"], d["w2"],
+            def step(splits_arg, recipe=recipe, fused=fused):
+                y, ctx = lpm.grouped_mlp_forward(d["x"], splits_arg, d["w1"], d["w2"],
                                                  probs=d["probs"], activation="swiglu",
-                                                 recipe=recipe, seed=step_no[0], fused=fused)
+                                                 recipe=recipe, seed=1, fused=fused)
                 grads = lpm.grouped_mlp_backward(d["dy"], ctx)
                 return y, grads
 
-            try:
-                row["ms"], row["reps"] = be.time_ms(step, warmup=args.warmup, reps=args.reps,
-                                                    budget_s=args.budget)
-                y, _ = step()
-                if rname == "bf16":
-                    d["y_ref"] = y
-                    row["err_y"] = 0.0
-                elif d["y_ref"] is not None:
-                    row["err_y"] = rel_err(xp, y, d["y_ref"])
-                del y
-            except Exception as exc:
-                row["error"] = f"{type(exc).__name__}: {exc}"
-                if args.verbose:
-                    traceback.print_exc()
-                be.free()
-            rows.append(row)
-            report(row, case, torch_ms)
+            modes = args.launch if fused else ["host"]
+            for suffix, fn in step_variants(be, modes, step, splits):
+                label = (rname if fused else f"{rname} (unfused)") + suffix
+                row = {"case": case.name, "impl": "ours", "recipe": label, "ms": None,
+                       "reps": 0, "err_y": None, "error": None}
+                keep = None
+                try:
+                    if suffix == "@graph":
+                        fn, keep = fn()
+                    row["ms"], row["reps"] = be.time_ms(fn, warmup=args.warmup,
+                                                        reps=args.reps, budget_s=args.budget)
+                    if suffix == "":
+                        y, _ = step(splits)
+                        if rname == "bf16":
+                            d["y_ref"] = y
+                            row["err_y"] = 0.0
+                        elif d["y_ref"] is not None:
+                            row["err_y"] = rel_err(xp, y, d["y_ref"])
+                        del y
+                except Exception as exc:
+                    row["error"] = f"{type(exc).__name__}: {exc}"
+                    if args.verbose:
+                        traceback.print_exc()
+                    be.free()
+                del keep
+                rows.append(row)
+                report(row, case, torch_ms)
     finally:
         d.clear()
         be.free()
