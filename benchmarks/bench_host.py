@@ -18,6 +18,7 @@ Rows:
 * ``quantize <format>``: one ``GroupedTensor.quantize`` (rowwise + columnwise).
 * ``linear <recipe>``: ``grouped_linear_forward`` + ``grouped_linear_backward`` with host splits.
 * ``mlp <recipe>``: ``grouped_mlp_forward`` + ``grouped_mlp_backward`` (SwiGLU, probs).
+* ``... @device``: the same call with the splits as a device array (bf16 paths).
 
 Targets: <= 30 us per grouped GEMM call, <= 250 us per GroupedLinear forward + backward.
 ``--profile RECIPE`` also writes a cProfile of the linear step of that recipe (the 40 most
@@ -35,6 +36,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -92,21 +95,29 @@ def cases(be: Backend):
         rows.append((f"quantize {fmt}",
                      lambda fmt=fmt: lpm.GroupedTensor.quantize(x, splits, fmt,
                                                                 columnwise=True)))
+    ds = xp.asarray(np.asarray(splits, dtype=np.int64))  # device splits (bf16 paths)
+    rows.append(("gemm bf16 fprop @device",
+                 lambda: G.grouped_gemm_fprop(x, w, ds, out=out_f)))
+    rows.append(("gemm bf16 wgrad @device",
+                 lambda: G.grouped_gemm_wgrad(dy, x, ds, out=out_w)))
     w1 = be.randn((g, 2 * N, K), 5, 1.0 / math.sqrt(K))
     w2 = be.randn((g, K, N), 6, 1.0 / math.sqrt(N))
     dy2 = be.randn((m, K), 7, 1.0 / math.sqrt(m))
     for rname, recipe in recipes(lpm).items():
-        def linear(recipe=recipe):
-            y, ctx = lpm.grouped_linear_forward(x, splits, w, recipe=recipe, seed=1)
+        def linear(recipe=recipe, splits_arg=splits):
+            y, ctx = lpm.grouped_linear_forward(x, splits_arg, w, recipe=recipe, seed=1)
             return lpm.grouped_linear_backward(dy, ctx)
 
-        def mlp(recipe=recipe):
-            y, ctx = lpm.grouped_mlp_forward(x, splits, w1, w2, probs=probs, recipe=recipe,
+        def mlp(recipe=recipe, splits_arg=splits):
+            y, ctx = lpm.grouped_mlp_forward(x, splits_arg, w1, w2, probs=probs, recipe=recipe,
                                              seed=1)
             return lpm.grouped_mlp_backward(dy2, ctx)
 
         rows.append((f"linear {rname}", linear))
         rows.append((f"mlp {rname}", mlp))
+        if rname == "bf16":
+            rows.append(("linear bf16 @device", lambda: linear(splits_arg=ds)))
+            rows.append(("mlp bf16 @device", lambda: mlp(splits_arg=ds)))
     return rows
 
 
