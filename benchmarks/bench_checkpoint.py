@@ -7,6 +7,7 @@ chosen automatically when they are present.
 
     python benchmarks/bench_checkpoint.py                      # 1 GB, cpu (and gpu if present)
     python benchmarks/bench_checkpoint.py --size-mb 256 --device cpu --format mxfp8
+    python benchmarks/bench_checkpoint.py --device gpu --breakdown   # where the GPU time goes
 
 The input is synced to disk and sits in the page cache (a warm read, what a second run on a
 real checkpoint sees); the output is written to the same directory.
@@ -68,6 +69,49 @@ def startup_seconds() -> float:
     return time.perf_counter() - t0
 
 
+def breakdown(src: str, fmt: str) -> None:
+    """Where a GPU conversion's time goes, phase by phase, in this process (not the CLI's
+    pipeline, which overlaps them): CuPy import and CUDA context, reading every tensor from the
+    page cache, host-to-device copies, quantization (kernels compiled by a first call),
+    device-to-host copies of the results. Each phase synchronises before its clock stops."""
+    import time as _t
+
+    t0 = _t.perf_counter()
+    import cupy as cp
+
+    cp.cuda.runtime.getDeviceCount()
+    cp.zeros(1).sum().get()  # context, memory pool
+    phases = {"cupy import + CUDA context": _t.perf_counter() - t0}
+    import lowprec_moe as lpm
+    from lowprec_moe.io.arrays import open_arrays
+
+    f = open_arrays(src)
+    names = list(f.keys())
+    t0 = _t.perf_counter()
+    host = [np.ascontiguousarray(f.get(n)) for n in names]
+    phases["read (page cache -> host memory)"] = _t.perf_counter() - t0
+    total = sum(a.nbytes for a in host)
+    t0 = _t.perf_counter()
+    dev = [cp.asarray(a) for a in host]
+    cp.cuda.Device().synchronize()
+    phases["host -> device"] = _t.perf_counter() - t0
+    lpm.quantize(dev[0][:64].reshape(-1, dev[0].shape[-1]), fmt)  # compile / load kernels
+    cp.cuda.Device().synchronize()
+    t0 = _t.perf_counter()
+    out = [lpm.quantize(a.reshape(-1, a.shape[-1]), fmt) for a in dev]
+    cp.cuda.Device().synchronize()
+    phases["quantize (GPU)"] = _t.perf_counter() - t0
+    t0 = _t.perf_counter()
+    back = [(q.rowwise_data.get(), q.rowwise_scale.get()) for q in out]
+    phases["device -> host"] = _t.perf_counter() - t0
+    out_bytes = sum(a.nbytes + b.nbytes for a, b in back)
+    f.close()
+    print(f"breakdown of {total / 1e6:.0f} MB in, {out_bytes / 1e6:.0f} MB out "
+          "(phases in sequence; the CLI overlaps reading, copying and writing):")
+    for name, sec in phases.items():
+        print(f"  {name:<36s}{sec:8.3f} s{total / sec / 1e9:8.2f} GB/s of input")
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=int, default=1000, help="input size in MB (10^6 bytes)")
@@ -75,6 +119,8 @@ def main(argv=None) -> None:
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "gpu", "both"])
     ap.add_argument("--repeat", type=int, default=2, help="runs per device (best is kept)")
     ap.add_argument("--dir", default=None, help="working directory (default: a temporary one)")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="GPU: also time the phases of a conversion one by one, in-process")
     args = ap.parse_args(argv)
 
     from lowprec_moe.backend import cupy_available
@@ -96,6 +142,8 @@ def main(argv=None) -> None:
             print(f"{device:<8}{best:>10.2f}{nbytes / best / 1e6:>10.0f}"
                   f"{nbytes / max(best - start, 1e-9) / 1e6:>20.0f}   "
                   + " ".join(f"{t:.2f}" for t in runs))
+        if args.breakdown and gpu:
+            breakdown(src, args.format)
 
 
 if __name__ == "__main__":
