@@ -230,13 +230,16 @@ def step_variants(be, modes, step, splits):
         def build(ds=ds):
             pool = cp.cuda.MemoryPool()
             stream = cp.cuda.Stream(non_blocking=True)
+            cp.cuda.Device().synchronize()  # the inputs, made on the default stream, are ready
             with cp.cuda.using_allocator(pool.malloc), stream:
                 step(ds)
                 step(ds)
                 stream.synchronize()
                 stream.begin_capture()
-                kept = step(ds)
-                graph = stream.end_capture()
+                try:
+                    kept = step(ds)
+                finally:
+                    graph = stream.end_capture()
             return lambda: graph.launch(cp.cuda.get_current_stream()), (pool, kept)
 
         out.append(("@graph", build))

@@ -134,7 +134,7 @@ def bench_ours(be: Backend, case: Case, recipe_names, args, torch_ms=None) -> li
                 grads = lpm.grouped_mlp_backward(d["dy"], ctx)
                 return y, grads
 
-            modes = args.launch if fused else ["host"]
+            modes = args.launch if fused else [m for m in args.launch if m == "host"]
             for suffix, fn in step_variants(be, modes, step, splits):
                 label = (rname if fused else f"{rname} (unfused)") + suffix
                 row = {"case": case.name, "impl": "ours", "recipe": label, "ms": None,

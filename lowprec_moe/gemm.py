@@ -30,8 +30,9 @@ On the GPU, with high-precision operands, ``splits`` may be a 1-D CuPy integer a
 operands' device (the router's token counts, say). The call then never reads them back: output
 shapes come from ``M_total``, and the launch tables are built on the device. They are not
 checked (that would need a device-to-host copy): negative counts act as 0 and counts past
-``M_total`` are cut there, so no row outside the tensors is ever addressed. Valid device splits
-give the same bits as the same host splits (NUMERICS §7.5). wgrad with ``accumulate=True`` and
+``M_total`` are cut there, so no row outside the tensors is ever addressed (output rows past the
+cut splits are not written). Valid device splits give the same bits as the same host splits
+(NUMERICS §7.5). wgrad with ``accumulate=True`` and
 quantized operands (whose GroupedTensors carry host splits) raise ``NotImplementedError``.
 
 Numerics

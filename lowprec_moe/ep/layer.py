@@ -66,7 +66,8 @@ class MoEGrads:
 
 def moe_forward(x, topk_idx, topk_weights, fc1_weight, fc2_weight, fc1_bias=None,
                 fc2_bias=None, *, recipe: Recipe, group=None, wire: str = "mxfp8",
-                dy_wire: str | None = None, activation="swiglu", glu_interleave=None):
+                dy_wire: str | None = None, activation="swiglu", glu_interleave=None,
+                seed: int = 0):
     """Forward of the expert-parallel MoE layer on one rank.
 
     ``dispatch`` (the tokens to their experts' ranks, as ``wire``) -> ``grouped_mlp_forward``
@@ -95,6 +96,9 @@ def moe_forward(x, topk_idx, topk_weights, fc1_weight, fc2_weight, fc1_bias=None
         How the experts' output gradient travels in the backward (None: as ``wire``).
     activation, glu_interleave
         As :func:`lowprec_moe.grouped_mlp_forward`.
+    seed : int
+        Stochastic-rounding seed of the backward (NVFP4 recipes with SR): pass a new one every
+        step, the same on every rank.
 
     Returns
     -------
@@ -121,7 +125,7 @@ def moe_forward(x, topk_idx, topk_weights, fc1_weight, fc2_weight, fc1_bias=None
     # the local experts round (NVFP4 SR) as experts rank * E/W ... of one process
     out, mlp = grouped_mlp_forward(tokens, splits, fc1_weight, fc2_weight, fc1_bias, fc2_bias,
                                    activation=activation, glu_interleave=glu_interleave,
-                                   recipe=recipe,
+                                   recipe=recipe, seed=seed,
                                    first_expert=0 if group is None else group.rank * local)
     y = combine(out, handle)
     return y, MoEContext(handle, mlp, out, dy_wire, recipe.dy_fp8_dtype)

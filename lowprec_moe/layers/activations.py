@@ -186,9 +186,14 @@ def _check_common(h, probs, splits, act, f):
     if is_cupy_array(splits):  # device splits: not read here (NUMERICS §7.5)
         if not is_cupy_array(h):
             raise TypeError("splits is a cupy array but h is a numpy array; pass host splits")
-        if splits.ndim != 1 or splits.size == 0 or splits.dtype.kind not in "iu":
-            raise TypeError(f"splits must be a 1-D integer array of at least one expert, got "
-                            f"{splits.dtype} of shape {tuple(splits.shape)}")
+        if splits.dtype.kind not in "iu":
+            raise TypeError(f"splits.dtype={splits.dtype} must be an integer dtype")
+        if splits.ndim != 1 or splits.size == 0:
+            raise ValueError(f"splits must be a 1-D array of at least one expert, got shape "
+                             f"{tuple(splits.shape)}")
+        if splits.device.id != h.device.id:
+            raise ValueError(f"splits is on device {splits.device.id} but h is on device "
+                             f"{h.device.id}")
     else:
         splits = V.check_splits(splits, m)
     if probs is not None:
@@ -300,8 +305,9 @@ def activation_forward(h, activation="swiglu", probs=None, *, splits=None, glu_i
         "swiglu", "clamped_swiglu" or "srelu".
     probs : array ``[M]``, optional
         Routing weights multiplying the activation output (fp32 product).
-    splits : sequence of int, optional
-        Rows per expert (needed with ``quantize``; default one group).
+    splits : sequence of int, or 1-D cupy integer array, optional
+        Rows per expert (needed with ``quantize``; default one group). A device array (GPU,
+        without ``quantize``) is not read back (NUMERICS §7.5).
     glu_interleave, limit, alpha
         As in :func:`make_activation`.
     quantize : dict, optional

@@ -232,6 +232,9 @@ def check_layer_splits(splits, m: int, recipe: Recipe, x):
                          f"{tuple(splits.shape)}")
     if splits.dtype.kind not in "iu":
         raise TypeError(f"splits.dtype={splits.dtype} must be an integer dtype")
+    if splits.device.id != x.device.id:
+        raise ValueError(f"splits is on device {splits.device.id} but x is on device "
+                         f"{x.device.id}")
     return splits
 
 

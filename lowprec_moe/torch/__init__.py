@@ -149,7 +149,7 @@ def _compute_weights(x, recipe: lpm.Recipe, *params):
 class _Call:
     """Everything but tensors that one layer call passes to its autograd.Function."""
 
-    splits: Any                        # host ints, or a cupy view of device splits
+    splits: Any                        # host ints, or a CUDA tensor (bf16 recipe)
     recipe: lpm.Recipe
     seed: int
     grad_enabled: bool
@@ -173,7 +173,8 @@ class _GroupedLinearFn(torch.autograd.Function):
         ctx.device = _device_of(x, weight, bias, probs)
         with interop.torch_stream(ctx.device):
             y, ctx.lpm_ctx = lpm.grouped_linear_forward(
-                call.wire if x is None else interop.to_xp(x), call.splits, interop.to_xp(weight),
+                call.wire if x is None else interop.to_xp(x), _lib_splits(call.splits),
+                interop.to_xp(weight),
                 _xp(bias), recipe=call.recipe, probs=_xp(probs),
                 input_requires_grad=call.grad_enabled and x is not None and need[0],
                 weight_requires_grad=call.grad_enabled and need[1], seed=call.seed)
@@ -202,7 +203,7 @@ class _GroupedMLPFn(torch.autograd.Function):
         ctx.device = _device_of(x, fc1_weight, fc2_weight, fc1_bias, fc2_bias, probs)
         with interop.torch_stream(ctx.device):
             y, ctx.lpm_ctx = lpm.grouped_mlp_forward(
-                call.wire if x is None else interop.to_xp(x), call.splits,
+                call.wire if x is None else interop.to_xp(x), _lib_splits(call.splits),
                 interop.to_xp(fc1_weight), interop.to_xp(fc2_weight), _xp(fc1_bias),
                 _xp(fc2_bias), probs=_xp(probs), recipe=call.recipe,
                 input_requires_grad=call.grad_enabled and x is not None and need[0],
@@ -240,12 +241,22 @@ def _prepare(x, splits, recipe: lpm.Recipe):
     _check_x(x)
     if isinstance(x, lpm.GroupedTensor):
         return None, x, None if splits is None else host_splits(splits)
-    if isinstance(splits, torch.Tensor) and splits.is_cuda and not recipe.quantized:
+    if (isinstance(splits, torch.Tensor) and splits.is_cuda and not recipe.quantized
+            and isinstance(x, torch.Tensor) and x.is_cuda):
         if splits.ndim != 1 or splits.dtype.is_floating_point or splits.dtype.is_complex:
             raise TypeError(f"splits must be a 1-D integer tensor, got {splits.dtype} of shape "
                             f"{tuple(splits.shape)}")
-        return x, None, interop.to_xp(splits)
+        # a copy on torch's stream (no synchronisation): the backward must see the forward's
+        # counts even if the router reuses its buffer; crossed to CuPy inside the layer's
+        # stream context (_lib_splits)
+        return x, None, splits.clone()
     return x, None, None if splits is None else host_splits(splits)
+
+
+def _lib_splits(splits):
+    """The splits as the library takes them, inside ``interop.torch_stream``: a CuPy view of a
+    CUDA tensor (on torch's current stream, no cross-stream wait), host ints as they are."""
+    return interop.to_xp(splits) if isinstance(splits, torch.Tensor) else splits
 
 
 @torch.compiler.disable

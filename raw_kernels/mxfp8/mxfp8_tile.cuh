@@ -10,7 +10,8 @@ namespace lpm_mx {
 
 // ---- tile location --------------------------------------------------------------------------
 
-// Largest g in [0, n) with offs[g] <= v (offs nondecreasing, offs[0] <= v < offs[n]).
+// Largest g in [0, n) with offs[g] <= v (offs nondecreasing, offs[0] <= v; for v >= offs[n],
+// a tile past the last member's as device-split launches have, n - 1).
 __device__ __forceinline__ int find_member(const long long* __restrict__ offs, int n, long long v) {
     int lo = 0, hi = n;
     while (hi - lo > 1) {
@@ -26,7 +27,7 @@ __device__ __forceinline__ int find_member(const long long* __restrict__ offs, i
 
 struct TileRows {
     long long in_row0;  // first input (and rowwise output) row of the tile
-    int valid;          // rows of the tile inside its member (1..32)
+    int valid;          // rows of the tile inside its member (1..32; <= 0 past the last tile)
 };
 
 // Row tile `rt` of the grouped layout: member g owns columnwise tiles

@@ -13,8 +13,9 @@ Called by :mod:`lowprec_moe.layers.activations` with validated CuPy arrays:
 Every launch covers all experts: warps own (32-row tile of one expert, feature tile) pairs, the
 tile shape of the MXFP8 quantizer, whose device code quantizes the fused outputs. Fused and
 unfused launches therefore give the same bytes and the same reductions. Kernels run on CuPy's
-current stream; the host uploads only the small int64 tables of member row / tile offsets. CuPy is
-imported lazily.
+current stream; the host uploads only the small int64 tables of member row / tile offsets, or,
+with device splits, one kernel builds them on the device (plain outputs only). CuPy is imported
+lazily.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from lowprec_moe import formats as F
 from lowprec_moe import kernels
 from lowprec_moe.backends.cupy import tables
 from lowprec_moe.backends.cupy.reduce import segment_sum_tiles
-from lowprec_moe.backends.cupy.splits import max_row_tiles, member_tables
+from lowprec_moe.backends.cupy import splits_kernels as SK
+from lowprec_moe.backends.cupy.splits import max_row_tiles
 
 __all__ = ["MODULE", "AMAX_MODES", "activation_forward", "activation_backward"]
 
@@ -99,7 +101,7 @@ def _layout(cp, splits, m: int, mxfp8, amax):
         raise NotImplementedError("device splits with a fused MXFP8 or NVFP4-amax activation "
                                   "output are not implemented (their layouts need host splits)")
     g = int(splits.size)
-    return g, max_row_tiles(m, g, _B), None, member_tables(cp, splits, m, _B)
+    return g, max_row_tiles(m, g, _B), None, SK.offsets(splits, m, _B)
 
 
 def _vec_ok(name: str, f: int, act, *arrays) -> bool:
@@ -265,7 +267,10 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
         aflags, amax_a, amax_b, amax_pair = _amax_outputs(amax, name, m, width, g_count)
         flags |= aflags
         want_dprobs = bool(want_dprobs) and probs is not None
-        dprobs_part = cp.empty((m, f_tiles), dtype=cp.float32) if want_dprobs else None
+        # (zeros: with device splits that sum to less than M, rows past them get no share)
+        dprobs_part = ((cp.zeros if dev is not None else cp.empty)((m, f_tiles),
+                                                                   dtype=cp.float32)
+                       if want_dprobs else None)
         colsum_part = cp.empty((num_tiles, width), dtype=cp.float32) if want_dbias else None
         if _vec_ok(name, f, act, h, dz, dh):
             flags |= _FLAG_VEC

@@ -4,7 +4,8 @@
 :func:`lowprec_moe.backends.numpy.reduce.grouped_colsum` (float32 products, float32 sums; a different,
 fixed summation order). Two launches cover all experts: column sums of 128-row tiles of one expert
 each, then the sum of each expert's tiles in order. The host builds the small int64 tile table
-from ``splits`` (host integers) and uploads it; the data never leaves the device.
+from host ``splits`` and uploads it, or, for device splits, array operations build it on the
+device (:func:`device_tiles`); the data never leaves the device.
 """
 
 from __future__ import annotations

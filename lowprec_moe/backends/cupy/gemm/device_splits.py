@@ -1,9 +1,10 @@
 """Launch tables of a grouped GEMM whose splits live on the device.
 
 With ``splits`` a device integer array, nothing about the experts' sizes is known on the host.
-What the launch needs from them is computed on the device, with array operations that enqueue
-kernels and never read a value back (so a call neither waits for the GPU nor breaks a CUDA-graph
-capture):
+What the launch needs from them is computed on the device and never read back (so a call neither
+waits for the GPU nor breaks a CUDA-graph capture); the kernels of
+``raw_kernels/layouts/splits.cu`` (:mod:`lowprec_moe.backends.cupy.splits_kernels`) build it,
+and the array-operation functions here are their NumPy twins:
 
 * the rows of every expert, clamped so that no row outside ``[0, M)`` is ever addressed
   (:func:`lowprec_moe.backends.cupy.splits.clamped_rows`);

@@ -21,14 +21,16 @@ wgrad    dy^T: MN-major (hp, MXFP8)  x^T: same as A                  expert's to
          / K-major (NVFP4)                                           the block when quantized)
 =======  ==========================  ==============================  ==========================
 
-and uploads two small tables (cached by content, so repeated calls with the same splits upload
-nothing): the tile table ``int32 [entries, 2] = (expert, row tile)`` and the descriptor table
-``int64 [G, 16]`` (byte offsets / leading dimensions of both operands and their scales, valid
-rows, contraction length, output / amax / bias / probs bases; layout in
-``raw_kernels/gemm/grouped_gemm_base.cuh``).
+and gives the kernel two small tables: the tile table ``int32 [entries, 2] = (expert, row
+tile)`` and the descriptor table ``int64 [G, 16]`` (byte offsets / leading dimensions of both
+operands and their scales, valid rows, contraction length, output / amax / bias / probs bases;
+layout in ``raw_kernels/gemm/grouped_gemm_base.cuh``). With host splits they are built on the
+host and uploaded once per content (:mod:`lowprec_moe.backends.cupy.tables`); with device splits
+they are built on the device for every call (:mod:`.device_splits`, two launches), from
+coefficients kept for the life of the process so that a captured CUDA graph can replay them.
 
-Which kernel runs is decided by :mod:`lowprec_moe.backends.cupy.gemm.choice` (its docstring lists the
-kernels and the environment overrides); this module re-exports its names.
+Which kernel runs is decided by :mod:`.select` over the config tables of :mod:`.sm90` and
+:mod:`.generic`.
 """
 
 from __future__ import annotations
@@ -124,6 +126,9 @@ def _signature(p, arrays, kernel: str) -> tuple:
 
 
 _prepared: OrderedDict = OrderedDict()
+#: Launch configurations of device-splits problems, never evicted: a CUDA graph captured from
+#: such a call keeps reading their device tables at every replay.
+_prepared_device: dict = {}
 
 
 def _lookup(key):
@@ -200,8 +205,9 @@ def _prepare_device_splits(p, arrays, kernel: str):
     same bits for any split, NUMERICS §7.5), the affine descriptor coefficients and, for wgrad,
     the tile table (module :mod:`.device_splits`)."""
     g, m = p.num_groups, p.m_total
-    key = ("device", g) + _signature(_nominal(p, [0] * g), arrays, kernel)
-    hit = _lookup(key)
+    key = (g,) + _signature(_nominal(p, [0] * g), arrays, kernel)
+    with _lock:
+        hit = _prepared_device.get(key)
     if hit is not None:
         return hit
     even = [m // g] * (g - 1) + [m - (g - 1) * (m // g)]
@@ -240,7 +246,8 @@ def _prepare_device_splits(p, arrays, kernel: str):
                mn=(bool(a.mn), bool(b.mn)), num_experts=g, grid=grid, n_cols=pl.n_cols,
                modes=modes, a_vec=int(a.amax_vec), b_vec=int(b.amax_vec),
                zero_if_empty=int(pl.zero_if_empty))
-    return _remember(key, val)
+    with _lock:
+        return _prepared_device.setdefault(key, val)
 
 
 def _device_tables_of_call(p, prep):
