@@ -14,6 +14,7 @@ import ml_dtypes
 import numpy as np
 
 from lowprec_moe import formats as F
+from lowprec_moe import quant_formats
 from lowprec_moe.backend import asnumpy_explicit
 from lowprec_moe.tensors.grouped_tensor import GroupedTensor, _offsets, columnwise_sizes
 from lowprec_moe.tensors.quantized_tensor import QuantizedTensor
@@ -40,7 +41,7 @@ def array_names(name: str, format: str, *, rowwise: bool = True,
     """The array names a quantized tensor called ``name`` occupies in a file."""
     fields = [f for f in _SUFFIX if (rowwise and "rowwise" in f) or (columnwise and "columnwise"
                                                                       in f)]
-    if format == "mxfp8":
+    if not quant_formats.get(format).has_amax:
         fields = [f for f in fields if f in _BYTE_FIELDS]
     return [name + _SUFFIX[f] for f in fields]
 
@@ -122,7 +123,7 @@ def check_entry(name: str, e: dict) -> None:
     if not (isinstance(shape, list) and len(shape) == 2 and all(_int(s) and s >= 0
                                                                 for s in shape)):
         raise bad(name, f"shape={shape!r} must be two non-negative ints")
-    block = F.NVFP4_BLOCK if e["format"] == "nvfp4" else F.MXFP8_BLOCK
+    block = quant_formats.get(e["format"]).block
     if shape[1] % block:
         raise bad(name, f"K={shape[1]} must be a multiple of {block} for {e['format']}")
     want_fp8 = F.FP8_DTYPES if e["format"] == "mxfp8" else (None,)

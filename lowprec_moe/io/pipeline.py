@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from lowprec_moe import formats as F
+from lowprec_moe import quant_formats
 from lowprec_moe.tensors.grouped_tensor import GroupedTensor
 from lowprec_moe.tensors.quantized_tensor import QuantizedTensor
 from lowprec_moe.io._common import CheckpointError, atomic_output, check_output_path
@@ -56,7 +57,8 @@ def _out_names(name: str, format: str, layout: str, columnwise: bool) -> list[st
     if layout == "compressed-tensors":
         return [name + "_packed", name + "_scale", name + "_global_scale"]
     if layout == "modelopt":
-        return [name, name + "_scale"] + ([name + "_scale_2"] if format == "nvfp4" else [])
+        return [name, name + "_scale"] + ([name + "_scale_2"]
+                                           if quant_formats.get(format).has_amax else [])
     return array_names(name, format, columnwise=columnwise)
 
 

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from lowprec_moe import formats as F
+from lowprec_moe import quant_formats
 
 __all__ = ["LAYOUTS", "check_layout", "to_layout", "quant_algo", "hf_quant_config",
            "quantization_config"]
@@ -106,7 +107,7 @@ def quant_algo(format: str) -> str:
 
 
 def group_size(format: str) -> int:
-    return F.NVFP4_BLOCK if format == "nvfp4" else F.MXFP8_BLOCK
+    return quant_formats.get(format).block
 
 
 def hf_quant_config(format: str, exclude_modules: Sequence[str], version: str) -> dict:
@@ -131,7 +132,8 @@ def quantization_config(format: str, layout: str, exclude_modules: Sequence[str]
                 "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights,
                                               "input_activations": None, "format": fmt}},
                 "ignore": ignore, "producer": {"name": _PRODUCER, "version": version}}
-    weights = {"dynamic": False, "num_bits": 4 if format == "nvfp4" else 8, "type": "float",
+    weights = {"dynamic": False, "num_bits": quant_formats.get(format).element_bits,
+               "type": "float",
                "group_size": gs}
     return {"quant_method": "modelopt", "quant_algo": quant_algo(format),
             "kv_cache_quant_algo": None, "group_size": gs, "exclude_modules": ignore,
