@@ -11,7 +11,10 @@ One *step* is what a training iteration runs for the layer, all quantization inc
 ``grouped_linear_forward`` (quantize x and W, fprop) then ``grouped_linear_backward``
 (quantize dy, dgrad, wgrad), inputs bfloat16, no bias. Ours runs on CuPy; the peer, when torch is
 importable, is ``y = torch._grouped_mm(x, W^T, offs)`` with ``y.backward(dy)`` (bf16, cuBLAS;
-falls back to three explicit ``_grouped_mm`` calls). torch is imported here only; it is never a
+falls back to three explicit ``_grouped_mm`` calls). A second torch row times torch's FP8
+rowwise step (``torch._scaled_grouped_mm`` for fprop, dgrad and wgrad, every operand quantized
+to E4M3 with one scale per row in torch ops); the summary's "torch fp8" column is torch bf16 ms
+/ torch fp8 ms. torch is imported here only; it is never a
 dependency of the library.
 
 Timing: random data (never zeros), warm-up steps (the first one compiles the kernels), then timed
@@ -221,6 +224,60 @@ def bench_torch(torch, be: Backend, case: Case, args) -> dict:
     return row
 
 
+def bench_torch_fp8(torch, be: Backend, case: Case, args) -> dict:
+    """torch's FP8 rowwise grouped step (``torch._scaled_grouped_mm``, sm_90): every operand
+    quantized to E4M3 with one scale per row of its contraction, in torch ops, then fprop,
+    dgrad (W^T quantized along N) and wgrad (dy^T and x^T quantized along the tokens, one scale
+    per row over all tokens, repeated per expert). A speed peer only: nothing is compared."""
+    row = {"case": case.name, "impl": "torch", "recipe": "fp8 rowwise _scaled_grouped_mm",
+           "ms": None, "reps": 0, "err_y": None, "error": None}
+    import cupy
+
+    dev = torch.device("cuda", cupy.cuda.Device().id)
+    m, k, n, g = case.m, case.k, case.n, case.experts
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(0)
+    tensors = {}
+    try:
+        f8 = torch.float8_e4m3fn
+        fmax = torch.finfo(f8).max
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
+        w = torch.randn(g, n, k, device=dev, dtype=torch.bfloat16, generator=gen) / math.sqrt(k)
+        dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16, generator=gen) / math.sqrt(m)
+        offs = torch.tensor(np.cumsum(case.splits), dtype=torch.int32, device=dev)
+        tensors.update(x=x, w=w, dy=dy, offs=offs)
+
+        def rowwise(t):
+            """(E4M3 data, fp32 inverse scales) with one scale per row (last dim)."""
+            amax = t.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
+            q = (t.float() * (fmax / amax)).to(f8)
+            return q, (amax / fmax).squeeze(-1)
+
+        def step():
+            mm = torch._scaled_grouped_mm
+            xq, sx = rowwise(x)
+            wq, sw = rowwise(w)                                   # [G, N, K] along K
+            mm(xq, wq.transpose(-2, -1), sx, sw, offs=offs, out_dtype=torch.bfloat16)
+            dyq, sdy = rowwise(dy)
+            wtq, swt = rowwise(w.transpose(-2, -1).contiguous())  # [G, K, N] along N
+            mm(dyq, wtq.transpose(-2, -1), sdy, swt, offs=offs, out_dtype=torch.bfloat16)
+            dytq, sdyt = rowwise(dy.t().contiguous())             # [N, M] along the tokens
+            xtq, sxt = rowwise(x.t().contiguous())                # [K, M]
+            mm(dytq, xtq.t(), sdyt.repeat(g), sxt.repeat(g), offs=offs,
+               out_dtype=torch.bfloat16)
+
+        row["ms"], row["reps"], _ = time_torch_step(torch, step, step, args)
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"
+        if args.verbose:
+            traceback.print_exc()
+    finally:
+        tensors.clear()
+        release_torch(torch)
+    report(row, case)
+    return row
+
+
 # ============================================================================================
 # report
 
@@ -260,10 +317,15 @@ def summary(results: list[dict], cases: list[Case], recipe_names) -> None:
         else "our step ms"
     print(f"\nsummary: {what}")
     width = max(9, *(len(r) for r in recipe_names))
-    print(f"{'case':14s} {'torch ms':>9s} " + " ".join(f"{r:>{width}s}" for r in recipe_names))
+    print(f"{'case':14s} {'torch ms':>9s} {'torch fp8':>9s} "
+          + " ".join(f"{r:>{width}s}" for r in recipe_names))
     for c in cases:
         tr = next((r for r in results if r["case"] == c.name and r["impl"] == "torch"), None)
         tms = f"{tr['ms']:9.3f}" if tr and tr.get("ms") else f"{'-':>9s}"
+        t8 = next((r for r in results if r["case"] == c.name and r["impl"] == "torch"
+                   and r["recipe"].startswith("fp8")), None)
+        tms += (f" {tr['ms'] / t8['ms']:>8.2f}x" if tr and tr.get("ms") and t8 and t8.get("ms")
+                else f" {'-':>9s}")
         cells = []
         for rn in recipe_names:
             r = next((r for r in results if r["case"] == c.name and r["impl"] == "ours"
@@ -317,6 +379,7 @@ def main(argv=None) -> int:
             if torch is not None:  # first, so that our lines can show the ratio
                 results.append(bench_torch(torch, be, case, args))
                 torch_ms = results[-1]["ms"]
+                results.append(bench_torch_fp8(torch, be, case, args))
             results += bench_ours(be, case, recipe_names, args, torch_ms)
         except Exception as exc:  # e.g. out of memory while making the inputs
             print(f"{case.name:14s} ERROR {type(exc).__name__}: {exc}", flush=True)
