@@ -246,6 +246,43 @@ def step_variants(be, modes, step, splits):
     return out
 
 
+def time_step(be, args, case_name: str, label: str, step, splits, modes, refs: dict,
+              is_ref: bool, report) -> list[dict]:
+    """Rows of ``step`` (a layer step taking its splits) timed in each launch mode of
+    ``modes`` (:func:`step_variants`). The host-mode row also carries ``err_y``, the relative
+    error of y against ``refs["y"]``, which the reference recipe's row (``is_ref``) sets. A mode
+    that fails is reported as an error row and the run goes on; ``report(row)`` prints each."""
+    import traceback
+
+    rows = []
+    for suffix, fn in step_variants(be, modes, step, splits):
+        row = {"case": case_name, "impl": "ours", "recipe": label + suffix, "ms": None,
+               "reps": 0, "err_y": None, "error": None}
+        keep = None
+        try:
+            if suffix == "@graph":
+                fn, keep = fn()
+            row["ms"], row["reps"] = be.time_ms(fn, warmup=args.warmup, reps=args.reps,
+                                                budget_s=args.budget)
+            if suffix == "":
+                y, _ = step(splits)
+                if is_ref:
+                    refs["y"] = y
+                    row["err_y"] = 0.0
+                elif refs.get("y") is not None:
+                    row["err_y"] = rel_err(be.xp, y, refs["y"])
+                del y
+        except Exception as exc:  # keep going: report and move on
+            row["error"] = f"{type(exc).__name__}: {exc}"
+            if args.verbose:
+                traceback.print_exc()
+            be.free()
+        del keep
+        rows.append(row)
+        report(row)
+    return rows
+
+
 def finish_args(args):
     """Fill the quick / full defaults of warm-up, reps and budget."""
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 3)

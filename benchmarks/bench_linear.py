@@ -54,8 +54,8 @@ except ImportError:  # running from a checkout that is not installed
     import lowprec_moe as lpm
 
 
-from _harness import (Backend, add_common_args, finish_args, recipes, rel_err,  # noqa: E402
-                      release_torch, select, step_variants, time_torch_step, torch_module)
+from _harness import (Backend, add_common_args, finish_args, recipes,  # noqa: E402
+                      release_torch, select, time_step, time_torch_step, torch_module)
 
 RECIPES = recipes(lpm)
 
@@ -125,14 +125,13 @@ def smoke_cases() -> list[Case]:
 
 def bench_ours(be: Backend, case: Case, recipe_names, args,
                torch_ms: float | None = None) -> list[dict]:
-    xp = be.xp
     m, k, n, g = case.m, case.k, case.n, case.experts
     x = be.randn((m, k), 1)
     w = be.randn((g, n, k), 2, 1.0 / math.sqrt(k))
     dy = be.randn((m, n), 3, 1.0 / math.sqrt(m))
     splits = list(case.splits)
     rows = []
-    y_ref = None
+    refs: dict = {}
     try:
         for rname in recipe_names:
             recipe = RECIPES[rname]
@@ -142,34 +141,11 @@ def bench_ours(be: Backend, case: Case, recipe_names, args,
                 grads = lpm.grouped_linear_backward(dy, ctx)
                 return y, grads
 
-            for suffix, fn in step_variants(be, args.launch, step, splits):
-                label = rname + suffix
-                row = {"case": case.name, "impl": "ours", "recipe": label, "ms": None,
-                       "reps": 0, "err_y": None, "error": None}
-                keep = None
-                try:
-                    if suffix == "@graph":
-                        fn, keep = fn()
-                    row["ms"], row["reps"] = be.time_ms(fn, warmup=args.warmup,
-                                                        reps=args.reps, budget_s=args.budget)
-                    if suffix == "":
-                        y, _ = step(splits)
-                        if rname == "bf16":
-                            y_ref = y
-                            row["err_y"] = 0.0
-                        elif y_ref is not None:
-                            row["err_y"] = rel_err(xp, y, y_ref)
-                        del y
-                except Exception as exc:  # keep going: report and move on
-                    row["error"] = f"{type(exc).__name__}: {exc}"
-                    if args.verbose:
-                        traceback.print_exc()
-                    be.free()
-                del keep
-                rows.append(row)
-                report(row, case, torch_ms)
+            rows += time_step(be, args, case.name, rname, step, splits, args.launch, refs,
+                              rname == "bf16", lambda row: report(row, case, torch_ms))
     finally:
-        del x, w, dy, y_ref
+        del x, w, dy
+        refs.clear()
         be.free()
     return rows
 
@@ -178,24 +154,31 @@ def bench_ours(be: Backend, case: Case, recipe_names, args,
 # torch peer
 
 
-def bench_torch(torch, be: Backend, case: Case, args) -> dict:
-    row = {"case": case.name, "impl": "torch", "recipe": "bf16 _grouped_mm", "ms": None,
-           "reps": 0, "err_y": None, "error": None}
+def _torch_inputs(torch, case: Case, tensors: dict):
+    """bf16 x ``[M, K]``, W ``[G, N, K]``, dy ``[M, N]`` and int32 offsets on the current CUDA
+    device (also kept in ``tensors``, which the caller clears)."""
     import cupy
 
     dev = torch.device("cuda", cupy.cuda.Device().id)
     m, k, n, g = case.m, case.k, case.n, case.experts
     gen = torch.Generator(device=dev)
     gen.manual_seed(0)
-    tensors = {}
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
+    w = torch.randn(g, n, k, device=dev, dtype=torch.bfloat16, generator=gen) / math.sqrt(k)
+    dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16, generator=gen) / math.sqrt(m)
+    offs = torch.tensor(np.cumsum(case.splits), dtype=torch.int32, device=dev)
+    tensors.update(x=x, w=w, dy=dy, offs=offs)
+    return x, w, dy, offs
+
+
+def bench_torch(torch, be: Backend, case: Case, args) -> dict:
+    row = {"case": case.name, "impl": "torch", "recipe": "bf16 _grouped_mm", "ms": None,
+           "reps": 0, "err_y": None, "error": None}
+    tensors: dict = {}
     try:
-        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
-        w = torch.randn(g, n, k, device=dev, dtype=torch.bfloat16, generator=gen) / math.sqrt(k)
-        dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16, generator=gen) / math.sqrt(m)
-        offs = torch.tensor(np.cumsum(case.splits), dtype=torch.int32, device=dev)
+        x, w, dy, offs = _torch_inputs(torch, case, tensors)
         x.requires_grad_(True)
         w.requires_grad_(True)
-        tensors.update(x=x, w=w, dy=dy, offs=offs)
 
         def autograd_step():
             x.grad = None
@@ -231,21 +214,12 @@ def bench_torch_fp8(torch, be: Backend, case: Case, args) -> dict:
     per row over all tokens, repeated per expert). A speed peer only: nothing is compared."""
     row = {"case": case.name, "impl": "torch", "recipe": "fp8 rowwise _scaled_grouped_mm",
            "ms": None, "reps": 0, "err_y": None, "error": None}
-    import cupy
-
-    dev = torch.device("cuda", cupy.cuda.Device().id)
-    m, k, n, g = case.m, case.k, case.n, case.experts
-    gen = torch.Generator(device=dev)
-    gen.manual_seed(0)
-    tensors = {}
+    g = case.experts
+    tensors: dict = {}
     try:
         f8 = torch.float8_e4m3fn
         fmax = torch.finfo(f8).max
-        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16, generator=gen)
-        w = torch.randn(g, n, k, device=dev, dtype=torch.bfloat16, generator=gen) / math.sqrt(k)
-        dy = torch.randn(m, n, device=dev, dtype=torch.bfloat16, generator=gen) / math.sqrt(m)
-        offs = torch.tensor(np.cumsum(case.splits), dtype=torch.int32, device=dev)
-        tensors.update(x=x, w=w, dy=dy, offs=offs)
+        x, w, dy, offs = _torch_inputs(torch, case, tensors)
 
         def rowwise(t):
             """(E4M3 data, fp32 inverse scales) with one scale per row (last dim)."""

@@ -62,8 +62,8 @@ except ImportError:  # running from a checkout that is not installed
 
 from lowprec_moe.layers.activations import activation_backward, activation_forward, make_activation
 
-from _harness import (Backend, add_common_args, finish_args, recipes, rel_err,  # noqa: E402
-                      release_torch, select, step_variants, time_torch_step, torch_module)
+from _harness import (Backend, add_common_args, finish_args, recipes,  # noqa: E402
+                      release_torch, select, time_step, time_torch_step, torch_module)
 
 RECIPES = recipes(lpm)
 
@@ -113,11 +113,10 @@ def smoke_cases() -> list[Case]:
 
 
 def bench_ours(be: Backend, case: Case, recipe_names, args, torch_ms=None) -> list[dict]:
-    xp = be.xp
     m, k, f, g = case.m, case.k, case.f, case.experts
     d = dict(x=be.randn((m, k), 1), w1=be.randn((g, 2 * f, k), 2, 1.0 / math.sqrt(k)),
              w2=be.randn((g, k, f), 3, 1.0 / math.sqrt(f)),
-             dy=be.randn((m, k), 4, 1.0 / math.sqrt(m)), probs=be.uniform(m, 5), y_ref=None)
+             dy=be.randn((m, k), 4, 1.0 / math.sqrt(m)), probs=be.uniform(m, 5))
     splits = list(case.splits)
     rows = []
     variants = [(r, True) for r in recipe_names]
@@ -135,32 +134,9 @@ def bench_ours(be: Backend, case: Case, recipe_names, args, torch_ms=None) -> li
                 return y, grads
 
             modes = args.launch if fused else [m for m in args.launch if m == "host"]
-            for suffix, fn in step_variants(be, modes, step, splits):
-                label = (rname if fused else f"{rname} (unfused)") + suffix
-                row = {"case": case.name, "impl": "ours", "recipe": label, "ms": None,
-                       "reps": 0, "err_y": None, "error": None}
-                keep = None
-                try:
-                    if suffix == "@graph":
-                        fn, keep = fn()
-                    row["ms"], row["reps"] = be.time_ms(fn, warmup=args.warmup,
-                                                        reps=args.reps, budget_s=args.budget)
-                    if suffix == "":
-                        y, _ = step(splits)
-                        if rname == "bf16":
-                            d["y_ref"] = y
-                            row["err_y"] = 0.0
-                        elif d["y_ref"] is not None:
-                            row["err_y"] = rel_err(xp, y, d["y_ref"])
-                        del y
-                except Exception as exc:
-                    row["error"] = f"{type(exc).__name__}: {exc}"
-                    if args.verbose:
-                        traceback.print_exc()
-                    be.free()
-                del keep
-                rows.append(row)
-                report(row, case, torch_ms)
+            label = rname if fused else f"{rname} (unfused)"
+            rows += time_step(be, args, case.name, label, step, splits, modes, d,
+                              rname == "bf16" and fused, lambda row: report(row, case, torch_ms))
     finally:
         d.clear()
         be.free()
