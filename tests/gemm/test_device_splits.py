@@ -126,14 +126,14 @@ def test_layer_refuses_device_splits_it_cannot_take(monkeypatch):
 
 
 def test_member_tables_match_the_activation_host_tables():
-    from lowprec_moe.backends.cupy.activation import _tile_tables
+    from lowprec_moe.backends.cupy.mxfp8 import tile_offsets
     from lowprec_moe.backends.cupy.splits import max_row_tiles, member_tables
 
     rng = np.random.default_rng(13)
     for g, m in [(1, 5), (4, 1000), (9, 300), (3, 0), (16, 129)]:
         for _ in range(20):
             s = random_splits(rng, m, g, empty=False)
-            rows, tiles = _tile_tables(s)
+            rows, tiles = tile_offsets(s)
             row_off, tile_off = member_tables(np, s, m, 32)
             np.testing.assert_array_equal(row_off, rows)
             np.testing.assert_array_equal(tile_off, tiles)

@@ -25,6 +25,7 @@ import numpy as np
 from lowprec_moe import formats as F
 from lowprec_moe import kernels
 from lowprec_moe.backends.cupy import tables
+from lowprec_moe.backends.cupy.mxfp8 import tile_offsets, grouped_outputs
 from lowprec_moe.backends.cupy.reduce import segment_sum_tiles
 from lowprec_moe.backends.cupy import splits_kernels as SK
 from lowprec_moe.backends.cupy.splits import max_row_tiles
@@ -73,16 +74,6 @@ def _dtype(a) -> str:
     return name
 
 
-def _tile_tables(splits):
-    """Host int64 row offsets [G+1] and 32-row tile offsets [G+1]."""
-    s = np.asarray(splits, dtype=np.int64).reshape(-1)
-    rows = np.zeros(s.size + 1, dtype=np.int64)
-    rows[1:] = np.cumsum(s)
-    tiles = np.zeros(s.size + 1, dtype=np.int64)
-    tiles[1:] = np.cumsum(-(-s // _B))
-    return rows, tiles
-
-
 def _upload(rows, tiles):
     return tables.upload(rows, tiles)
 
@@ -95,7 +86,7 @@ def _layout(cp, splits, m: int, mxfp8, amax):
     no valid row, which the plain modes skip (the fused MXFP8 and NVFP4-amax outputs are laid
     out per tile on the host: ``NotImplementedError``)."""
     if not isinstance(splits, cp.ndarray):
-        rows, tiles = _tile_tables(splits)
+        rows, tiles = tile_offsets(splits)
         return len(splits), int(tiles[-1]), (rows, tiles), None
     if mxfp8 is not None or amax is not None:
         raise NotImplementedError("device splits with a fused MXFP8 or NVFP4-amax activation "
@@ -120,17 +111,9 @@ def _act_args(act, f: int, width: int):
 
 def _mx_outputs(m: int, width: int, num_tiles: int, rowwise: bool, columnwise: bool,
                 fp8_dtype: str):
-    cp = _cupy()
     flags = ((_FLAG_ROWWISE if rowwise else 0) | (_FLAG_COLUMNWISE if columnwise else 0)
              | (_FLAG_E5M2 if fp8_dtype == "e5m2" else 0))
-    parts: dict = {}
-    if rowwise:
-        parts["rowwise_data"] = cp.empty((m, width), dtype=cp.uint8)
-        parts["rowwise_scale"] = cp.empty((m, width // _B), dtype=cp.uint8)
-    if columnwise:
-        parts["columnwise_data"] = cp.empty(num_tiles * _B * width, dtype=cp.uint8)
-        parts["columnwise_scale"] = cp.empty(num_tiles * width, dtype=cp.uint8)
-    return parts, flags
+    return grouped_outputs(m, width, num_tiles, rowwise, columnwise), flags
 
 
 def _mx_ptrs(parts: dict):

@@ -117,7 +117,21 @@ def _prepare(a, name: str, align: int = 16):
     return a
 
 
-def _tile_offsets(splits) -> tuple[np.ndarray, np.ndarray]:
+def grouped_outputs(m: int, k: int, num_tiles: int, rowwise: bool, columnwise: bool) -> dict:
+    """Uninitialised buffers of a grouped MXFP8 result: rowwise ``[m, k]`` data and ``[m, k/32]``
+    scales, flat columnwise data and scales of ``num_tiles`` 32-row tiles."""
+    cp = _cupy()
+    out: dict = {}
+    if rowwise:
+        out["rowwise_data"] = cp.empty((m, k), dtype=cp.uint8)
+        out["rowwise_scale"] = cp.empty((m, k // _B), dtype=cp.uint8)
+    if columnwise:
+        out["columnwise_data"] = cp.empty(num_tiles * _B * k, dtype=cp.uint8)
+        out["columnwise_scale"] = cp.empty(num_tiles * k, dtype=cp.uint8)
+    return out
+
+
+def tile_offsets(splits) -> tuple[np.ndarray, np.ndarray]:
     """Host int64 row offsets [G+1] and columnwise 32-row tile offsets [G+1] of the members."""
     s = np.asarray(splits, dtype=np.int64).reshape(-1)
     rows = np.zeros(s.size + 1, dtype=np.int64)
@@ -214,7 +228,6 @@ def grouped_quantize_mxfp8(x2d, splits, *, rowwise: bool = True, columnwise: boo
     ``columnwise_scale_offsets`` ``[G+1]`` (if columnwise), member g being the columnwise
     storage of its ``[splits[g], K]`` rows padded with zero rows to a multiple of 32.
     """
-    cp = _cupy()
     flags = _flags(rowwise, columnwise, block_2d, fp8_dtype)
     with _check_cupy(x2d, "x").device:
         x2, m, k = _check_x(x2d, False)
@@ -224,15 +237,9 @@ def grouped_quantize_mxfp8(x2d, splits, *, rowwise: bool = True, columnwise: boo
         if block_2d and (s % _B).any():
             raise ValueError(f"splits={s.tolist()} must all be multiples of {_B} for mxfp8 "
                              "with block_2d=True")
-        rows, tiles = _tile_offsets(s)
+        rows, tiles = tile_offsets(s)
         num_tiles = int(tiles[-1])
-        out: dict = {}
-        if rowwise:
-            out["rowwise_data"] = cp.empty((m, k), dtype=cp.uint8)
-            out["rowwise_scale"] = cp.empty((m, k // _B), dtype=cp.uint8)
-        if columnwise:
-            out["columnwise_data"] = cp.empty(num_tiles * _B * k, dtype=cp.uint8)
-            out["columnwise_scale"] = cp.empty(num_tiles * k, dtype=cp.uint8)
+        out = grouped_outputs(m, k, num_tiles, rowwise, columnwise)
         if num_tiles and k:
             row_off, tile_off = _upload(rows, tiles)
             _launch_quantize(x2, m, k, num_tiles, row_off, tile_off, int(s.size), out, flags)
@@ -326,7 +333,7 @@ def grouped_dequantize_mxfp8(gt: Any, direction: str):
         if k:
             tiles = np.asarray(gt.columnwise_data_offsets, dtype=np.int64) // (_B * k)
         else:
-            tiles = _tile_offsets(np.diff(rows))[1]
+            tiles = tile_offsets(np.diff(rows))[1]
         if m_total and k:
             row_off, tile_off = _upload(rows, tiles)
             _launch_dequantize(data, scale, out, m_total, k, True, row_off, tile_off,
@@ -371,7 +378,7 @@ def grouped_mxfp8_columnwise_from_rowwise(gt: Any, fp8_dtype: str = "e4m3",
         data = _prepare(gt.rowwise_data, "rowwise_data", align=4)
         scale = _prepare(gt.rowwise_scale, "rowwise_scale", align=1)
         s = np.asarray(gt.splits, dtype=np.int64).reshape(-1)
-        rows, tiles = _tile_offsets(s)
+        rows, tiles = tile_offsets(s)
         num_tiles = int(tiles[-1])
         kb = k // _B
         swz = np.zeros(s.size + 1, dtype=np.int64)
