@@ -205,7 +205,7 @@ def _prepare_device_splits(p, arrays, kernel: str):
     same bits for any split, NUMERICS §7.5), the affine descriptor coefficients and, for wgrad,
     the tile table (module :mod:`.device_splits`)."""
     g, m = p.num_groups, p.m_total
-    key = (g,) + _signature(_nominal(p, [0] * g), arrays, kernel)
+    key = (g,) + _signature(p, arrays, kernel)  # (p.splits is None: M from the shapes)
     with _lock:
         hit = _prepared_device.get(key)
     if hit is not None:
