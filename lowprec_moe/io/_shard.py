@@ -2,20 +2,25 @@
 
 Work is cut into units (one matrix, one expert of a stack, one fused stack); on the CPU up to
 ``jobs`` units run in threads (NumPy releases the GIL inside its loops, so two cores give about
-twice the throughput), and results are written strictly in input order, so the output does not
-depend on ``jobs``. On the GPU units run one after the other.
+twice the throughput). On the GPU two units are in flight, each in its own thread on its own
+stream, so that one unit's host -> device copy overlaps the other's quantization and copy back.
+Results are written strictly in input order, so the output depends neither on ``jobs`` nor on
+the device.
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from lowprec_moe.backend import is_cupy_array
 from lowprec_moe.backends.numpy.fp import MAGNITUDE, magnitude_bits
 from lowprec_moe.tensors.grouped_tensor import GroupedTensor
 from lowprec_moe.tensors.quantized_tensor import quantize
@@ -28,6 +33,9 @@ __all__ = ["quantize_shard", "default_jobs"]
 _FLOATS = ("bfloat16", "float16", "float32")
 #: Elements per step of the non-finite check: its temporary stays in cache.
 _FINITE_STEP = 1 << 19
+#: Units in flight on the GPU: two let one unit's copies overlap the other's kernels.
+_GPU_WORKERS = 2
+_local = threading.local()
 
 
 def default_jobs() -> int:
@@ -86,9 +94,32 @@ def _units(ck, plan):
                         {"original_shape": list(a.shape), "original_dtype": a.dtype.name})
 
 
+def _thread_stream(xp):
+    """This thread's own non-blocking stream (made once per thread and kept: the memory pool
+    keeps freed blocks per stream)."""
+    s = getattr(_local, "stream", None)
+    if s is None:
+        s = _local.stream = xp.cuda.Stream(non_blocking=True)
+    return s
+
+
+def _to_host(q):
+    """``q`` with every device array copied to the host (the copies wait for its kernels)."""
+    return dataclasses.replace(q, **{
+        f.name: getattr(q, f.name).get() for f in dataclasses.fields(q)
+        if is_cupy_array(getattr(q, f.name))})
+
+
 def _work(u: _Unit, format, opts, xp, allow_nonfinite):
     if u.kind == "copy":
         return None
+    if xp is np:
+        return _quantize_unit(u, format, opts, xp, allow_nonfinite)
+    with _thread_stream(xp):
+        return _to_host(_quantize_unit(u, format, opts, xp, allow_nonfinite))
+
+
+def _quantize_unit(u: _Unit, format, opts, xp, allow_nonfinite):
     a = u.array
     x2 = a.reshape(-1, a.shape[-1])
     if xp is not np:
@@ -109,7 +140,7 @@ def _named(path: str, name: str, exc: Exception) -> Exception:
 def quantize_shard(ck, plan, out, format, opts, layout, xp, allow_nonfinite, report, progress,
                    *, jobs: int = 1, extra_meta=None) -> list[str]:
     """Convert the open checkpoint ``ck`` into ``out``; returns the array names written."""
-    jobs = jobs if xp is np else 1
+    jobs = jobs if xp is np else _GPU_WORKERS
     with CheckpointWriter(out, hold=True) as w, ThreadPoolExecutor(max(1, jobs)) as pool:
         pending: collections.deque = collections.deque()
 
