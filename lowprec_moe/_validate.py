@@ -137,6 +137,29 @@ def check_splits(splits, m_total: int) -> tuple[int, ...]:
     return tuple(values)
 
 
+def check_device_splits(splits, like, what: str = "x"):
+    """Device splits of a GPU call: a 1-D integer CuPy array of at least one expert on the
+    device of ``like`` (the array named ``what``). Returns it as a contiguous int64 array. Its
+    values are not read (that would need a device-to-host copy; NUMERICS §7.5)."""
+    if not is_cupy_array(like):
+        raise TypeError(f"splits is a cupy array but {what} is a numpy array; pass host splits "
+                        "(list, tuple or numpy array)")
+    if splits.ndim != 1 or splits.size == 0:
+        raise ValueError(f"splits must be a 1-D array of at least one expert, got shape "
+                         f"{tuple(splits.shape)}")
+    if splits.dtype.kind not in "iu":
+        raise TypeError(f"splits.dtype={splits.dtype} must be an integer dtype")
+    if splits.device.id != like.device.id:
+        raise ValueError(f"splits is on device {splits.device.id} but {what} is on device "
+                         f"{like.device.id}")
+    if splits.dtype == np.int64 and splits.flags.c_contiguous:
+        return splits
+    import cupy as cp
+
+    with splits.device:
+        return cp.ascontiguousarray(splits.astype(cp.int64))
+
+
 def check_finite(name: str, a) -> None:
     xp = get_xp(a)
     if not bool(xp.isfinite(a.astype(xp.float32)).all()):

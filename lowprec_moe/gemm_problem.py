@@ -175,6 +175,11 @@ def validate(mode, a, b, splits, *, bias, probs, out_dtype, out, accumulate) -> 
             raise ValueError(f"{an}.format={a.format!r} and {bn}.format={b.format!r}: formats "
                              "mixed; both operands must use one format")
         fmt = a.format
+        for name, v in ((an, a), (bn, b)):
+            if isinstance(v, GroupedTensor) and v.splits_on_device:
+                raise NotImplementedError(
+                    f"{name} has device splits: the quantized GEMMs take host splits (call "
+                    f"{name}.with_host_splits(), or quantize with host splits)")
         for name, v, copy in ((an, a, a_copy), (bn, b, b_copy)):
             have = v.rowwise_data if copy == "rowwise" else v.columnwise_data
             if have is None:
@@ -307,21 +312,13 @@ def _check_device_splits(splits, an: str, quantized: bool, on_gpu: bool, a):
                         "splits (list, tuple or numpy array)")
     if quantized:
         raise NotImplementedError(f"device splits with a quantized {an} are not implemented: "
-                                  "a GroupedTensor carries host splits (quantize with host "
+                                  "the quantized GEMMs take host splits (quantize with host "
                                   "splits, or use high-precision operands)")
-    if splits.ndim != 1 or splits.size == 0:
-        raise ValueError(f"splits must be a 1-D array of at least one expert, got shape "
-                         f"{tuple(splits.shape)}")
-    if splits.dtype.kind not in "iu":
-        raise TypeError(f"splits.dtype={splits.dtype} must be an integer dtype")
-    if a is not None and splits.device.id != a.device.id:
-        raise ValueError(f"splits is on device {splits.device.id} but {an} is on device "
-                         f"{a.device.id}")
-    if splits.dtype == np.int64 and splits.flags.c_contiguous:
-        return splits
-    import cupy as cp
+    if a is None:
+        import cupy as cp
 
-    return cp.ascontiguousarray(splits.astype(cp.int64))
+        a = cp.empty(0, dtype=cp.uint8)  # the current device
+    return V.check_device_splits(splits, a, an)
 
 
 def _dtype_name_or_none(dt) -> str | None:

@@ -56,6 +56,8 @@ def _storage_dtype(t, field: str) -> np.dtype | None:
 def flatten(name: str, t) -> tuple[list[tuple[str, np.ndarray]], dict[str, Any]]:
     """Host arrays and the metadata entry of one QuantizedTensor / GroupedTensor."""
     grouped = isinstance(t, GroupedTensor)
+    if grouped:
+        t = t.with_host_splits()  # a file stores host splits and trimmed buffers
     entry: dict[str, Any] = {"type": type(t).__name__, "format": t.format,
                              "shape": [int(s) for s in t.shape], "fp8_dtype": t.fp8_dtype,
                              **{o: bool(getattr(t, o)) for o in _OPTIONS}, "seed": int(t.seed)}

@@ -44,14 +44,17 @@ class GroupedTensor:
     format, fp8_dtype, row_scaled, block_2d, rht, stochastic_rounding, seed
         As in :class:`~lowprec_moe.QuantizedTensor`.
     shape : (M_total, K)
-    splits : tuple of int
-        Rows per member (zeros allowed).
-    offsets : numpy.ndarray
-        int64 ``[G+1]`` row offsets (host array).
+    splits : tuple of int, or cupy.ndarray
+        Rows per member (zeros allowed); a device int64 array when quantized with device
+        splits (see :meth:`quantize`).
+    offsets : numpy.ndarray or cupy.ndarray
+        int64 ``[G+1]`` row offsets (on the device with device splits).
     rowwise_data, rowwise_scale : uint8 arrays ``[M_total, ...]`` or None
     columnwise_data, columnwise_scale : flat uint8 arrays or None
-    columnwise_data_offsets, columnwise_scale_offsets : numpy.ndarray
-        int64 ``[G+1]`` byte offsets of each member in the flat columnwise buffers.
+    columnwise_data_offsets, columnwise_scale_offsets : numpy.ndarray or cupy.ndarray
+        int64 ``[G+1]`` byte offsets of each member in the flat columnwise buffers (on the
+        device with device splits; the buffers then hold the most any split of ``M_total``
+        rows needs; the bytes past the last member belong to no member).
     amax_rowwise, amax_columnwise : float32 arrays or None
     """
 
@@ -85,18 +88,32 @@ class GroupedTensor:
                  check_finite: bool = False, first_member: int = 0) -> "GroupedTensor":
         """Quantize ``x`` ``[M_total, K]`` member by member (options as in ``quantize``).
 
-        ``splits`` are host ints (any sizes, zeros allowed) summing to ``M_total``. With
-        ``block_2d`` every split must be a multiple of the block. Member ``g`` uses member index
-        ``first_member + g`` in the stochastic-rounding stream (``first_member``: the global
-        index of the first expert when the experts are spread over processes, so that each
-        rounds as one process holding them all would; 0 otherwise).
+        ``splits`` are host ints (any sizes, zeros allowed) summing to ``M_total``, or, for a
+        CuPy ``x``, a device integer array (the router's counts): nothing is then read back,
+        so the call neither waits for the GPU nor breaks a CUDA-graph capture. Device splits
+        are not checked (negative counts act as 0, counts past ``M_total`` are cut there); the
+        columnwise buffers are sized for any split of ``M_total`` rows, the offsets are device
+        arrays, and :meth:`with_host_splits` gives the tensor that host splits would have given
+        (bit for bit). With ``block_2d`` every split must be a multiple of the block (host
+        splits only). Member ``g`` uses member index ``first_member + g`` in the
+        stochastic-rounding stream (``first_member``: the global index of the first expert when
+        the experts are spread over processes, so that each rounds as one process holding them
+        all would; 0 otherwise).
         """
         V.check_array("x", x)
         V.check_format(format)
         x2 = V.as_2d(x)
         m_total, k = x2.shape
         V.check_k(k, format)
-        splits = V.check_splits(splits, m_total)
+        on_device = is_cupy_array(splits)
+        if on_device:
+            splits = V.check_device_splits(splits, x2)
+            if block_2d:
+                raise NotImplementedError("block_2d=True with device splits is not implemented "
+                                          "(every split must be a multiple of the block, which "
+                                          "needs their values on the host)")
+        else:
+            splits = V.check_splits(splits, m_total)
         V.check_options(format, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled,
                         block_2d=block_2d, rht=rht, stochastic_rounding=stochastic_rounding,
                         fp8_dtype=fp8_dtype, dtype=x.dtype)
@@ -122,8 +139,9 @@ class GroupedTensor:
                 row_scaled=row_scaled, block_2d=block_2d, rht=rht,
                 stochastic_rounding=stochastic_rounding, seed=seed, fp8_dtype=fp8_dtype,
                 first_member=first_member)
+        offsets = parts.pop("offsets") if on_device else _offsets(splits)
         return GroupedTensor(format=format, shape=(m_total, k), splits=splits,
-                             offsets=_offsets(splits),
+                             offsets=offsets,
                              fp8_dtype=fp8_dtype if format == "mxfp8" else None,
                              row_scaled=row_scaled, block_2d=block_2d,
                              rht=bool(rht and columnwise),
@@ -177,6 +195,7 @@ class GroupedTensor:
         """
         if self.columnwise_data is not None:
             return self
+        self._require_host_splits("with_columnwise()")
         if self.format != "mxfp8":
             raise ValueError(f"with_columnwise() builds the columnwise copy from mxfp8 rowwise data;"
                              f" this tensor is {self.format} without a columnwise copy")
@@ -193,10 +212,41 @@ class GroupedTensor:
             parts = {k: v for k, v in parts.items() if k.startswith("columnwise")}
         return replace(self, **parts)
 
+    def with_host_splits(self) -> "GroupedTensor":
+        """This tensor with its splits on the host (``self`` if they are already).
+
+        Reads device splits back (one device-to-host copy: a synchronisation, on purpose),
+        checks them (non-negative, summing to ``M_total``) and trims the columnwise buffers to
+        the members' sizes: the result equals, bit for bit, ``GroupedTensor.quantize`` of the
+        same input with the same splits given on the host. The buffers are shared, not copied.
+        """
+        if not self.splits_on_device:
+            return self
+        splits = V.check_splits(self.splits.get().tolist(), self.shape[0])
+        fields: dict = dict(splits=splits, offsets=_offsets(splits))
+        if self.columnwise_data is not None:
+            sizes = [columnwise_sizes(self.format, s, self.shape[1]) for s in splits]
+            d_off, s_off = _offsets([z[0] for z in sizes]), _offsets([z[1] for z in sizes])
+            fields.update(columnwise_data=self.columnwise_data[:int(d_off[-1])],
+                          columnwise_scale=self.columnwise_scale[:int(s_off[-1])],
+                          columnwise_data_offsets=d_off, columnwise_scale_offsets=s_off)
+        return replace(self, **fields)
+
+    def _require_host_splits(self, what: str) -> None:
+        if self.splits_on_device:
+            raise NotImplementedError(f"{what} needs the splits on the host and this tensor "
+                                      "has device splits; call with_host_splits() first (it "
+                                      "reads them back: one synchronisation)")
+
     # ---------------------------------------------------------------------------------- views
     @property
     def num_groups(self) -> int:
         return len(self.splits)
+
+    @property
+    def splits_on_device(self) -> bool:
+        """Whether ``splits`` is a device array (see :meth:`quantize`)."""
+        return is_cupy_array(self.splits)
 
     @property
     def is_cuda(self) -> bool:
@@ -205,6 +255,7 @@ class GroupedTensor:
 
     def member(self, g: int) -> QuantizedTensor:
         """Zero-copy :class:`QuantizedTensor` view of member ``g`` (``0 <= g < num_groups``)."""
+        self._require_host_splits("member()")
         if not 0 <= g < self.num_groups:
             raise IndexError(f"member g={g} out of range for num_groups={self.num_groups}")
         k = self.shape[1]
@@ -236,6 +287,7 @@ class GroupedTensor:
         """Dequantize every member and return ``[M_total, K]`` of ``dtype``."""
         V.check_direction(direction)
         dtype = V.check_dequant_dtype(dtype)
+        self._require_host_splits("dequantize()")
         if is_cupy_array(self.rowwise_data if self.rowwise_data is not None
                          else self.columnwise_data):
             from lowprec_moe.backends.cupy import grouped

@@ -90,6 +90,7 @@ def unswizzle_scales(buf, shape, *, transpose: bool = False):
 
 
 def _grouped_scale_list(g: GroupedTensor, direction: str) -> list:
+    g._require_host_splits("swizzling a grouped tensor's scales")
     if direction == "rowwise":
         if g.rowwise_scale is None:
             raise ValueError("direction='rowwise': the grouped tensor has no rowwise scales")

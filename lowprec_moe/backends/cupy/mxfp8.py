@@ -29,7 +29,8 @@ import numpy as np
 
 from lowprec_moe import formats as F
 from lowprec_moe import kernels
-from lowprec_moe.backends.cupy import tables
+from lowprec_moe.backends.cupy import splits_kernels, tables
+from lowprec_moe.backends.cupy.splits import max_row_tiles
 
 __all__ = [
     "MODULE",
@@ -227,10 +228,17 @@ def grouped_quantize_mxfp8(x2d, splits, *, rowwise: bool = True, columnwise: boo
     ``columnwise_scale`` with host int64 ``columnwise_data_offsets`` /
     ``columnwise_scale_offsets`` ``[G+1]`` (if columnwise), member g being the columnwise
     storage of its ``[splits[g], K]`` rows padded with zero rows to a multiple of 32.
+
+    ``splits`` may be a device int64 array (validated by the caller; values not read): the
+    tables are then built on the device, the columnwise buffers hold the most 32-row tiles any
+    split of ``M_total`` rows can need (the tiles past the real ones are written as zeros), and
+    the result adds ``offsets``, the device row offsets; the offsets are device arrays.
     """
     flags = _flags(rowwise, columnwise, block_2d, fp8_dtype)
     with _check_cupy(x2d, "x").device:
         x2, m, k = _check_x(x2d, False)
+        if not isinstance(splits, np.ndarray) and hasattr(splits, "device"):
+            return _grouped_quantize_device(x2, m, k, splits, rowwise, columnwise, flags)
         s = np.asarray(splits, dtype=np.int64).reshape(-1)
         if s.size == 0 or (s < 0).any() or int(s.sum()) != m:
             raise ValueError(f"splits={s.tolist()} must be non-negative and sum to M={m}")
@@ -246,6 +254,25 @@ def grouped_quantize_mxfp8(x2d, splits, *, rowwise: bool = True, columnwise: boo
         if columnwise:
             out["columnwise_data_offsets"] = tiles * (_B * k)
             out["columnwise_scale_offsets"] = tiles * k
+    return out
+
+
+def _grouped_quantize_device(x2, m: int, k: int, splits, rowwise: bool, columnwise: bool,
+                             flags: int) -> dict:
+    if flags & _FLAG_BLOCK_2D:
+        raise NotImplementedError("block_2d=True with device splits is not implemented (the "
+                                  "splits must be multiples of 32, which needs their values "
+                                  "on the host)")
+    g = int(splits.size)
+    row_off, tile_off = splits_kernels.offsets(splits, m, _B)
+    num_tiles = max_row_tiles(m, g, _B)
+    out = grouped_outputs(m, k, num_tiles, rowwise, columnwise)
+    if num_tiles and k:
+        _launch_quantize(x2, m, k, num_tiles, row_off, tile_off, g, out, flags)
+    out["offsets"] = row_off
+    if columnwise:
+        out["columnwise_data_offsets"] = tile_off * (_B * k)
+        out["columnwise_scale_offsets"] = tile_off * k
     return out
 
 

@@ -25,7 +25,8 @@ import numpy as np
 
 from lowprec_moe import formats as F
 from lowprec_moe import kernels
-from lowprec_moe.backends.cupy import tables
+from lowprec_moe.backends.cupy import splits_kernels, tables
+from lowprec_moe.backends.cupy.splits import max_row_tiles
 
 __all__ = [
     "MODULE",
@@ -194,7 +195,18 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
     n_groups = len(splits)
     tile_cols = _TILE_COLS[key]
     n_ct = _cdiv(k, tile_cols)
-    if grouped:
+    row_off = None
+    if grouped and not isinstance(splits, (list, tuple, np.ndarray)):
+        # device splits: the member table built on the device, sizes for any split of M rows
+        row_off, tiles16 = splits_kernels.offsets(splits, m_total, _B)
+        _, tiles64 = splits_kernels.offsets(splits, m_total, _TILE_ROWS)
+        cw_prefix = tiles16 * _B
+        meta = cp.concatenate([row_off, cw_prefix, tiles64])
+        cw_total = _B * max_row_tiles(m_total, n_groups, _B)
+        # a member's 64-row tiles cover its rows rounded up to 16 (or 64): at most this many
+        n_tiles = max_row_tiles(m_total, n_groups, _TILE_ROWS) * n_ct
+        g_arg = n_groups
+    elif grouped:
         offsets, cw_prefix, tile_prefix = _member_table(splits, k, padded_tiles=columnwise)
         cw_total = int(cw_prefix[-1])
         n_tiles = int(tile_prefix[-1]) * n_ct
@@ -245,7 +257,10 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
         amax_row = buf[:n_groups].view(cp.float32)
         amax_col = amax_row
         epc = 16 // x.itemsize
-        max_chunks = max((int(s) * k) // epc for s in splits) if n_groups else 0
+        if row_off is not None:  # device splits: one member may hold every row
+            max_chunks = (m_total * k) // epc
+        else:
+            max_chunks = max((int(s) * k) // epc for s in splits) if n_groups else 0
         if n_tiles:  # (then max_chunks > 0)
             tabs = cp.empty(2 * n_groups * _TAB_STRIDE, dtype=cp.float32)
             grid_x = max(1, min(_cdiv(max_chunks, _AMAX_THREADS * _AMAX_UNROLL), 4 * _sm_count()))
@@ -275,7 +290,7 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
             row_data if rowwise else _NULL, row_scale if rowwise else _NULL,
             col_data if columnwise else _NULL, col_scale if columnwise else _NULL))
     return dict(row_data=row_data, row_scale=row_scale, col_data=col_data, col_scale=col_scale,
-                amax_row=amax_row, amax_col=amax_col, cw_prefix=cw_prefix)
+                amax_row=amax_row, amax_col=amax_col, cw_prefix=cw_prefix, row_off=row_off)
 
 
 def quantize_nvfp4(x2d, *, rowwise: bool = True, columnwise: bool = False,
@@ -326,15 +341,25 @@ def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: boo
     """
     x = _prep_input(x2d)
     m_total, k = (int(s) for s in x.shape)
-    splits = [int(s) for s in splits]
-    if not splits or any(s < 0 for s in splits) or sum(splits) != m_total:
-        raise ValueError(f"splits={splits} must be non-negative and sum to M={m_total}")
+    device = not isinstance(splits, (list, tuple, np.ndarray)) and hasattr(splits, "device")
+    if device:
+        if block_2d:
+            raise NotImplementedError("block_2d=True with device splits is not implemented (the "
+                                      "splits must be multiples of 16, which needs their values "
+                                      "on the host)")
+    else:
+        splits = [int(s) for s in splits]
+        if not splits or any(s < 0 for s in splits) or sum(splits) != m_total:
+            raise ValueError(f"splits={splits} must be non-negative and sum to M={m_total}")
+    n_groups = len(splits)
     if amax is not None:
-        amax = _check_amax(amax, x, len(splits), row_scaled)
+        amax = _check_amax(amax, x, n_groups, row_scaled)
     r = _quantize_core(x, splits, grouped=True, member_base=first_member, rowwise=rowwise,
                        columnwise=columnwise, row_scaled=row_scaled, block_2d=block_2d, rht=rht,
                        stochastic_rounding=stochastic_rounding, seed=seed, amax=amax)
     out: dict = {}
+    if device:
+        out["offsets"] = r["row_off"]
     if rowwise:
         out["rowwise_data"] = r["row_data"]
         out["rowwise_scale"] = r["row_scale"]
@@ -342,12 +367,12 @@ def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: boo
         cwp = r["cw_prefix"]
         out["columnwise_data"] = r["col_data"]
         out["columnwise_scale"] = r["col_scale"]
-        out["columnwise_data_offsets"] = (cwp * k // 2).astype(np.int64)
-        out["columnwise_scale_offsets"] = (cwp * k // _B).astype(np.int64)
+        out["columnwise_data_offsets"] = cwp * (k // 2)
+        out["columnwise_scale_offsets"] = cwp * (k // _B)
     if rowwise:
         out["amax_rowwise"] = r["amax_row"]
     if columnwise:
-        out["amax_columnwise"] = (r["amax_col"].reshape(len(splits), k) if row_scaled
+        out["amax_columnwise"] = (r["amax_col"].reshape(n_groups, k) if row_scaled
                                   else r["amax_col"])
     return out
 
