@@ -95,7 +95,10 @@ def cases(be: Backend):
         rows.append((f"quantize {fmt}",
                      lambda fmt=fmt: lpm.GroupedTensor.quantize(x, splits, fmt,
                                                                 columnwise=True)))
-    ds = xp.asarray(np.asarray(splits, dtype=np.int64))  # device splits (bf16 paths)
+    ds = xp.asarray(np.asarray(splits, dtype=np.int64))  # device splits
+    for fmt in ("mxfp8", "nvfp4"):
+        rows.append((f"quantize {fmt} @device",
+                     lambda fmt=fmt: lpm.GroupedTensor.quantize(x, ds, fmt, columnwise=True)))
     rows.append(("gemm bf16 fprop @device",
                  lambda: G.grouped_gemm_fprop(x, w, ds, out=out_f)))
     rows.append(("gemm bf16 wgrad @device",
@@ -116,8 +119,8 @@ def cases(be: Backend):
         rows.append((f"linear {rname}", linear))
         rows.append((f"mlp {rname}", mlp))
         if rname == "bf16":
-            rows.append(("linear bf16 @device", lambda: linear(splits_arg=ds)))
-            rows.append(("mlp bf16 @device", lambda: mlp(splits_arg=ds)))
+            rows.append(("linear bf16 @device", lambda f=linear: f(splits_arg=ds)))
+            rows.append(("mlp bf16 @device", lambda f=mlp: f(splits_arg=ds)))
     return rows
 
 
