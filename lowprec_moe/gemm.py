@@ -26,14 +26,16 @@ Either both operands are high-precision arrays, or both are quantized (same form
 
 Device splits
 -------------
-On the GPU, with high-precision operands, ``splits`` may be a 1-D CuPy integer array on the
-operands' device (the router's token counts, say). The call then never reads them back: output
+On the GPU ``splits`` may be a 1-D CuPy integer array on the operands' device (the router's
+token counts, say); quantized token operands must then be GroupedTensors quantized with device
+splits (their own splits are used, not compared: ``splits`` may be None). The call then never reads them back: output
 shapes come from ``M_total``, and the launch tables are built on the device. They are not
 checked (that would need a device-to-host copy): negative counts act as 0 and counts past
 ``M_total`` are cut there, so no row outside the tensors is ever addressed (output rows past the
 cut splits are not written). Valid device splits give the same bits as the same host splits
-(NUMERICS §7.5). wgrad with ``accumulate=True`` and
-quantized operands (whose GroupedTensors carry host splits) raise ``NotImplementedError``.
+(NUMERICS §7.5). Such calls run the plain cp.async kernels (the warp-specialised, TMA and
+persistent ones build their schedules or tensor maps from host splits). wgrad with
+``accumulate=True`` raises ``NotImplementedError``.
 
 Numerics
 --------
@@ -105,8 +107,8 @@ def grouped_gemm_fprop(x, weight, splits=None, *, bias=None, probs=None, out_dty
         (rowwise copy).
     splits : sequence of int, or 1-D cupy integer array, optional
         Tokens per expert (``G`` entries, summing to ``M_total``). Defaults to ``x.splits`` when
-        ``x`` is a GroupedTensor (and must equal it when given). On the GPU with
-        high-precision operands they may be a device array (see "Device splits" above).
+        ``x`` is a GroupedTensor (and must equal it when given). On the GPU they may be a
+        device array (see "Device splits" above).
     bias : array ``[G, N]``, optional
         Added in fp32 after the NVFP4 scaling.
     probs : array ``[M_total]``, optional

@@ -175,11 +175,6 @@ def validate(mode, a, b, splits, *, bias, probs, out_dtype, out, accumulate) -> 
             raise ValueError(f"{an}.format={a.format!r} and {bn}.format={b.format!r}: formats "
                              "mixed; both operands must use one format")
         fmt = a.format
-        for name, v in ((an, a), (bn, b)):
-            if isinstance(v, GroupedTensor) and v.splits_on_device:
-                raise NotImplementedError(
-                    f"{name} has device splits: the quantized GEMMs take host splits (call "
-                    f"{name}.with_host_splits(), or quantize with host splits)")
         for name, v, copy in ((an, a, a_copy), (bn, b, b_copy)):
             have = v.rowwise_data if copy == "rowwise" else v.columnwise_data
             if have is None:
@@ -190,7 +185,9 @@ def validate(mode, a, b, splits, *, bias, probs, out_dtype, out, accumulate) -> 
             n, k = int(a.shape[1]), int(b.shape[1])
             if b.shape[0] != m_total:
                 raise ValueError(f"dy has M={m_total} rows but x has M={b.shape[0]} rows")
-            if tuple(a.splits) != tuple(b.splits):
+            if a.splits_on_device != b.splits_on_device:
+                raise ValueError("dy and x must both have host splits or both device splits")
+            if not a.splits_on_device and tuple(a.splits) != tuple(b.splits):
                 raise ValueError(f"dy.splits={list(a.splits)} and x.splits={list(b.splits)} "
                                  "differ")
             if bool(a.rht) != bool(b.rht):
@@ -218,13 +215,21 @@ def validate(mode, a, b, splits, *, bias, probs, out_dtype, out, accumulate) -> 
 
     # ---- splits
     device_splits = None
+    if a_q and a.splits_on_device and not (splits is None or is_cupy_array(splits)):
+        raise ValueError(f"{an} has device splits but splits are host values: pass "
+                         "splits=None (or the device array)")
+    if a_q and not a.splits_on_device and is_cupy_array(splits):
+        raise ValueError(f"{an} has host splits but splits is a device array: pass the host "
+                         f"splits, or quantize {an} with the device splits")
     if splits is None:
         if not a_q:
             raise ValueError(f"splits=None: pass the tokens per expert (splits) when {an} is a "
                              "plain array")
         splits = a.splits
     if is_cupy_array(splits):
-        device_splits = _check_device_splits(splits, an, a_q, on_gpu, a if not a_q else None)
+        device_splits = _check_device_splits(splits, an, on_gpu,
+                                             a.rowwise_data if a_q and a.rowwise_data is not None
+                                             else a.columnwise_data if a_q else a)
         splits = None
         g_count = int(device_splits.size)
         if mode == "wgrad" and accumulate:
@@ -304,20 +309,12 @@ def validate(mode, a, b, splits, *, bias, probs, out_dtype, out, accumulate) -> 
                        device_splits=device_splits)
 
 
-def _check_device_splits(splits, an: str, quantized: bool, on_gpu: bool, a):
+def _check_device_splits(splits, an: str, on_gpu: bool, a):
     """int64 contiguous device splits of a GPU problem (values are not read: see NUMERICS
-    §7.5), or TypeError / ValueError / NotImplementedError naming what does not fit."""
+    §7.5), or TypeError / ValueError naming what does not fit."""
     if not on_gpu:
         raise TypeError("splits is a cupy array but the operands are numpy arrays; pass host "
                         "splits (list, tuple or numpy array)")
-    if quantized:
-        raise NotImplementedError(f"device splits with a quantized {an} are not implemented: "
-                                  "the quantized GEMMs take host splits (quantize with host "
-                                  "splits, or use high-precision operands)")
-    if a is None:
-        import cupy as cp
-
-        a = cp.empty(0, dtype=cp.uint8)  # the current device
     return V.check_device_splits(splits, a, an)
 
 

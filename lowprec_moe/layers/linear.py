@@ -135,8 +135,9 @@ def grouped_linear_forward(x, splits, weight, bias=None, *, recipe: Recipe, prob
         Tokens sorted by expert, or a pre-quantized rowwise MXFP8 wire tensor.
     splits : sequence of int, 1-D cupy integer array, or None
         Tokens per expert (``G`` host ints summing to M); None takes ``x.splits`` from a wire x.
-        With the bf16 recipe on the GPU they may be a device array: neither forward nor
-        backward then reads anything back (NUMERICS §7.5; see ``grouped_gemm_fprop``).
+        On the GPU they may be a device array (every recipe; not with a wire x): neither
+        forward nor backward then reads anything back (NUMERICS §7.5; see
+        ``grouped_gemm_fprop``).
     weight : array ``[G, N, K]``
     bias : array ``[G, N]``, optional
     recipe : Recipe
@@ -216,26 +217,11 @@ def grouped_linear_forward(x, splits, weight, bias=None, *, recipe: Recipe, prob
 
 
 def check_layer_splits(splits, m: int, recipe: Recipe, x):
-    """Host splits checked against ``m`` (a tuple), or device splits of a GPU bf16-recipe layer
-    as given (their values are not read; ``NotImplementedError`` for the quantized recipes,
-    whose quantizers take host splits)."""
+    """Host splits checked against ``m`` (a tuple), or device splits of a GPU layer (an int64
+    device array; their values are not read, NUMERICS §7.5)."""
     if not is_cupy_array(splits):
         return V.check_splits(splits, m)
-    if recipe.quantized:
-        raise NotImplementedError(f"device splits with the {recipe.name} recipe are not "
-                                  "implemented: its quantizers take host splits (pass host "
-                                  "splits, or use the bf16 recipe)")
-    if not is_cupy_array(x):
-        raise TypeError("splits is a cupy array but x is a numpy array; pass host splits")
-    if splits.ndim != 1 or splits.size == 0:
-        raise ValueError(f"splits must be a 1-D array of at least one expert, got shape "
-                         f"{tuple(splits.shape)}")
-    if splits.dtype.kind not in "iu":
-        raise TypeError(f"splits.dtype={splits.dtype} must be an integer dtype")
-    if splits.device.id != x.device.id:
-        raise ValueError(f"splits is on device {splits.device.id} but x is on device "
-                         f"{x.device.id}")
-    return splits
+    return V.check_device_splits(splits, x)
 
 
 def _quantize_x(x, splits, recipe: Recipe, wire: bool, *, columnwise: bool) -> GroupedTensor:

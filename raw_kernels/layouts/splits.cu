@@ -11,7 +11,9 @@
 // scans over G; G may exceed the CTA's threads (each thread takes a run of experts).
 //
 // lpm_gemm_split_tables: from those offsets, the grouped GEMM's descriptor table desc [G, 16] =
-// static + row0 * c_row0 + rows * c_rows (per word) and, when tiles != nullptr, its M-grouped
+// static + row0 * coef[0] + rows * coef[1] (per word), plus blk0 * coef[2] + blks * coef[3] when
+// blk_off (the tile offsets of the operands' row blocks) is given, and, when tiles != nullptr,
+// its M-grouped
 // tile table [entries, 2] of (expert, row tile): real tiles in expert order, then (0, pad) with
 // pad * BM >= M (no valid row; the GEMM kernels skip them). One thread per output word.
 // All indices are 64-bit; nothing is read back by the host.
@@ -90,16 +92,21 @@ extern "C" __global__ void __launch_bounds__(kSplitsThreads)
 
 extern "C" __global__ void __launch_bounds__(kSplitsThreads)
     lpm_gemm_split_tables(const long long* __restrict__ row_off,
-                          const long long* __restrict__ tile_off, long long G, long long M,
+                          const long long* __restrict__ tile_off,
+                          const long long* __restrict__ blk_off, long long G, long long M,
                           const long long* __restrict__ static_desc,
-                          const long long* __restrict__ c_row0,
-                          const long long* __restrict__ c_rows, long long* __restrict__ desc,
+                          const long long* __restrict__ coef, long long* __restrict__ desc,
                           int* __restrict__ tiles, long long entries, long long bm) {
     const long long i = static_cast<long long>(blockIdx.x) * kSplitsThreads + threadIdx.x;
     if (i < G * kDescWords) {
         const long long g = i / kDescWords, w = i % kDescWords;
         const long long row0 = row_off[g], rows = row_off[g + 1] - row0;
-        desc[i] = static_desc[i] + row0 * c_row0[w] + rows * c_rows[w];
+        long long d = static_desc[i] + row0 * coef[w] + rows * coef[kDescWords + w];
+        if (blk_off != nullptr) {
+            const long long blk0 = blk_off[g], blks = blk_off[g + 1] - blk0;
+            d += blk0 * coef[2 * kDescWords + w] + blks * coef[3 * kDescWords + w];
+        }
+        desc[i] = d;
     }
     if (tiles != nullptr && i < entries) {
         // the expert whose tiles hold entry i: the last g with tile_off[g] <= i (g < G)

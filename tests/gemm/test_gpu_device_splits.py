@@ -1,8 +1,9 @@
 """Grouped GEMMs with device splits on the GPU: the same bits as host splits (fprop with bias
 and probs, dgrad, wgrad; bf16 and fp16; empty experts), invalid device splits clamped inside
 the tensors, a call that reads nothing back (it captures into a CUDA graph, and the graph
-replayed with other splits of the same experts gives the eager host-splits result), and the
-cases that are not implemented say so."""
+replayed with other splits of the same experts gives the eager host-splits result), the same for
+MXFP8 and NVFP4 operands quantized with the device splits, and the cases that are not
+implemented say so."""
 
 from __future__ import annotations
 
@@ -101,6 +102,84 @@ def test_a_call_captures_into_a_graph_and_replays_with_new_splits():
         assert_bytes_equal(dw, G.grouped_gemm_wgrad(dy, x, host), "replayed wgrad")
 
 
+_QUANTIZED = [("mxfp8", {}), ("mxfp8", {"fp8_dtype": "e5m2"}), ("nvfp4", {}),
+              ("nvfp4", {"row_scaled": True})]
+
+
+@pytest.mark.parametrize("fmt,opts", _QUANTIZED)
+@pytest.mark.parametrize("g,m,k,n", [(6, 700, 256, 192), (1, 77, 128, 64), (16, 300, 128, 128)])
+def test_quantized_device_splits_give_host_bits(fmt, opts, g, m, k, n):
+    """Quantized operands with device splits (quantized with them, so their columnwise copies
+    sit in the worst-case buffers): the plain kernels, fed descriptors affine in the experts'
+    rows and blocks, give the bits of the host-splits call (whichever kernel that picks)."""
+    import cupy as cp
+    import ml_dtypes
+
+    rng = np.random.default_rng(g * m + k + len(opts))
+    x, w, dy = _data(cp, rng, m, g, k, n, ml_dtypes.bfloat16)
+    wq = lpm.GroupedTensor.quantize(w.reshape(g * n, k), [n] * g, fmt, columnwise=True,
+                                    **opts)
+    dy_opts = {k_: v for k_, v in opts.items() if k_ != "row_scaled"}
+    for _ in range(2):
+        s = random_splits(rng, m, g)
+        ds, host = cp.asarray(s), [int(v) for v in s]
+
+        def q(a, h, o):
+            return lpm.GroupedTensor.quantize(a, h, fmt, columnwise=True, **o)
+
+        xd, xh = q(x, ds, opts), q(x, host, opts)
+        dyd, dyh = q(dy, ds, dy_opts), q(dy, host, dy_opts)
+        assert_bytes_equal(G.grouped_gemm_fprop(xd, wq), G.grouped_gemm_fprop(xh, wq),
+                           f"{fmt} fprop")
+        assert_bytes_equal(G.grouped_gemm_dgrad(dyd, wq), G.grouped_gemm_dgrad(dyh, wq),
+                           f"{fmt} dgrad")
+        out = cp.full((g, n, k), np.nan, dtype=cp.float32)
+        got = G.grouped_gemm_wgrad(dyd, xd, ds, out_dtype="float32", out=out)
+        assert_bytes_equal(got, G.grouped_gemm_wgrad(dyh, xh, out_dtype="float32"),
+                           f"{fmt} wgrad")
+
+
+def test_quantized_call_captures_into_a_graph():
+    import cupy as cp
+    import ml_dtypes
+
+    rng = np.random.default_rng(29)
+    g, m, k, n = 8, 1024, 256, 256
+    x, w, dy = _data(cp, rng, m, g, k, n, ml_dtypes.bfloat16)
+    wq = lpm.GroupedTensor.quantize(w.reshape(g * n, k), [n] * g, "mxfp8", columnwise=True)
+    ds = cp.asarray(random_splits(rng, m, g))
+
+    def step():
+        xq = lpm.GroupedTensor.quantize(x, ds, "mxfp8", columnwise=True)
+        dyq = lpm.GroupedTensor.quantize(dy, ds, "mxfp8", columnwise=True)
+        return (G.grouped_gemm_fprop(xq, wq), G.grouped_gemm_dgrad(dyq, wq),
+                G.grouped_gemm_wgrad(dyq, xq, out_dtype="float32"))
+
+    pool = cp.cuda.MemoryPool()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with cp.cuda.using_allocator(pool.malloc), stream:
+        for _ in range(2):
+            warm = step()
+        del warm
+        stream.synchronize()
+        stream.begin_capture()
+        got = step()
+        graph = stream.end_capture()
+    for _ in range(2):
+        s = random_splits(rng, m, g)
+        ds[...] = cp.asarray(s)
+        cp.cuda.get_current_stream().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+        host = [int(v) for v in s]
+        xq = lpm.GroupedTensor.quantize(x, host, "mxfp8", columnwise=True)
+        dyq = lpm.GroupedTensor.quantize(dy, host, "mxfp8", columnwise=True)
+        want = (G.grouped_gemm_fprop(xq, wq), G.grouped_gemm_dgrad(dyq, wq),
+                G.grouped_gemm_wgrad(dyq, xq, out_dtype="float32"))
+        for a, b, name in zip(got, want, ("fprop", "dgrad", "wgrad")):
+            assert_bytes_equal(a, b, f"replayed {name}")
+
+
 def test_unsupported_device_split_cases_say_so():
     import cupy as cp
     import ml_dtypes
@@ -111,8 +190,11 @@ def test_unsupported_device_split_cases_say_so():
     ds = cp.asarray(np.array([32] * 4))
     xq = lpm.GroupedTensor.quantize(x, [32] * 4, "mxfp8")
     wq = lpm.GroupedTensor.quantize(w.reshape(g * n, k), [n] * g, "mxfp8")
-    with pytest.raises(NotImplementedError, match="device splits"):
+    with pytest.raises(ValueError, match="host splits but splits is a device array"):
         G.grouped_gemm_fprop(xq, wq, ds)
+    xd = lpm.GroupedTensor.quantize(x, ds, "mxfp8")
+    with pytest.raises(ValueError, match="device splits but splits are host values"):
+        G.grouped_gemm_fprop(xd, wq, [32] * 4)
     with pytest.raises(NotImplementedError, match="accumulate"):
         G.grouped_gemm_wgrad(dy, x, ds, out=cp.zeros((g, n, k), cp.float32),
                                accumulate=True)
@@ -139,8 +221,8 @@ def test_split_table_kernels_equal_their_twins(g, dtype):
     rng = np.random.default_rng(g)
     m, bm = 5000, 128
     static = rng.integers(-2**40, 2**40, (g, 16)).astype(np.int64)
-    c_row0 = rng.integers(-4, 5, 16).astype(np.int64)
-    c_rows = rng.integers(-4, 5, 16).astype(np.int64)
+    coef = rng.integers(-4, 5, (4, 16)).astype(np.int64)
+    block = 32
     for case in range(4):
         s = random_splits(rng, m, g)
         if case == 1:
@@ -156,9 +238,15 @@ def test_split_table_kernels_equal_their_twins(g, dtype):
         assert_bytes_equal(row_off, want_rows, f"row offsets, case {case}")
         assert_bytes_equal(tile_off, want_tiles, f"tile offsets, case {case}")
         entries = DS.max_row_tiles(m, g, bm)
-        desc, tiles = SK.gemm_tables(row_off, tile_off, m, cp.asarray(static), cp.asarray(c_row0),
-                                     cp.asarray(c_rows), bm, entries)
+        desc, tiles = SK.gemm_tables(row_off, tile_off, m, cp.asarray(static), cp.asarray(coef),
+                                     bm, entries)
         row0, rows = DS.clamped_rows(np, s, m)
-        assert_bytes_equal(desc, DS.device_descriptors(np, static, c_row0, c_rows, row0, rows),
+        assert_bytes_equal(desc, DS.device_descriptors(np, static, coef, row0, rows),
                            f"descriptors, case {case}")
+        _, blk_off = SK.offsets(ds, m, block)
+        desc_b, _ = SK.gemm_tables(row_off, tile_off, m, cp.asarray(static), cp.asarray(coef),
+                                   bm, None, blk_off=blk_off)
+        blk0, blks = DS.block_counts(np, rows, block)
+        assert_bytes_equal(desc_b, DS.device_descriptors(np, static, coef, row0, rows, blk0,
+                                                         blks), f"block descriptors, case {case}")
         assert_bytes_equal(tiles, DS.device_tile_table(np, rows, m, bm), f"tiles, case {case}")

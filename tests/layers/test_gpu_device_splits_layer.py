@@ -1,6 +1,6 @@
-"""GroupedLinear (bf16 recipe) with device splits on the GPU: forward and backward (bias,
-probs, empty experts) give the bits of host splits, and a whole step captures into a CUDA graph
-that, replayed with other splits of the same experts and new data, gives the eager results."""
+"""GroupedLinear with device splits on the GPU, every recipe: forward and backward (bias, probs,
+empty experts) give the bits of host splits, and a whole step captures into a CUDA graph that,
+replayed with other splits of the same experts and new data, gives the eager results."""
 
 from __future__ import annotations
 
@@ -14,9 +14,14 @@ from conftest import assert_bytes_equal, random_splits, requires_gpu
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
 
-def _step(x, splits, w, bias, probs, dy):
-    y, ctx = lpm.grouped_linear_forward(x, splits, w, bias, recipe=lpm.Recipe.bf16(),
-                                        probs=probs)
+RECIPES = {"bf16": lpm.Recipe.bf16(), "mxfp8": lpm.Recipe.mxfp8(),
+           "mxfp8-hybrid": lpm.Recipe.mxfp8(fp8_format="hybrid"), "nvfp4": lpm.Recipe.nvfp4(),
+           "nvfp4-row-scaled": lpm.Recipe.nvfp4(row_scaled_activation=True)}
+
+
+def _step(x, splits, w, bias, probs, dy, recipe=RECIPES["bf16"]):
+    y, ctx = lpm.grouped_linear_forward(x, splits, w, bias, recipe=recipe, probs=probs,
+                                        seed=7)
     g = lpm.grouped_linear_backward(dy, ctx)
     return y, g.dx, g.dweight, g.dbias, g.dprobs
 
@@ -33,23 +38,26 @@ def _data(cp, rng, m, g, k, n):
             cp.asarray(rng.uniform(0.1, 1.0, m).astype(np.float32)))
 
 
-def test_linear_step_with_device_splits_gives_host_bits():
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_linear_step_with_device_splits_gives_host_bits(recipe):
     import cupy as cp
 
     rng = np.random.default_rng(3)
     g, m, k, n = 8, 2048, 256, 512
     x, w, dy, bias, probs = _data(cp, rng, m, g, k, n)
-    for _ in range(3):
+    for _ in range(2):
         s = random_splits(rng, m, g)
-        got = _step(x, cp.asarray(s), w, bias, probs, dy)
-        want = _step(x, [int(v) for v in s], w, bias, probs, dy)
+        got = _step(x, cp.asarray(s), w, bias, probs, dy, RECIPES[recipe])
+        want = _step(x, [int(v) for v in s], w, bias, probs, dy, RECIPES[recipe])
         for name, a, b in zip(("y", "dx", "dweight", "dbias", "dprobs"), got, want):
             assert_bytes_equal(a, b, name)
 
 
-def test_linear_step_captures_into_a_graph():
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp8", "nvfp4"])
+def test_linear_step_captures_into_a_graph(recipe):
     import cupy as cp
 
+    r = RECIPES[recipe]
     rng = np.random.default_rng(4)
     g, m, k, n = 8, 1024, 256, 256
     x, w, dy, bias, probs = _data(cp, rng, m, g, k, n)
@@ -58,11 +66,11 @@ def test_linear_step_captures_into_a_graph():
     stream = cp.cuda.Stream(non_blocking=True)
     with cp.cuda.using_allocator(pool.malloc), stream:
         for _ in range(2):
-            out = _step(x, ds, w, bias, probs, dy)
+            out = _step(x, ds, w, bias, probs, dy, r)
         del out
         stream.synchronize()
         stream.begin_capture()
-        out = _step(x, ds, w, bias, probs, dy)
+        out = _step(x, ds, w, bias, probs, dy, r)
         graph = stream.end_capture()
     for _ in range(3):
         s = random_splits(rng, m, g)
@@ -73,6 +81,6 @@ def test_linear_step_captures_into_a_graph():
         cp.cuda.get_current_stream().synchronize()
         graph.launch(stream)
         stream.synchronize()
-        want = _step(x, [int(v) for v in s], w, bias, probs, dy)
+        want = _step(x, [int(v) for v in s], w, bias, probs, dy, r)
         for name, a, b in zip(("y", "dx", "dweight", "dbias", "dprobs"), out, want):
             assert_bytes_equal(a, b, f"replayed {name}")

@@ -2,8 +2,9 @@
 in two launches (NumPy / CuPy twins: :mod:`.splits`, :mod:`.gemm.device_splits`).
 
 * :func:`offsets` -- clamped row offsets and tile offsets ``[G+1]`` (one CTA);
-* :func:`gemm_tables` -- the descriptor table ``static + row0 * c_row0 + rows * c_rows`` and,
-  for an M-grouped launch, the padded tile table.
+* :func:`gemm_tables` -- the descriptor table (affine in each expert's first row, row count
+  and, for block-padded quantized operands, block counts) and, for an M-grouped launch, the
+  padded tile table.
 
 Both enqueue on the current stream and read nothing back.
 """
@@ -39,10 +40,12 @@ def offsets(splits, m_total: int, rows_per_tile: int):
     return row_off, tile_off
 
 
-def gemm_tables(row_off, tile_off, m_total: int, static_desc, c_row0, c_rows, bm: int,
-                entries: int | None):
-    """``(desc, tiles)``: the descriptor table int64 ``[G, 16]`` and, with ``entries``, the tile
-    table int32 ``[entries, 2]`` (else None) of a launch with ``bm``-row tiles."""
+def gemm_tables(row_off, tile_off, m_total: int, static_desc, coef, bm: int,
+                entries: int | None, blk_off=None):
+    """``(desc, tiles)``: the descriptor table int64 ``[G, 16]`` (``static + row0 * coef[0] +
+    rows * coef[1]``, plus ``blk0 * coef[2] + blks * coef[3]`` from ``blk_off``, the tile
+    offsets of the operands' row blocks, when given) and, with ``entries``, the tile table
+    int32 ``[entries, 2]`` (else None) of a launch with ``bm``-row tiles."""
     import cupy as cp
 
     g = int(row_off.size) - 1
@@ -52,7 +55,8 @@ def gemm_tables(row_off, tile_off, m_total: int, static_desc, c_row0, c_rows, bm
     if n:
         kernels.get_function(MODULE, "lpm_gemm_split_tables")(
             (-(-n // THREADS),), (THREADS,),
-            (row_off, tile_off, np.int64(g), np.int64(m_total), static_desc, c_row0, c_rows,
-             desc, tiles if tiles is not None else np.uint64(0), np.int64(entries or 0),
+            (row_off, tile_off, blk_off if blk_off is not None else np.uint64(0), np.int64(g),
+             np.int64(m_total), static_desc, coef, desc,
+             tiles if tiles is not None else np.uint64(0), np.int64(entries or 0),
              np.int64(bm)))
     return desc, tiles

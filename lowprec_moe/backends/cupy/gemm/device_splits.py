@@ -29,48 +29,88 @@ import numpy as np
 from lowprec_moe.backends.cupy.gemm.plan import DESC_WORDS, _cdiv
 from lowprec_moe.backends.cupy.splits import clamped_rows, max_row_tiles, row_tiles
 
-__all__ = ["affine_descriptors", "clamped_rows", "device_descriptors", "device_tile_table",
-           "max_row_tiles"]
+__all__ = ["affine_descriptors", "block_counts", "clamped_rows", "device_descriptors",
+           "device_tile_table", "max_row_tiles"]
 
 
-def affine_descriptors(desc_of, g: int, m_total: int) -> tuple[np.ndarray, np.ndarray,
-                                                                np.ndarray]:
-    """``(static, c_row0, c_rows)`` with ``desc_of(splits) == static + row0[:, None] * c_row0
-    + splits[:, None] * c_rows`` for every split of ``m_total`` rows over ``g`` experts.
+def _probe_splits(g: int, m_total: int, seed: int, count: int) -> list[np.ndarray]:
+    """Splits of ``m_total`` rows over ``g`` experts that vary every expert's first row, row
+    count and block count: the edge cases, then ``count`` random ones (a fixed seed)."""
+    out = [np.array([m_total] + [0] * (g - 1)), np.array([0] * (g - 1) + [m_total]),
+           np.array([m_total // g] * (g - 1) + [m_total - (g - 1) * (m_total // g)])]
+    if m_total >= 1 and g >= 2:
+        out.append(np.array([1, m_total - 1] + [0] * (g - 2)))
+        out.append(np.array([m_total - 1] + [0] * (g - 2) + [1]))
+    rng = np.random.default_rng(seed)
+    for _ in range(count):
+        cuts = np.sort(rng.integers(0, m_total + 1, g - 1))
+        out.append(np.diff(np.concatenate([[0], cuts, [m_total]])))
+    return [s.astype(np.int64) for s in out]
+
+
+def block_counts(xp, rows, block: int):
+    """``(blk0, blks)``, int64 ``[G]``: each expert's blocks of ``block`` rows (its rows rounded
+    up) and the blocks before it."""
+    blks = (rows + (block - 1)) // block
+    end = xp.cumsum(blks)
+    return end - blks, blks
+
+
+def _terms(s: np.ndarray, m_total: int, block: int) -> np.ndarray:
+    """int64 ``[G, 4]``: (row0, rows, blk0, blks) of every expert of host splits ``s``."""
+    row0, rows = clamped_rows(np, s, m_total)
+    if block:
+        blk0, blks = block_counts(np, rows, block)
+    else:
+        blk0, blks = np.zeros_like(rows), np.zeros_like(rows)
+    return np.stack([row0, rows, blk0, blks], axis=1)
+
+
+def affine_descriptors(desc_of, g: int, m_total: int, block: int = 0):
+    """``(static, coef)`` with ``desc_of(splits) == static + terms @ coef`` for every split of
+    ``m_total`` rows over ``g`` experts, ``terms[e] = (row0, rows, blk0, blks)`` of expert ``e``
+    (its first row and row count; with ``block``, its first block and block count, blocks of
+    ``block`` rows rounded up per expert: the padded layout of quantized columnwise copies).
 
     ``desc_of(splits)`` is the host descriptor table (int64 ``[G, DESC_WORDS]``) of the same
-    problem with host splits. The coefficients are read off two probe splits (all rows in the
-    first expert; all rows in the last) and checked on a third (the rows spread over every
-    expert); a table that is not affine in this form raises ``NotImplementedError``.
+    problem with host splits. ``static`` is int64 ``[G, DESC_WORDS]``, ``coef`` int64
+    ``[4, DESC_WORDS]`` (zeros for the block rows without ``block``). The coefficients are
+    solved from probe splits (differences of the same expert's words across probes remove
+    ``static``) and checked exactly on every probe and on a second set of splits; a table that
+    is not affine in this form raises ``NotImplementedError``.
     """
-    def probe(splits):
-        s = np.asarray(splits, np.int64)
-        return s, np.concatenate([[0], np.cumsum(s)[:-1]]).astype(np.int64), desc_of(list(s))
-
-    zero = np.zeros(DESC_WORDS, np.int64)
-    s_a, r_a, d_a = probe([m_total] + [0] * (g - 1))
-    c_rows, c_row0 = zero, zero
-    if g > 1 and m_total > 0:
-        s_b, r_b, d_b = probe([0] * (g - 1) + [m_total])
-        c_rows = (d_a[0] - d_b[0]) // m_total  # expert 0: (row0, rows) (0, M) vs (0, 0)
-        # expert 1: (M, 0) vs (0, 0) -- or (0, M) when it is the last
-        diff = d_a[1] - d_b[1] - (s_a[1] - s_b[1]) * c_rows
-        c_row0 = diff // (r_a[1] - r_b[1])
-    static = d_a - r_a[:, None] * c_row0[None, :] - s_a[:, None] * c_rows[None, :]
-    spread = [m_total // g] * (g - 1) + [m_total - (g - 1) * (m_total // g)]
-    s_c, r_c, d_c = probe(spread)
-    for s_, r_, d_ in ((s_a, r_a, d_a), (s_c, r_c, d_c)):
-        got = static + r_[:, None] * c_row0[None, :] + s_[:, None] * c_rows[None, :]
-        if not np.array_equal(got, d_):
+    probes = _probe_splits(g, m_total, seed=1, count=6)
+    terms = [_terms(s, m_total, block) for s in probes]
+    descs = [np.asarray(desc_of([int(v) for v in s]), np.int64) for s in probes]
+    coef = np.zeros((4, DESC_WORDS), np.int64)
+    if g > 1 or block:
+        lhs = np.concatenate([t - terms[0] for t in terms[1:]]).astype(np.float64)
+        rhs = np.concatenate([d - descs[0] for d in descs[1:]]).astype(np.float64)
+        if not block:
+            lhs = lhs[:, :2]
+        if lhs.size and np.any(lhs):
+            sol = np.linalg.lstsq(lhs, rhs, rcond=None)[0]
+            coef[:lhs.shape[1]] = np.rint(sol).astype(np.int64)
+    static = descs[0] - terms[0] @ coef
+    checks = list(zip(terms, descs)) + [
+        (_terms(s, m_total, block), np.asarray(desc_of([int(v) for v in s]), np.int64))
+        for s in _probe_splits(g, m_total, seed=2, count=4)[3:]]
+    for t, d in checks:
+        if not np.array_equal(static + t @ coef, d):
             raise NotImplementedError("device splits: this problem's descriptor table is not "
-                                      "affine in the experts' first rows and row counts")
-    return static, c_row0, c_rows
+                                      "affine in the experts' first rows, row counts and "
+                                      "block counts")
+    return static, coef
 
 
-def device_descriptors(xp, static_d, c_row0_d, c_rows_d, row0, rows):
-    """The descriptor table ``static + row0 * c_row0 + rows * c_rows`` (int64 ``[G, 16]``) from
-    device copies of :func:`affine_descriptors`'s arrays and :func:`clamped_rows`."""
-    return static_d + row0[:, None] * c_row0_d[None, :] + rows[:, None] * c_rows_d[None, :]
+def device_descriptors(xp, static_d, coef_d, row0, rows, blk0=None, blks=None):
+    """The descriptor table ``static + row0 * coef[0] + rows * coef[1] + blk0 * coef[2] + blks
+    * coef[3]`` (int64 ``[G, 16]``) from device copies of :func:`affine_descriptors`'s arrays,
+    :func:`clamped_rows` and (when blocks count) :func:`block_counts`."""
+    out = static_d + row0[:, None] * coef_d[0][None, :] + rows[:, None] * coef_d[1][None, :]
+    if blk0 is not None:
+        out = out + blk0[:, None] * coef_d[2][None, :] + blks[:, None] * coef_d[3][None, :]
+    return out
 
 
 def device_tile_table(xp, rows, m_total: int, bm: int):

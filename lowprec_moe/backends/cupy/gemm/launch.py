@@ -51,6 +51,7 @@ from lowprec_moe.backends.cupy.gemm.plan import MMA_PARAMS, OUT_TYPES, SIMT_PARA
 from lowprec_moe.backends.cupy.gemm.ranges import mx_range_words
 from lowprec_moe.backends.cupy.gemm.select import choose_kernel
 from lowprec_moe.backends.cupy.gemm.tma_rules import _pair_geom, _pair_maps, _ptr, _tma_maps
+from lowprec_moe.tensors.grouped_tensor import columnwise_sizes
 
 __all__ = ["grouped_gemm", "kernel_info"]
 
@@ -112,6 +113,9 @@ def _signature(p, arrays, kernel: str) -> tuple:
     def gt_sig(x):
         if not hasattr(x, "format"):
             return (tuple(x.shape), str(x.dtype))
+        if x.splits_on_device:  # the layout depends on M and G only (values not read)
+            return (x.format, x.fp8_dtype, bool(x.row_scaled), tuple(x.shape), "device",
+                    len(x.splits))
         cw = x.columnwise_data_offsets
         return (x.format, x.fp8_dtype, bool(x.row_scaled), tuple(x.shape), tuple(x.splits),
                 None if cw is None else (int(cw[-1]), len(cw)))
@@ -193,10 +197,32 @@ def _prepare(p, arrays, kernel: str):
 
 
 def _nominal(p, splits):
-    """``p`` with host ``splits`` in place of its device splits (for planning)."""
+    """``p`` with host ``splits`` in place of its device splits (for planning); its grouped
+    operands with device splits get the host offsets of ``splits`` over the same buffers."""
     s = tuple(int(v) for v in splits)
-    return dataclasses.replace(p, splits=s, device_splits=None,
-                               offsets=np.concatenate([[0], np.cumsum(s, dtype=np.int64)]))
+    offsets = np.concatenate([[0], np.cumsum(s, dtype=np.int64)])
+
+    def host(op):
+        if not getattr(op, "splits_on_device", False):
+            return op
+        fields = dict(splits=s, offsets=offsets)
+        if op.columnwise_data is not None:
+            sizes = [columnwise_sizes(op.format, v, op.shape[1]) for v in s]
+            fields.update(
+                columnwise_data_offsets=np.concatenate([[0], np.cumsum([z[0] for z in sizes],
+                                                                       dtype=np.int64)]),
+                columnwise_scale_offsets=np.concatenate([[0], np.cumsum([z[1] for z in sizes],
+                                                                        dtype=np.int64)]))
+        return dataclasses.replace(op, **fields)
+
+    return dataclasses.replace(p, splits=s, device_splits=None, offsets=offsets, a=host(p.a),
+                               b=host(p.b))
+
+
+def _row_block(p) -> int:
+    """Rows per block of the operands' per-expert storage (quantized columnwise copies are
+    padded to it): the format's block for quantized problems, 0 (no blocks) otherwise."""
+    return 0 if p.fmt == "hp" else quant_formats.get(p.fmt).block
 
 
 def _prepare_device_splits(p, arrays, kernel: str):
@@ -213,18 +239,16 @@ def _prepare_device_splits(p, arrays, kernel: str):
     even = [m // g] * (g - 1) + [m - (g - 1) * (m // g)]
     p_even = _nominal(p, even)
     pl = plan(p_even)
-    choice = choose_kernel(p_even, pl, kernel=kernel)
+    choice = choose_kernel(p_even, pl, kernel=kernel, device_splits=True)
     launch = choice.config
-    if launch.role != "plain" or launch.persistent or launch.tma:
-        raise NotImplementedError(f"device splits: kernel {launch.name} depends on the splits "
-                                  "on the host")
     a, b = pl.a, pl.b
     token_ops = (a, b) if p.mode == "wgrad" else (a,)
     if any(int(op.ld[0]) % 16 or _ptr(op.data) % 16 for op in token_ops):
         raise NotImplementedError("device splits need token rows of whole 16-byte chunks "
                                   "(row bytes and the array's address multiples of 16)")
-    static, c_row0, c_rows = DS.affine_descriptors(
-        lambda s: descriptors(plan(_nominal(p, s))), g, m)
+    block = _row_block(p)
+    static, coef = DS.affine_descriptors(lambda s: descriptors(plan(_nominal(p, s))), g, m,
+                                         block)
     n_col_tiles = _cdiv(pl.n_cols, launch.bn)
     if p.mode == "wgrad":  # one row tile per bm output rows of every expert, whatever the splits
         host_tiles = tile_table(pl.rows, np.ones(g, bool), launch.bm)
@@ -236,12 +260,12 @@ def _prepare_device_splits(p, arrays, kernel: str):
     grid = entries * n_col_tiles
     if grid >= 2**31:
         raise ValueError(f"problem too large: {grid} CTAs")
-    coefs = tables.upload(static, c_row0, c_rows)
+    coefs = tables.upload(static, coef)
     if launch.simt:
         modes = ((a.ek, int(a.mn)), (b.ek, int(b.mn)))
     else:
         modes = ((launch.chunk, int(a.e5m2)), (launch.chunk, int(b.e5m2)))
-    val = dict(launch=launch, grid_cap=0, tiles=tiles, desc=None, coefs=coefs,
+    val = dict(launch=launch, grid_cap=0, tiles=tiles, desc=None, coefs=coefs, block=block,
                n_col_tiles=n_col_tiles, tma_geom=None, pair_geom=None, rows_max=m,
                mn=(bool(a.mn), bool(b.mn)), num_experts=g, grid=grid, n_cols=pl.n_cols,
                modes=modes, a_vec=int(a.amax_vec), b_vec=int(b.amax_vec),
@@ -254,12 +278,13 @@ def _device_tables_of_call(p, prep):
     """The prepared launch with this call's descriptor (and M-grouped tile) table, built on the
     device from ``p.device_splits`` in two launches (``raw_kernels/layouts/splits.cu``; NumPy
     twins in :mod:`.device_splits`); nothing is read back."""
-    bm = prep["launch"].bm
+    bm, block = prep["launch"].bm, prep["block"]
     row_off, tile_off = SK.offsets(p.device_splits, p.m_total, bm)
+    blk_off = SK.offsets(p.device_splits, p.m_total, block)[1] if block else None
     m_grouped = prep["tiles"] is None
     desc, tiles = SK.gemm_tables(row_off, tile_off, p.m_total, *prep["coefs"], bm,
                                  DS.max_row_tiles(p.m_total, p.num_groups, bm) if m_grouped
-                                 else None)
+                                 else None, blk_off=blk_off)
     call = dict(prep)
     call["desc"] = desc
     if m_grouped:

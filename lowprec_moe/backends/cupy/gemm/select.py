@@ -68,7 +68,16 @@ def illegal(c: KernelConfig, f: Facts) -> str | None:
     return why
 
 
-def choose_kernel(p, pl, caps: tuple | None = None, kernel: str = "auto") -> Choice:
+def _splits_on_host(c: KernelConfig) -> str | None:
+    """Why config ``c`` needs the splits on the host (None: it runs from device tables)."""
+    if c.role != "plain" or c.persistent or c.tma:
+        return ("its schedule or tensor maps are built from the splits on the host (device "
+                "splits take the plain cp.async kernels)")
+    return None
+
+
+def choose_kernel(p, pl, caps: tuple | None = None, kernel: str = "auto",
+                  device_splits: bool = False) -> Choice:
     """Select the kernel config of a planned problem.
 
     Parameters
@@ -83,16 +92,23 @@ def choose_kernel(p, pl, caps: tuple | None = None, kernel: str = "auto") -> Cho
     kernel : str
         ``"auto"``, or the name of the config to run (``ValueError`` if it cannot compute the
         problem, naming why).
+    device_splits : bool
+        The splits live on the device (``pl`` plans a stand-in split): only the configs that
+        read nothing of the splits on the host are legal.
     """
     cc, optin, sms = caps if caps is not None else device_caps()
     f = Facts(p, pl, tuple(cc), optin, sms)
+
+    def why_not(c):
+        return illegal(c, f) or (_splits_on_host(c) if device_splits else None)
+
     if kernel != "auto":
         c = config(kernel)
-        why = illegal(c, f)
+        why = why_not(c)
         if why is not None:
             raise ValueError(f"kernel={kernel!r} cannot run this {p.mode} problem: {why}")
     else:
-        legal = [c for c in ALL_CONFIGS if illegal(c, f) is None]
+        legal = [c for c in ALL_CONFIGS if why_not(c) is None]
         rank = sm90.rank if f.cc == (9, 0) else generic.rank
         c = min(legal, key=lambda c: rank(c, f))
     return Choice(c, sms if c.persistent else 0)
