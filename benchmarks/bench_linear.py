@@ -28,8 +28,8 @@ try / except: an error is printed and the run goes on.
 Launch modes (``--launch``, default all three): ``host`` -- splits as host ints, as most callers
 pass them today; ``device`` -- splits as a device array (the router's counts stay on the GPU;
 the rows say ``@device``); ``graph`` -- the device-splits step captured into a CUDA graph once
-and replayed (``@graph``). The quantized recipes take host splits only so far: their device and
-graph rows report the ``NotImplementedError``.
+and replayed (``@graph``). Every recipe takes device splits (the GEMMs then run their plain
+cp.async kernels).
 
 ``--device cpu`` runs the same harness on the NumPy reference (tiny shapes only: a smoke test).
 """
