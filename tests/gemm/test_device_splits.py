@@ -189,3 +189,35 @@ def test_member_tables_match_the_activation_host_tables():
             np.testing.assert_array_equal(row_off, rows)
             np.testing.assert_array_equal(tile_off, tiles)
             assert tiles[-1] <= max_row_tiles(m, g, 32)
+
+
+_H100 = ((9, 0), 232448, 132)
+
+
+@pytest.mark.parametrize("fmt,mode,k,want", [("nvfp4", "wgrad", 64, 8), ("nvfp4", "fprop", 48, 8),
+                                             ("nvfp4", "fprop", 64, 16),
+                                             ("mxfp8", "wgrad", 64, 16)])
+def test_device_split_launches_copy_what_every_split_allows(fmt, mode, k, want):
+    """NVFP4's transposed columnwise copies have leading dimensions of Mp / 2 bytes (8 for a
+    one-row expert) and rowwise rows of K / 2 bytes: a device-split launch must use a copy
+    width every split allows, whatever the even split it is planned on allows; the kernel
+    chosen is a plain one of that width."""
+    import lowprec_moe as lpm
+    from lowprec_moe.backends.cupy.gemm.select import choose_kernel
+
+    g, m, n = 4, 512, 64
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
+    dy = rng.standard_normal((m, n)).astype(ml_dtypes.bfloat16)
+    w = rng.standard_normal((g * n, k)).astype(ml_dtypes.bfloat16)
+    even = [m // g] * g
+    wq = lpm.GroupedTensor.quantize(w, [n] * g, fmt, columnwise=True)
+    xq = lpm.GroupedTensor.quantize(x, even, fmt, columnwise=True)
+    dyq = lpm.GroupedTensor.quantize(dy, even, fmt, columnwise=True)
+    a, b = (dyq, xq) if mode == "wgrad" else (xq, wq)
+    kw = dict(bias=None, probs=None, out_dtype=None, out=None, accumulate=False)
+    p = _validate(mode, a, b, even, **kw)
+    cap = DS.chunk_cap(p, _H100)
+    assert cap == want
+    c = choose_kernel(p, plan(p), _H100, device_splits=True, chunk_cap=cap).config
+    assert c.role == "plain" and not c.tma and not c.persistent and c.chunk <= cap, c.name

@@ -24,12 +24,16 @@ share, so the CPU tests check them against the host tables bit for bit.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
-from lowprec_moe.backends.cupy.gemm.plan import DESC_WORDS, _cdiv
+from lowprec_moe.backends.cupy.gemm.plan import DESC_WORDS, _cdiv, plan
+from lowprec_moe.backends.cupy.gemm.rules import Facts
+from lowprec_moe.tensors.grouped_tensor import columnwise_sizes
 from lowprec_moe.backends.cupy.splits import clamped_rows, max_row_tiles, row_tiles
 
-__all__ = ["affine_descriptors", "block_counts", "clamped_rows", "device_descriptors",
+__all__ = ["affine_descriptors", "block_counts", "chunk_cap", "nominal_problem", "probe_splits", "clamped_rows", "device_descriptors",
            "device_tile_table", "max_row_tiles"]
 
 
@@ -46,6 +50,14 @@ def _probe_splits(g: int, m_total: int, seed: int, count: int) -> list[np.ndarra
         cuts = np.sort(rng.integers(0, m_total + 1, g - 1))
         out.append(np.diff(np.concatenate([[0], cuts, [m_total]])))
     return [s.astype(np.int64) for s in out]
+
+
+def probe_splits(g: int, m_total: int) -> list[np.ndarray]:
+    """Every probe split :func:`affine_descriptors` plans (the solving and the checking sets):
+    edge cases (a one-row expert, all rows in one expert, an even split) and random splits;
+    also what the launcher plans to find the copy width every split allows."""
+    return _probe_splits(g, m_total, seed=1, count=6) + _probe_splits(g, m_total, seed=2,
+                                                                      count=4)[3:]
 
 
 def block_counts(xp, rows, block: int):
@@ -121,3 +133,34 @@ def device_tile_table(xp, rows, m_total: int, bm: int):
     pad = np.int64(_cdiv(m_total, bm))
     out = xp.stack([xp.where(real, expert, 0), xp.where(real, tile, pad)], axis=1)
     return out.astype(xp.int32)
+
+
+def nominal_problem(p, splits):
+    """``p`` with host ``splits`` in place of its own (for planning); its grouped token
+    operands (x, dy) get the host offsets of ``splits`` over the same buffers."""
+    s = tuple(int(v) for v in splits)
+    offsets = np.concatenate([[0], np.cumsum(s, dtype=np.int64)])
+
+    def host(op):
+        if not hasattr(op, "splits_on_device"):  # an array
+            return op
+        fields = dict(splits=s, offsets=offsets)
+        if op.columnwise_data is not None:
+            sizes = [columnwise_sizes(op.format, v, op.shape[1]) for v in s]
+            fields.update(
+                columnwise_data_offsets=np.concatenate([[0], np.cumsum([z[0] for z in sizes],
+                                                                       dtype=np.int64)]),
+                columnwise_scale_offsets=np.concatenate([[0], np.cumsum([z[1] for z in sizes],
+                                                                        dtype=np.int64)]))
+        return dataclasses.replace(op, **fields)
+
+    return dataclasses.replace(p, splits=s, device_splits=None, offsets=offsets, a=host(p.a),
+                               b=host(p.b) if p.mode == "wgrad" else p.b)
+
+def chunk_cap(p, caps: tuple) -> int:
+    """The widest copy chunk (16 or 8 bytes; 0: none) that the plan of every probe split of
+    device-splits problem ``p`` allows on a device with ``caps`` (see
+    :func:`.select.device_caps`): experts' rows or row blocks may start, and NVFP4's transposed
+    columnwise copies may have leading dimensions, where only 8-byte copies fit."""
+    return min(Facts(q, plan(q), tuple(caps[0]), caps[1], caps[2]).chunk
+               for q in (nominal_problem(p, s) for s in probe_splits(p.num_groups, p.m_total)))

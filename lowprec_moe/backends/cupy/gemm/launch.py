@@ -49,9 +49,8 @@ from lowprec_moe.backends.cupy.gemm.balance import ragged_tile_list, ragged_tile
 from lowprec_moe.backends.cupy.gemm.compile import kernel_function
 from lowprec_moe.backends.cupy.gemm.plan import MMA_PARAMS, OUT_TYPES, SIMT_PARAMS, _cdiv, _flat_amax, descriptors, plan, tile_table
 from lowprec_moe.backends.cupy.gemm.ranges import mx_range_words
-from lowprec_moe.backends.cupy.gemm.select import choose_kernel
+from lowprec_moe.backends.cupy.gemm.select import choose_kernel, device_caps
 from lowprec_moe.backends.cupy.gemm.tma_rules import _pair_geom, _pair_maps, _ptr, _tma_maps
-from lowprec_moe.tensors.grouped_tensor import columnwise_sizes
 
 __all__ = ["grouped_gemm", "kernel_info"]
 
@@ -196,29 +195,6 @@ def _prepare(p, arrays, kernel: str):
     return _remember(key, val)
 
 
-def _nominal(p, splits):
-    """``p`` with host ``splits`` in place of its device splits (for planning); its grouped
-    operands with device splits get the host offsets of ``splits`` over the same buffers."""
-    s = tuple(int(v) for v in splits)
-    offsets = np.concatenate([[0], np.cumsum(s, dtype=np.int64)])
-
-    def host(op):
-        if not getattr(op, "splits_on_device", False):
-            return op
-        fields = dict(splits=s, offsets=offsets)
-        if op.columnwise_data is not None:
-            sizes = [columnwise_sizes(op.format, v, op.shape[1]) for v in s]
-            fields.update(
-                columnwise_data_offsets=np.concatenate([[0], np.cumsum([z[0] for z in sizes],
-                                                                       dtype=np.int64)]),
-                columnwise_scale_offsets=np.concatenate([[0], np.cumsum([z[1] for z in sizes],
-                                                                        dtype=np.int64)]))
-        return dataclasses.replace(op, **fields)
-
-    return dataclasses.replace(p, splits=s, device_splits=None, offsets=offsets, a=host(p.a),
-                               b=host(p.b))
-
-
 def _row_block(p) -> int:
     """Rows per block of the operands' per-expert storage (quantized columnwise copies are
     padded to it): the format's block for quantized problems, 0 (no blocks) otherwise."""
@@ -237,18 +213,22 @@ def _prepare_device_splits(p, arrays, kernel: str):
     if hit is not None:
         return hit
     even = [m // g] * (g - 1) + [m - (g - 1) * (m // g)]
-    p_even = _nominal(p, even)
+    p_even = DS.nominal_problem(p, even)
     pl = plan(p_even)
-    choice = choose_kernel(p_even, pl, kernel=kernel, device_splits=True)
-    launch = choice.config
     a, b = pl.a, pl.b
-    token_ops = (a, b) if p.mode == "wgrad" else (a,)
-    if any(int(op.ld[0]) % 16 or _ptr(op.data) % 16 for op in token_ops):
-        raise NotImplementedError("device splits need token rows of whole 16-byte chunks "
-                                  "(row bytes and the array's address multiples of 16)")
+    chunk_cap = None
+    if p.fmt == "hp":
+        token_ops = (a, b) if p.mode == "wgrad" else (a,)
+        if any(int(op.ld[0]) % 16 or _ptr(op.data) % 16 for op in token_ops):
+            raise NotImplementedError("device splits need token rows of whole 16-byte chunks "
+                                      "(row bytes and the array's address multiples of 16)")
+    else:  # an expert's rows (or row blocks) may start where no 16-byte copy can
+        chunk_cap = DS.chunk_cap(p, device_caps())
+    choice = choose_kernel(p_even, pl, kernel=kernel, device_splits=True, chunk_cap=chunk_cap)
+    launch = choice.config
     block = _row_block(p)
-    static, coef = DS.affine_descriptors(lambda s: descriptors(plan(_nominal(p, s))), g, m,
-                                         block)
+    static, coef = DS.affine_descriptors(
+        lambda s: descriptors(plan(DS.nominal_problem(p, s))), g, m, block)
     n_col_tiles = _cdiv(pl.n_cols, launch.bn)
     if p.mode == "wgrad":  # one row tile per bm output rows of every expert, whatever the splits
         host_tiles = tile_table(pl.rows, np.ones(g, bool), launch.bm)
@@ -378,10 +358,13 @@ def kernel_info(p, kernel: str = "auto") -> dict:
     benchmarks."""
     if kernel == "auto":
         kernel = config.gemm_options().kernel
-    if p.device_splits is not None:  # the config chosen for an even split (see above)
+    if p.device_splits is not None:  # chosen as the launch does (see _prepare_device_splits)
         g, m = p.num_groups, p.m_total
-        p = _nominal(p, [m // g] * (g - 1) + [m - (g - 1) * (m // g)])
-    c = choose_kernel(p, plan(p), kernel=kernel).config
+        cap = None if p.fmt == "hp" else DS.chunk_cap(p, device_caps())
+        p = DS.nominal_problem(p, [m // g] * (g - 1) + [m - (g - 1) * (m // g)])
+        c = choose_kernel(p, plan(p), kernel=kernel, device_splits=True, chunk_cap=cap).config
+    else:
+        c = choose_kernel(p, plan(p), kernel=kernel).config
     if c.simt:
         instr = "fma.rn.f32 (SIMT)"
     else:

@@ -77,7 +77,7 @@ def _splits_on_host(c: KernelConfig) -> str | None:
 
 
 def choose_kernel(p, pl, caps: tuple | None = None, kernel: str = "auto",
-                  device_splits: bool = False) -> Choice:
+                  device_splits: bool = False, chunk_cap: int | None = None) -> Choice:
     """Select the kernel config of a planned problem.
 
     Parameters
@@ -95,9 +95,14 @@ def choose_kernel(p, pl, caps: tuple | None = None, kernel: str = "auto",
     device_splits : bool
         The splits live on the device (``pl`` plans a stand-in split): only the configs that
         read nothing of the splits on the host are legal.
+    chunk_cap : int, optional
+        The largest copy chunk every split allows (device splits: ``pl``'s own split may allow
+        a wider one than others).
     """
     cc, optin, sms = caps if caps is not None else device_caps()
     f = Facts(p, pl, tuple(cc), optin, sms)
+    if chunk_cap is not None:
+        f.__dict__["chunk"] = min(f.chunk, chunk_cap)  # overrides the cached property
 
     def why_not(c):
         return illegal(c, f) or (_splits_on_host(c) if device_splits else None)
@@ -109,6 +114,9 @@ def choose_kernel(p, pl, caps: tuple | None = None, kernel: str = "auto",
             raise ValueError(f"kernel={kernel!r} cannot run this {p.mode} problem: {why}")
     else:
         legal = [c for c in ALL_CONFIGS if why_not(c) is None]
+        if not legal:
+            raise NotImplementedError(f"no kernel config computes this {p.mode} problem"
+                                      + (" with device splits" if device_splits else ""))
         rank = sm90.rank if f.cc == (9, 0) else generic.rank
         c = min(legal, key=lambda c: rank(c, f))
     return Choice(c, sms if c.persistent else 0)
