@@ -119,7 +119,7 @@ def test_what_needs_host_splits_says_so():
     ds = cp.asarray([32, 32])
     gt = lpm.GroupedTensor.quantize(x, ds, "mxfp8", columnwise=True)
     for call in (lambda: gt.member(0), lambda: gt.dequantize()):
-        with pytest.raises(NotImplementedError, match="host splits"):
+        with pytest.raises(NotImplementedError, match="splits on the host"):
             call()
     with pytest.raises(NotImplementedError, match="block_2d"):
         lpm.GroupedTensor.quantize(x, ds, "mxfp8", block_2d=True)
@@ -130,5 +130,5 @@ def test_what_needs_host_splits_says_so():
     with pytest.raises(TypeError, match="numpy"):
         lpm.GroupedTensor.quantize(x.get(), ds, "mxfp8")
     wire = lpm.GroupedTensor.quantize(x, ds, "mxfp8")
-    with pytest.raises(NotImplementedError, match="host splits"):
+    with pytest.raises(NotImplementedError, match="splits on the host"):
         wire.with_columnwise()
