@@ -30,7 +30,7 @@ just these rows (a microbenchmark of the activation step, fused vs unfused, at f
 
 Launch modes of the step (``--launch``, default all three): ``host`` splits, ``device`` splits
 (``@device`` rows) and the device-splits step captured into a CUDA graph and replayed
-(``@graph``), as in ``bench_linear.py``; the quantized recipes take host splits only so far.
+(``@graph``), as in ``bench_linear.py``.
 
 Timing: random data (never zeros), warm-up (the first call compiles the kernels), CUDA events,
 medians. Reported: ms, TFLOP/s (``6 M (K 2F + F K)`` per step), ``vs torch`` = torch ms / our ms

@@ -224,20 +224,23 @@ def _probs32(probs, xp):
     return xp.ascontiguousarray(probs.astype(xp.float32, copy=False).reshape(-1))
 
 
-def _device_splits_unquantized(splits, q: dict | None) -> None:
-    if q is not None and is_cupy_array(splits):
-        raise NotImplementedError("device splits with a quantized activation output are not "
-                                  "implemented: the quantizers take host splits")
-
-
 def _quantize_grouped(t, splits, q: dict) -> GroupedTensor:
     opts = {k: v for k, v in q.items() if k != "format"}
     return GroupedTensor.quantize(t, splits, q["format"], **opts)
 
 
+def _splits_fields(splits, parts: dict) -> dict:
+    """A GroupedTensor's ``splits`` and ``offsets``: host ones from host splits, the device
+    splits and the row offsets the kernels built (``parts["offsets"]``) otherwise."""
+    if is_cupy_array(splits):
+        return dict(splits=splits, offsets=parts.pop("offsets"))
+    return dict(splits=tuple(splits), offsets=_offsets(splits))
+
+
 def _gt_from_parts(parts: dict, shape, splits, fp8_dtype: str) -> GroupedTensor:
-    return GroupedTensor(format="mxfp8", shape=tuple(shape), splits=tuple(splits),
-                         offsets=_offsets(splits), fp8_dtype=fp8_dtype, **parts)
+    parts = dict(parts)
+    return GroupedTensor(format="mxfp8", shape=tuple(shape), fp8_dtype=fp8_dtype,
+                         **_splits_fields(splits, parts), **parts)
 
 
 _NVFP4_KEYS = {"format", "rowwise", "columnwise", "row_scaled", "block_2d", "rht",
@@ -254,7 +257,7 @@ def _fusable_nvfp4(q: dict | None, t_dtype, splits) -> dict | None:
              stochastic_rounding=bool(q.get("stochastic_rounding", False)))
     V.check_options("nvfp4", fp8_dtype=q.get("fp8_dtype", "e4m3"), dtype=t_dtype, **o)
     b = V.block_size("nvfp4")
-    if o["block_2d"] and any(s % b for s in splits):
+    if o["block_2d"] and (is_cupy_array(splits) or any(s % b for s in splits)):
         return None  # the unfused call raises
     o["seed"] = V.check_seed(q.get("seed", 0))
     o["first_member"] = V.check_first_member(q.get("first_member", 0), len(splits))
@@ -273,8 +276,8 @@ def _nvfp4_from_amax(t, splits, o: dict, amax) -> GroupedTensor:
     from lowprec_moe.backends.cupy.nvfp4 import grouped_quantize_nvfp4
 
     parts = grouped_quantize_nvfp4(t, splits, amax=amax, **o)
-    return GroupedTensor(format="nvfp4", shape=tuple(t.shape), splits=tuple(splits),
-                         offsets=_offsets(splits), row_scaled=o["row_scaled"],
+    return GroupedTensor(format="nvfp4", shape=tuple(t.shape),
+                         **_splits_fields(splits, parts), row_scaled=o["row_scaled"],
                          block_2d=o["block_2d"], rht=o["rht"],
                          stochastic_rounding=o["stochastic_rounding"], seed=o["seed"],
                          first_member=o["first_member"], **parts)
@@ -306,8 +309,8 @@ def activation_forward(h, activation="swiglu", probs=None, *, splits=None, glu_i
     probs : array ``[M]``, optional
         Routing weights multiplying the activation output (fp32 product).
     splits : sequence of int, or 1-D cupy integer array, optional
-        Rows per expert (needed with ``quantize``; default one group). A device array (GPU,
-        without ``quantize``) is not read back (NUMERICS §7.5).
+        Rows per expert (needed with ``quantize``; default one group). A device array (GPU) is
+        not read back (NUMERICS §7.5); a quantized result then has device splits.
     glu_interleave, limit, alpha
         As in :func:`make_activation`.
     quantize : dict, optional
@@ -325,7 +328,6 @@ def activation_forward(h, activation="swiglu", probs=None, *, splits=None, glu_i
     act = make_activation(activation, glu_interleave, limit, alpha)
     h, m, f, splits = _check_common(h, probs, splits, act, None)
     q = _check_quantize(quantize, f, "z")
-    _device_splits_unquantized(splits, q)
     xp = get_xp(h, probs)
     if xp is np:
         z = _ref.forward(h, act, probs)
@@ -396,7 +398,6 @@ def activation_backward(dz, h, activation="swiglu", probs=None, *, splits=None,
                         f"{V.dtype_name(h.dtype)}")
     w = h.shape[1]
     q = _check_quantize(quantize, w, "dh")
-    _device_splits_unquantized(splits, q)
     if want_dh is None:
         want_dh = q is None
     xp = get_xp(h, dz, probs)

@@ -48,7 +48,7 @@ from typing import Any
 
 from lowprec_moe import _validate as V
 from lowprec_moe.layers.activations import Activation, activation_backward, activation_forward, make_activation
-from lowprec_moe.backend import get_xp, is_cupy_array
+from lowprec_moe.backend import get_xp
 from lowprec_moe.gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gemm_wgrad
 from lowprec_moe.tensors.grouped_tensor import GroupedTensor
 from lowprec_moe.layers.linear import (_bias_grads, _check_recipe, _columnwise_only, _np_dtype, _quantize_x,
@@ -207,8 +207,8 @@ def grouped_mlp_forward(x, splits, fc1_weight, fc2_weight, fc1_bias=None, fc2_bi
         Tokens sorted by expert, or a pre-quantized rowwise MXFP8 wire tensor.
     splits : sequence of int, 1-D cupy integer array, or None
         Tokens per expert (G host ints summing to M); None takes ``x.splits`` from a wire x.
-        With the bf16 recipe on the GPU they may be a device array: neither forward nor
-        backward then reads anything back (NUMERICS §7.5).
+        On the GPU they may be a device array (every recipe; not with a wire x): neither
+        forward nor backward then reads anything back (NUMERICS §7.5).
     fc1_weight : array ``[G, N1, K]``
         ``N1 = 2F`` for GLU activations (gate rows first, then linear rows, or interleaved in
         blocks of ``glu_interleave``), ``N1 = F`` for srelu.
@@ -260,11 +260,6 @@ def grouped_mlp_forward(x, splits, fc1_weight, fc2_weight, fc1_bias=None, fc2_bi
         x = V.as_2d(x)
         m, k = (int(v) for v in x.shape)
         splits = check_layer_splits(splits, m, recipe, x)
-        if recipe.quantized and is_cupy_array(splits):
-            raise NotImplementedError(f"device splits with the {recipe.name} recipe are not "
-                                      "implemented for GroupedMLP: its fused activation "
-                                      "quantizer takes host splits (pass host splits, or use "
-                                      "the bf16 recipe; GroupedLinear takes them)")
         dtype = V.dtype_name(x.dtype)
         x_arrays = [x]
     n1, n2, f = _check_weights(fc1_weight, fc2_weight, fc1_bias, fc2_bias, probs, act,

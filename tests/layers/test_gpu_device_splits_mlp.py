@@ -1,6 +1,7 @@
-"""GroupedMLP (bf16 recipe) and the activation kernels with device splits on the GPU: the bits
-of host splits (biases, probs, an empty expert), a whole step captured into a CUDA graph and
-replayed with new splits and data, and the quantized recipes refusing device splits."""
+"""GroupedMLP and the activation kernels with device splits on the GPU, every recipe (the fused
+MXFP8 activation quantizer and the fused NVFP4 amax included): the bits of host splits (biases,
+probs, an empty expert), and a whole step captured into a CUDA graph and replayed with new
+splits and data."""
 
 from __future__ import annotations
 
@@ -29,30 +30,39 @@ def _data(cp, rng, m, g, k, f):
                 probs=cp.asarray(rng.uniform(0.1, 1.0, m).astype(np.float32)))
 
 
+RECIPES = {"bf16": lpm.Recipe.bf16(), "mxfp8": lpm.Recipe.mxfp8(),
+           "mxfp8-hybrid": lpm.Recipe.mxfp8(fp8_format="hybrid"), "nvfp4": lpm.Recipe.nvfp4(),
+           "nvfp4-row-scaled": lpm.Recipe.nvfp4(row_scaled_activation=True)}
+
+
 def _step(d, splits, recipe=None):
     y, ctx = lpm.grouped_mlp_forward(d["x"], splits, d["w1"], d["w2"], d["b1"], d["b2"],
-                                     probs=d["probs"], recipe=recipe or lpm.Recipe.bf16())
+                                     probs=d["probs"], recipe=recipe or lpm.Recipe.bf16(),
+                                     seed=3)
     g = lpm.grouped_mlp_backward(d["dy"], ctx)
     return (y, g.dx, g.dfc1_weight, g.dfc2_weight, g.dfc1_bias, g.dfc2_bias, g.dprobs)
 
 
-def test_mlp_step_with_device_splits_gives_host_bits():
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_mlp_step_with_device_splits_gives_host_bits(recipe):
     import cupy as cp
 
     rng = np.random.default_rng(21)
     g, m, k, f = 8, 1536, 256, 256
     d = _data(cp, rng, m, g, k, f)
-    for _ in range(3):
+    for _ in range(2):
         s = random_splits(rng, m, g)
-        got = _step(d, cp.asarray(s))
-        want = _step(d, [int(v) for v in s])
+        got = _step(d, cp.asarray(s), RECIPES[recipe])
+        want = _step(d, [int(v) for v in s], RECIPES[recipe])
         for name, a, b in zip(_NAMES, got, want):
             assert_bytes_equal(a, b, name)
 
 
-def test_mlp_step_captures_into_a_graph():
+@pytest.mark.parametrize("recipe", ["bf16", "mxfp8", "nvfp4"])
+def test_mlp_step_captures_into_a_graph(recipe):
     import cupy as cp
 
+    r = RECIPES[recipe]
     rng = np.random.default_rng(22)
     g, m, k, f = 8, 1024, 256, 128
     d = _data(cp, rng, m, g, k, f)
@@ -61,11 +71,11 @@ def test_mlp_step_captures_into_a_graph():
     stream = cp.cuda.Stream(non_blocking=True)
     with cp.cuda.using_allocator(pool.malloc), stream:
         for _ in range(2):
-            out = _step(d, ds)
+            out = _step(d, ds, r)
         del out
         stream.synchronize()
         stream.begin_capture()
-        out = _step(d, ds)
+        out = _step(d, ds, r)
         graph = stream.end_capture()
     for _ in range(2):
         s = random_splits(rng, m, g)
@@ -75,17 +85,6 @@ def test_mlp_step_captures_into_a_graph():
         cp.cuda.get_current_stream().synchronize()
         graph.launch(stream)
         stream.synchronize()
-        want = _step(d, [int(v) for v in s])
+        want = _step(d, [int(v) for v in s], r)
         for name, a, b in zip(_NAMES, out, want):
             assert_bytes_equal(a, b, f"replayed {name}")
-
-
-def test_quantized_recipes_refuse_device_splits():
-    import cupy as cp
-
-    rng = np.random.default_rng(23)
-    d = _data(cp, rng, 256, 4, 128, 128)
-    ds = cp.asarray(np.array([64] * 4))
-    for recipe in (lpm.Recipe.mxfp8(), lpm.Recipe.nvfp4()):
-        with pytest.raises(NotImplementedError, match="device splits"):
-            _step(d, ds, recipe)

@@ -82,15 +82,13 @@ def _layout(cp, splits, m: int, mxfp8, amax):
     """``(g_count, num_tiles, host rows / tiles or None, device row_off / tile_off or None)``.
 
     Device splits (a CuPy array): the tables are built on the device and the launch covers the
-    most 32-row tiles any split of ``m`` rows can need; the tiles past the experts' last one have
-    no valid row, which the plain modes skip (the fused MXFP8 and NVFP4-amax outputs are laid
-    out per tile on the host: ``NotImplementedError``)."""
+    most 32-row tiles any split of ``m`` rows can need. The tiles past the experts' last one
+    have no valid row: the plain modes skip them, the fused MXFP8 output writes them as zero
+    tiles past the last member (its columnwise buffers are sized for them, as the quantizer's
+    are), and they add nothing to an amax."""
     if not isinstance(splits, cp.ndarray):
         rows, tiles = tile_offsets(splits)
         return len(splits), int(tiles[-1]), (rows, tiles), None
-    if mxfp8 is not None or amax is not None:
-        raise NotImplementedError("device splits with a fused MXFP8 or NVFP4-amax activation "
-                                  "output are not implemented (their layouts need host splits)")
     g = int(splits.size)
     return g, max_row_tiles(m, g, _B), None, SK.offsets(splits, m, _B)
 
@@ -122,9 +120,10 @@ def _mx_ptrs(parts: dict):
 
 
 def _mx_offsets(parts: dict, width: int, tiles) -> None:
+    """The columnwise member offsets from the 32-row tile offsets (host or device int64)."""
     if "columnwise_data" in parts:
-        parts["columnwise_data_offsets"] = (tiles * (_B * width)).astype(np.int64)
-        parts["columnwise_scale_offsets"] = (tiles * width).astype(np.int64)
+        parts["columnwise_data_offsets"] = tiles * (_B * width)
+        parts["columnwise_scale_offsets"] = tiles * width
 
 
 def _check_mx(mxfp8: dict, width: int) -> tuple[bool, bool, str]:
@@ -212,7 +211,9 @@ def activation_forward(h, splits, act, probs, f: int, *, mxfp8: dict | None = No
                  _NULL if amax_a is None else amax_a, _NULL if amax_b is None else amax_b))
         if mxfp8 is None:
             return z if amax is None else (z, amax_pair)
-        _mx_offsets(parts, f, host[1])
+        _mx_offsets(parts, f, host[1] if dev is None else dev[1])
+        if dev is not None:
+            parts["offsets"] = dev[0]
         return parts
 
 
@@ -283,6 +284,8 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
                     tile_off = dev[1] if dev is not None else _upload(*host)[1]
                 segment_sum_tiles(colsum_part, tile_off, dbias)
         if mxfp8 is not None:
-            _mx_offsets(parts, width, host[1])
+            _mx_offsets(parts, width, host[1] if dev is None else dev[1])
+            if dev is not None:
+                parts["offsets"] = dev[0]
         return dict(dh=dh, parts=parts if mxfp8 is not None else None, dprobs=dprobs,
                     dbias=dbias, amax=amax_pair)
