@@ -194,18 +194,9 @@ def test_member_tables_match_the_activation_host_tables():
 _H100 = ((9, 0), 232448, 132)
 
 
-@pytest.mark.parametrize("fmt,mode,k,want", [("nvfp4", "wgrad", 64, 8), ("nvfp4", "fprop", 48, 8),
-                                             ("nvfp4", "fprop", 64, 16),
-                                             ("mxfp8", "wgrad", 64, 16)])
-def test_device_split_launches_copy_what_every_split_allows(fmt, mode, k, want):
-    """NVFP4's transposed columnwise copies have leading dimensions of Mp / 2 bytes (8 for a
-    one-row expert) and rowwise rows of K / 2 bytes: a device-split launch must use a copy
-    width every split allows, whatever the even split it is planned on allows; the kernel
-    chosen is a plain one of that width."""
+def _device_problem(fmt, mode, k, g=4, m=512, n=256):
     import lowprec_moe as lpm
-    from lowprec_moe.backends.cupy.gemm.select import choose_kernel
 
-    g, m, n = 4, 512, 64
     rng = np.random.default_rng(5)
     x = rng.standard_normal((m, k)).astype(ml_dtypes.bfloat16)
     dy = rng.standard_normal((m, n)).astype(ml_dtypes.bfloat16)
@@ -214,10 +205,54 @@ def test_device_split_launches_copy_what_every_split_allows(fmt, mode, k, want):
     wq = lpm.GroupedTensor.quantize(w, [n] * g, fmt, columnwise=True)
     xq = lpm.GroupedTensor.quantize(x, even, fmt, columnwise=True)
     dyq = lpm.GroupedTensor.quantize(dy, even, fmt, columnwise=True)
-    a, b = (dyq, xq) if mode == "wgrad" else (xq, wq)
+    a, b = {"fprop": (xq, wq), "dgrad": (dyq, wq), "wgrad": (dyq, xq)}[mode]
     kw = dict(bias=None, probs=None, out_dtype=None, out=None, accumulate=False)
-    p = _validate(mode, a, b, even, **kw)
-    cap = DS.chunk_cap(p, _H100)
-    assert cap == want
-    c = choose_kernel(p, plan(p), _H100, device_splits=True, chunk_cap=cap).config
-    assert c.role == "plain" and not c.tma and not c.persistent and c.chunk <= cap, c.name
+    return _validate(mode, a, b, even, **kw)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp8"])
+@pytest.mark.parametrize("mode", ["fprop", "dgrad", "wgrad"])
+@pytest.mark.parametrize("k", [64, 96, 256])
+def test_device_split_kernel_computes_every_split(fmt, mode, k):
+    """The config chosen for device splits is legal for every probe split (copy width, tensor
+    maps, shapes), needs no host-built schedule, and builds the same tensor maps for each."""
+    from lowprec_moe.backends.cupy.gemm.select import choose_kernel, illegal
+    from lowprec_moe.backends.cupy.gemm.rules import Facts
+    from lowprec_moe.backends.cupy.gemm.tma_rules import tma_geometry, tma_map_specs
+
+    if fmt == "mxfp8" and k % 32:
+        pytest.skip("MXFP8 needs K in whole blocks")
+    p = _device_problem(fmt, mode, k)
+    probes = DS.probe_plans(p)
+    c = choose_kernel(p, plan(p), _H100, probes=probes).config
+    assert not c.persistent and c.loader != "rowpair_tma", c.name
+    cap = min(Facts(q, ql, *_H100).chunk for q, ql in probes + [(p, plan(p))])
+    assert c.chunk <= cap, c.name
+    for q, ql in probes:
+        f = Facts(q, ql, *_H100)
+        f.__dict__["chunk"] = cap
+        assert illegal(c, f) is None, (c.name, q.splits)
+        if c.tma:
+            assert tma_map_specs(c, tma_geometry(ql)) == tma_map_specs(c, tma_geometry(plan(p)))
+
+
+def test_nvfp4_transposed_columnwise_rows_take_8_byte_copies():
+    """NVFP4 wgrad reads transposed columnwise copies whose rows are Mp / 2 bytes: 8 for an
+    expert of up to 16 tokens, so a device-split wgrad copies 8 bytes at a time."""
+    from lowprec_moe.backends.cupy.gemm.select import choose_kernel
+
+    p = _device_problem("nvfp4", "wgrad", 64)
+    assert choose_kernel(p, plan(p), _H100).config.chunk == 16  # the even split alone
+    c = choose_kernel(p, plan(p), _H100, probes=DS.probe_plans(p)).config
+    assert c.chunk == 8, c.name
+
+
+def test_device_split_nvfp4_fprop_keeps_the_fast_kernel():
+    """NVFP4 fprop's tensor maps cover whole buffers: the warp-specialised TMA kernel runs
+    with device splits as with host ones."""
+    from lowprec_moe.backends.cupy.gemm.select import choose_kernel
+
+    p = _device_problem("nvfp4", "fprop", 256, g=8, m=8192, n=1024)
+    host = choose_kernel(p, plan(p), _H100).config
+    dev = choose_kernel(p, plan(p), _H100, probes=DS.probe_plans(p)).config
+    assert dev.role == "ws" and dev.tma and not dev.persistent, (host.name, dev.name)

@@ -29,11 +29,10 @@ import dataclasses
 import numpy as np
 
 from lowprec_moe.backends.cupy.gemm.plan import DESC_WORDS, _cdiv, plan
-from lowprec_moe.backends.cupy.gemm.rules import Facts
 from lowprec_moe.tensors.grouped_tensor import columnwise_sizes
 from lowprec_moe.backends.cupy.splits import clamped_rows, max_row_tiles, row_tiles
 
-__all__ = ["affine_descriptors", "block_counts", "chunk_cap", "nominal_problem", "probe_splits", "clamped_rows", "device_descriptors",
+__all__ = ["affine_descriptors", "block_counts", "nominal_problem", "probe_plans", "probe_splits", "clamped_rows", "device_descriptors",
            "device_tile_table", "max_row_tiles"]
 
 
@@ -157,10 +156,12 @@ def nominal_problem(p, splits):
     return dataclasses.replace(p, splits=s, device_splits=None, offsets=offsets, a=host(p.a),
                                b=host(p.b) if p.mode == "wgrad" else p.b)
 
-def chunk_cap(p, caps: tuple) -> int:
-    """The widest copy chunk (16 or 8 bytes; 0: none) that the plan of every probe split of
-    device-splits problem ``p`` allows on a device with ``caps`` (see
-    :func:`.select.device_caps`): experts' rows or row blocks may start, and NVFP4's transposed
-    columnwise copies may have leading dimensions, where only 8-byte copies fit."""
-    return min(Facts(q, plan(q), tuple(caps[0]), caps[1], caps[2]).chunk
-               for q in (nominal_problem(p, s) for s in probe_splits(p.num_groups, p.m_total)))
+def probe_plans(p) -> list:
+    """``(problem, plan)`` of device-splits problem ``p`` for every :func:`probe_splits` split:
+    what a kernel config must compute to run ``p`` whatever its splits hold (see
+    :func:`.select.choose_kernel`)."""
+    out = []
+    for s in probe_splits(p.num_groups, p.m_total):
+        q = nominal_problem(p, s)
+        out.append((q, plan(q)))
+    return out

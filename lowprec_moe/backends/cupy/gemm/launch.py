@@ -49,8 +49,9 @@ from lowprec_moe.backends.cupy.gemm.balance import ragged_tile_list, ragged_tile
 from lowprec_moe.backends.cupy.gemm.compile import kernel_function
 from lowprec_moe.backends.cupy.gemm.plan import MMA_PARAMS, OUT_TYPES, SIMT_PARAMS, _cdiv, _flat_amax, descriptors, plan, tile_table
 from lowprec_moe.backends.cupy.gemm.ranges import mx_range_words
-from lowprec_moe.backends.cupy.gemm.select import choose_kernel, device_caps
-from lowprec_moe.backends.cupy.gemm.tma_rules import _pair_geom, _pair_maps, _ptr, _tma_maps
+from lowprec_moe.backends.cupy.gemm.select import choose_kernel
+from lowprec_moe.backends.cupy.gemm.tma_rules import (_pair_geom, _pair_maps, _ptr, _tma_maps,
+                                                      tma_geometry)
 
 __all__ = ["grouped_gemm", "kernel_info"]
 
@@ -182,9 +183,7 @@ def _prepare(p, arrays, kernel: str):
         modes = ((a.ek, int(a.mn)), (b.ek, int(b.mn)))
     else:
         modes = ((launch.chunk, int(a.e5m2)), (launch.chunk, int(b.e5m2)))
-    tma_geom = ((int(a.ld[0]), int(b.ld[0]), int(pl.length[0]) * a.es_num // a.es_den,
-                 int(a.sld[0]), int(b.sld[0]), int(pl.n_cols), int(pl.rows.max()))
-                if launch.tma else None)
+    tma_geom = tma_geometry(pl) if launch.tma else None
     pair = launch.loader == "rowpair_tma"
     val = dict(launch=launch, grid_cap=choice.grid_cap, tiles=d_tiles, desc=d_desc, n_col_tiles=n_col_tiles,
                tma_geom=tma_geom, pair_geom=_pair_geom(pl) if pair else None,
@@ -216,15 +215,12 @@ def _prepare_device_splits(p, arrays, kernel: str):
     p_even = DS.nominal_problem(p, even)
     pl = plan(p_even)
     a, b = pl.a, pl.b
-    chunk_cap = None
     if p.fmt == "hp":
         token_ops = (a, b) if p.mode == "wgrad" else (a,)
         if any(int(op.ld[0]) % 16 or _ptr(op.data) % 16 for op in token_ops):
             raise NotImplementedError("device splits need token rows of whole 16-byte chunks "
                                       "(row bytes and the array's address multiples of 16)")
-    else:  # an expert's rows (or row blocks) may start where no 16-byte copy can
-        chunk_cap = DS.chunk_cap(p, device_caps())
-    choice = choose_kernel(p_even, pl, kernel=kernel, device_splits=True, chunk_cap=chunk_cap)
+    choice = choose_kernel(p_even, pl, kernel=kernel, probes=DS.probe_plans(p))
     launch = choice.config
     block = _row_block(p)
     static, coef = DS.affine_descriptors(
@@ -245,8 +241,11 @@ def _prepare_device_splits(p, arrays, kernel: str):
         modes = ((a.ek, int(a.mn)), (b.ek, int(b.mn)))
     else:
         modes = ((launch.chunk, int(a.e5m2)), (launch.chunk, int(b.e5m2)))
+    # the range words of the warp-specialised MXFP8 kernels cover an expert's output rows: up
+    # to M of them when the experts split M, N each in wgrad
     val = dict(launch=launch, grid_cap=0, tiles=tiles, desc=None, coefs=coefs, block=block,
-               n_col_tiles=n_col_tiles, tma_geom=None, pair_geom=None, rows_max=m,
+               n_col_tiles=n_col_tiles, tma_geom=tma_geometry(pl) if launch.tma else None,
+               pair_geom=None, rows_max=m if tiles is None else int(pl.rows.max()),
                mn=(bool(a.mn), bool(b.mn)), num_experts=g, grid=grid, n_cols=pl.n_cols,
                modes=modes, a_vec=int(a.amax_vec), b_vec=int(b.amax_vec),
                zero_if_empty=int(pl.zero_if_empty))
@@ -360,9 +359,9 @@ def kernel_info(p, kernel: str = "auto") -> dict:
         kernel = config.gemm_options().kernel
     if p.device_splits is not None:  # chosen as the launch does (see _prepare_device_splits)
         g, m = p.num_groups, p.m_total
-        cap = None if p.fmt == "hp" else DS.chunk_cap(p, device_caps())
+        probes = DS.probe_plans(p)
         p = DS.nominal_problem(p, [m // g] * (g - 1) + [m - (g - 1) * (m // g)])
-        c = choose_kernel(p, plan(p), kernel=kernel, device_splits=True, chunk_cap=cap).config
+        c = choose_kernel(p, plan(p), kernel=kernel, probes=probes).config
     else:
         c = choose_kernel(p, plan(p), kernel=kernel).config
     if c.simt:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from lowprec_moe.backends.cupy.gemm import generic, sm90
 from lowprec_moe.backends.cupy.gemm.configs import KernelConfig
 from lowprec_moe.backends.cupy.gemm.rules import Facts
+from lowprec_moe.backends.cupy.gemm.tma_rules import tma_geometry, tma_map_specs
 
 #: Every config, Hopper's first.
 ALL_CONFIGS: tuple[KernelConfig, ...] = sm90.CONFIGS + generic.CONFIGS
@@ -68,16 +69,16 @@ def illegal(c: KernelConfig, f: Facts) -> str | None:
     return why
 
 
-def _splits_on_host(c: KernelConfig) -> str | None:
-    """Why config ``c`` needs the splits on the host (None: it runs from device tables)."""
-    if c.role != "plain" or c.persistent or c.tma:
-        return ("its schedule or tensor maps are built from the splits on the host (device "
-                "splits take the plain cp.async kernels)")
+def _needs_host_tables(c: KernelConfig) -> str | None:
+    """Why config ``c`` cannot run from tables built on the device (None: it can)."""
+    if c.persistent or c.loader == "rowpair_tma":
+        return ("its tile schedule or row-pair tensor maps are built from the splits on the "
+                "host")
     return None
 
 
 def choose_kernel(p, pl, caps: tuple | None = None, kernel: str = "auto",
-                  device_splits: bool = False, chunk_cap: int | None = None) -> Choice:
+                  probes: list | None = None) -> Choice:
     """Select the kernel config of a planned problem.
 
     Parameters
@@ -92,20 +93,37 @@ def choose_kernel(p, pl, caps: tuple | None = None, kernel: str = "auto",
     kernel : str
         ``"auto"``, or the name of the config to run (``ValueError`` if it cannot compute the
         problem, naming why).
-    device_splits : bool
-        The splits live on the device (``pl`` plans a stand-in split): only the configs that
-        read nothing of the splits on the host are legal.
-    chunk_cap : int, optional
-        The largest copy chunk every split allows (device splits: ``pl``'s own split may allow
-        a wider one than others).
+    probes : list of (GemmProblem, Plan), optional
+        Device splits: ``p`` / ``pl`` stand for one split of the experts' rows and ``probes``
+        for others (:func:`.device_splits.probe_splits`). A config must then compute every one
+        of them, run from the device-built tables (no persistent schedule, no per-expert tensor
+        maps), build the same tensor maps for each, and copy with a width every one allows.
+        Ranking uses ``p``.
     """
     cc, optin, sms = caps if caps is not None else device_caps()
     f = Facts(p, pl, tuple(cc), optin, sms)
-    if chunk_cap is not None:
-        f.__dict__["chunk"] = min(f.chunk, chunk_cap)  # overrides the cached property
+    others = [Facts(q, ql, tuple(cc), optin, sms) for q, ql in (probes or ())]
+    if probes is not None:
+        cap = min([f.chunk] + [o.chunk for o in others])
+        for x in [f] + others:
+            x.__dict__["chunk"] = cap  # overrides the cached property
 
     def why_not(c):
-        return illegal(c, f) or (_splits_on_host(c) if device_splits else None)
+        why = illegal(c, f)
+        if why is not None or probes is None:
+            return why
+        why = _needs_host_tables(c)
+        if why is not None:
+            return why
+        for o in others:
+            why = illegal(c, o)
+            if why is not None:
+                return f"{why} (for some split of the experts)"
+        if c.tma:
+            spec = tma_map_specs(c, tma_geometry(pl))
+            if any(tma_map_specs(c, tma_geometry(o.pl)) != spec for o in others):
+                return "its tensor maps depend on the splits"
+        return None
 
     if kernel != "auto":
         c = config(kernel)
@@ -116,7 +134,7 @@ def choose_kernel(p, pl, caps: tuple | None = None, kernel: str = "auto",
         legal = [c for c in ALL_CONFIGS if why_not(c) is None]
         if not legal:
             raise NotImplementedError(f"no kernel config computes this {p.mode} problem"
-                                      + (" with device splits" if device_splits else ""))
+                                      + (" with device splits" if probes is not None else ""))
         rank = sm90.rank if f.cc == (9, 0) else generic.rank
         c = min(legal, key=lambda c: rank(c, f))
     return Choice(c, sms if c.persistent else 0)

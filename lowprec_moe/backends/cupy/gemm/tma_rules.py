@@ -94,39 +94,58 @@ def _use_ws_tma(pl: Plan, ragged: bool = False) -> bool:
             and _tma_scale_rows_ok(pl.a, bm) and _tma_scale_rows_ok(pl.b, bn))
 
 
-def _tma_maps(cfg, geom: tuple, a_data, a_scale, b_data, b_scale) -> tuple:
-    """The tensor maps of a TMA config's launch, each data box one k-tile deep (``BK / 2``
-    bytes of NVFP4, ``BK`` of MXFP8), the box rows the config's tile: the swapped-operand builds
-    map A (tokens) and B (weights) data only; the warp-specialised builds also the two
-    block-scale maps, 16 bytes per box row (NVFP4: ``WS_SCALE_TILES`` k-tiles, MXFP8:
-    ``WMX_SCALE_TILES``). MXFP8 K-major data boxes (64-byte rows) are stored with the 64-byte
-    swizzle, the raw layout of the cp.async kernels. An MN-major B (MXFP8 dgrad / wgrad: lines
-    of ``n_cols`` bytes along the contraction) loads as two panels of 128 columns x one k-tile
-    of lines (128-byte swizzle) and its scales as ``2 * WMX_SCALE_TILES`` block lines of 256
-    columns; an MN-major A (MXFP8 wgrad: lines of ``m_rows`` bytes) as one panel of 128
-    columns x one k-tile of lines and its scales as ``2 * WMX_SCALE_TILES`` block lines of 128
-    columns."""
+def tma_geometry(pl: Plan) -> tuple:
+    """The plan's facts the TMA configs' tensor maps are built from: (A row stride, B row
+    stride, contraction bytes of expert 0, A and B scale row strides, output columns, the most
+    output rows of an expert)."""
+    a, b = pl.a, pl.b
+    return (int(a.ld[0]), int(b.ld[0]), int(pl.length[0]) * a.es_num // a.es_den,
+            int(a.sld[0]), int(b.sld[0]), int(pl.n_cols),
+            int(pl.rows.max()) if len(pl.rows) else 0)
+
+
+def tma_map_specs(cfg, geom: tuple) -> list[tuple]:
+    """Per tensor map of a TMA config's launch: (operand array, row stride, inner extent, box
+    inner bytes, box rows, swizzle), the array named ``"a_data"``, ``"b_data"``, ``"a_scale"``
+    or ``"b_scale"``. Each data box is one k-tile deep (``BK / 2`` bytes of NVFP4, ``BK`` of
+    MXFP8), the box rows the config's tile: the swapped-operand builds map A (tokens) and B
+    (weights) data only; the warp-specialised builds also the two block-scale maps, 16 bytes
+    per box row (NVFP4: ``WS_SCALE_TILES`` k-tiles, MXFP8: ``WMX_SCALE_TILES``). MXFP8 K-major
+    data boxes (64-byte rows) are stored with the 64-byte swizzle, the raw layout of the
+    cp.async kernels. An MN-major B (MXFP8 dgrad / wgrad: lines of ``n_cols`` bytes along the
+    contraction) loads as two panels of 128 columns x one k-tile of lines (128-byte swizzle)
+    and its scales as ``2 * WMX_SCALE_TILES`` block lines of 256 columns; an MN-major A (MXFP8
+    wgrad: lines of ``m_rows`` bytes) as one panel of 128 columns x one k-tile of lines and its
+    scales as ``2 * WMX_SCALE_TILES`` block lines of 128 columns."""
     a_ld, b_ld, inner, a_sld, b_sld, n_cols, m_rows = geom
     ws = cfg.role == "ws"
     mx = cfg.fmt == "mxfp8"
     a_mn, b_mn = cfg.a_mn, cfg.b_mn
     box_a, box_b = cfg.bm, cfg.bn
     d_box, swz = (BK, 64) if mx else (BK // 2, 0)
-    parts = [(a_data, a_ld, m_rows, box_a, BK, 128) if a_mn else
-             (a_data, a_ld, inner, d_box, box_a, swz)]
-    parts.append((b_data, b_ld, n_cols, box_b // 2, BK, 128) if b_mn else
-                 (b_data, b_ld, inner, d_box, box_b, swz))
+    parts = [("a_data", a_ld, m_rows, box_a, BK, 128) if a_mn else
+             ("a_data", a_ld, inner, d_box, box_a, swz)]
+    parts.append(("b_data", b_ld, n_cols, box_b // 2, BK, 128) if b_mn else
+                 ("b_data", b_ld, inner, d_box, box_b, swz))
     if ws:
         # scale bytes of a row: contraction / 16 (NVFP4: inner = contraction / 2), / 32 (MXFP8)
         s_inner = inner // F.MXFP8_BLOCK if mx else inner * 2 // F.NVFP4_BLOCK
         s_box = (WMX_SCALE_TILES * BK // F.MXFP8_BLOCK if mx
                  else WS_SCALE_TILES * BK // F.NVFP4_BLOCK)
-        parts.append((a_scale, a_sld, m_rows, box_a, s_box, 0) if a_mn else
-                     (a_scale, a_sld, s_inner, s_box, box_a, 0))
-        parts.append((b_scale, b_sld, n_cols, box_b, s_box, 0) if b_mn else
-                     (b_scale, b_sld, s_inner, s_box, box_b, 0))
+        parts.append(("a_scale", a_sld, m_rows, box_a, s_box, 0) if a_mn else
+                     ("a_scale", a_sld, s_inner, s_box, box_a, 0))
+        parts.append(("b_scale", b_sld, n_cols, box_b, s_box, 0) if b_mn else
+                     ("b_scale", b_sld, s_inner, s_box, box_b, 0))
+    return parts
+
+
+def _tma_maps(cfg, geom: tuple, a_data, a_scale, b_data, b_scale) -> tuple:
+    """The tensor maps of a TMA config's launch (:func:`tma_map_specs`), over the whole
+    operand arrays."""
+    arrays = dict(a_data=a_data, a_scale=a_scale, b_data=b_data, b_scale=b_scale)
     maps = []
-    for arr, ld, extent, box_inner, box_rows, sw in parts:
+    for name, ld, extent, box_inner, box_rows, sw in tma_map_specs(cfg, geom):
+        arr = arrays[name]
         rows = int(arr.nbytes) // ld  # int32 coordinates: checked by _use_tma / _use_ws_tma
         maps.append(tma.map_2d_u8(int(arr.data.ptr), extent, rows, ld, box_inner, box_rows, sw))
     return tuple(maps)
