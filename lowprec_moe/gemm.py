@@ -33,9 +33,11 @@ shapes come from ``M_total``, and the launch tables are built on the device. The
 checked (that would need a device-to-host copy): negative counts act as 0 and counts past
 ``M_total`` are cut there, so no row outside the tensors is ever addressed (output rows past the
 cut splits are not written). Valid device splits give the same bits as the same host splits
-(NUMERICS §7.5). Such calls run the plain cp.async kernels (the warp-specialised, TMA and
-persistent ones build their schedules or tensor maps from host splits). wgrad with
-``accumulate=True`` raises ``NotImplementedError``.
+(NUMERICS §7.5). Such calls run a kernel that computes every split of the experts' rows from
+the device-built tables with tensor maps that do not depend on the split: the persistent and
+row-pair kernels, whose schedules or maps are built from host splits, are left out (so NVFP4
+runs its per-tile TMA kernels instead of the persistent ones). wgrad with ``accumulate=True``
+raises ``NotImplementedError``.
 
 Numerics
 --------
