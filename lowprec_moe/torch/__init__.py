@@ -15,9 +15,11 @@ backward with the forward's context, so gradients land in ``.grad`` as for any t
 
 Tensors cross to NumPy (CPU) / CuPy (CUDA) without copies (:mod:`lowprec_moe.interop`); on the
 GPU every library kernel runs on torch's current CUDA stream, so nothing is synchronised. Splits
-that arrive as a CUDA tensor stay on the device (nothing is read back: such a layer step can be
-captured into a CUDA graph); host splits are taken as they are (:func:`host_splits` reads a CPU
-tensor).
+that arrive as a CUDA tensor stay on the device for ``GroupedLinear`` with every recipe and for
+``GroupedMLP`` with ``Recipe.bf16()`` (nothing is read back: such a layer step can be captured
+into a CUDA graph); the quantized ``GroupedMLP`` recipes copy a CUDA tensor to the host
+(:func:`host_splits`: one synchronisation per call) until their device path has been checked
+on a GPU.
 
 Dtypes: the layer dtype is x's (float32, float16 or bfloat16); parameters may be float32 master
 weights. The quantized recipes quantize them directly and return their gradients in their dtype;
@@ -235,13 +237,14 @@ class _GroupedMLPFn(torch.autograd.Function):
 # functional API
 
 
-def _prepare(x, splits):
+def _prepare(x, splits, device_splits: bool = True):
     """(x tensor or None, wire x or None, splits as the library takes them): a CUDA splits
-    tensor with CUDA tokens stays on the device (a CuPy view), else host ints."""
+    tensor with CUDA tokens stays on the device (a CuPy view) where ``device_splits``, else
+    host ints."""
     _check_x(x)
     if isinstance(x, lpm.GroupedTensor):
         return None, x, None if splits is None else host_splits(splits)
-    if (isinstance(splits, torch.Tensor) and splits.is_cuda
+    if (isinstance(splits, torch.Tensor) and splits.is_cuda and device_splits
             and isinstance(x, torch.Tensor) and x.is_cuda):
         if splits.ndim != 1 or splits.dtype.is_floating_point or splits.dtype.is_complex:
             raise TypeError(f"splits must be a 1-D integer tensor, got {splits.dtype} of shape "
@@ -306,7 +309,7 @@ def grouped_mlp(x, splits, fc1_weight: torch.Tensor, fc2_weight: torch.Tensor,
     x : torch.Tensor ``[M, K]`` (float32 / float16 / bfloat16) or lowprec_moe.GroupedTensor
         Tokens sorted by expert, or pre-quantized rowwise MXFP8 wire tokens (no gradient).
     splits : see :func:`host_splits`, or None for a wire x; a CUDA tensor stays on the device
-        (see the module docstring)
+        with ``Recipe.bf16()`` (see the module docstring)
     fc1_weight : torch.Tensor ``[G, N1, K]`` (``N1 = 2F`` for GLU activations, ``F`` for srelu)
     fc2_weight : torch.Tensor ``[G, N2, F]``
     fc1_bias : torch.Tensor ``[G, N1]``, optional
@@ -324,7 +327,7 @@ def grouped_mlp(x, splits, fc1_weight: torch.Tensor, fc2_weight: torch.Tensor,
     torch.Tensor ``[M, N2]``
         x's dtype (bfloat16 for a wire x).
     """
-    x_t, wire, splits = _prepare(x, splits)
+    x_t, wire, splits = _prepare(x, splits, device_splits=not recipe.quantized)
     fc1_weight, fc2_weight, fc1_bias, fc2_bias = _compute_weights(
         x_t, recipe, fc1_weight, fc2_weight, fc1_bias, fc2_bias)
     call = _Call(splits=splits, recipe=recipe, seed=int(seed),
