@@ -137,10 +137,12 @@ def check_splits(splits, m_total: int) -> tuple[int, ...]:
     return tuple(values)
 
 
-def check_device_splits(splits, like, what: str = "x"):
+def check_device_splits(splits, like, what: str = "x", *, copy: bool = False):
     """Device splits of a GPU call: a 1-D integer CuPy array of at least one expert on the
-    device of ``like`` (the array named ``what``). Returns it as a contiguous int64 array. Its
-    values are not read (that would need a device-to-host copy; NUMERICS §7.5)."""
+    device of ``like`` (the array named ``what``). Returns it as a contiguous int64 array, a
+    fresh one with ``copy`` (for what keeps the splits: the caller may refill its buffer, as
+    the router does at every step). Its values are not read (that would need a
+    device-to-host copy; NUMERICS §7.5)."""
     if not is_cupy_array(like):
         raise TypeError(f"splits is a cupy array but {what} is a numpy array; pass host splits "
                         "(list, tuple or numpy array)")
@@ -152,12 +154,12 @@ def check_device_splits(splits, like, what: str = "x"):
     if splits.device.id != like.device.id:
         raise ValueError(f"splits is on device {splits.device.id} but {what} is on device "
                          f"{like.device.id}")
-    if splits.dtype == np.int64 and splits.flags.c_contiguous:
+    if splits.dtype == np.int64 and splits.flags.c_contiguous and not copy:
         return splits
     import cupy as cp
 
     with splits.device:
-        return cp.ascontiguousarray(splits.astype(cp.int64))
+        return cp.array(splits, dtype=cp.int64, order="C", copy=True)
 
 
 def check_finite(name: str, a) -> None:

@@ -28,7 +28,8 @@ Device splits
 -------------
 On the GPU ``splits`` may be a 1-D CuPy integer array on the operands' device (the router's
 token counts, say); quantized token operands must then be GroupedTensors quantized with device
-splits (their own splits are used, not compared: ``splits`` may be None). The call then never reads them back: output
+splits, and their own splits are used (``splits`` may be None; given, it must name as many
+experts, and its values are not compared). The call then never reads them back: output
 shapes come from ``M_total``, and the launch tables are built on the device. They are not
 checked (that would need a device-to-host copy): negative counts act as 0 and counts past
 ``M_total`` are cut there, so no row outside the tensors is ever addressed (output rows past the

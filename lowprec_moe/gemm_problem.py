@@ -187,6 +187,8 @@ def validate(mode, a, b, splits, *, bias, probs, out_dtype, out, accumulate) -> 
                 raise ValueError(f"dy has M={m_total} rows but x has M={b.shape[0]} rows")
             if a.splits_on_device != b.splits_on_device:
                 raise ValueError("dy and x must both have host splits or both device splits")
+            if a.splits_on_device and a.num_groups != b.num_groups:
+                raise ValueError(f"dy has {a.num_groups} experts but x has {b.num_groups}")
             if not a.splits_on_device and tuple(a.splits) != tuple(b.splits):
                 raise ValueError(f"dy.splits={list(a.splits)} and x.splits={list(b.splits)} "
                                  "differ")
@@ -221,6 +223,12 @@ def validate(mode, a, b, splits, *, bias, probs, out_dtype, out, accumulate) -> 
     if a_q and not a.splits_on_device and is_cupy_array(splits):
         raise ValueError(f"{an} has host splits but splits is a device array: pass the host "
                          f"splits, or quantize {an} with the device splits")
+    if a_q and a.splits_on_device:
+        # the tensor's own splits: its buffers are laid out by them (values not compared)
+        if splits is not None and splits.size != a.num_groups:
+            raise ValueError(f"splits has {splits.size} entries but {an} was quantized with "
+                             f"{a.num_groups} experts")
+        splits = a.splits
     if splits is None:
         if not a_q:
             raise ValueError(f"splits=None: pass the tokens per expert (splits) when {an} is a "

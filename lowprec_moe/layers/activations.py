@@ -184,16 +184,7 @@ def _check_common(h, probs, splits, act, f):
     if splits is None:
         splits = (m,)
     if is_cupy_array(splits):  # device splits: not read here (NUMERICS §7.5)
-        if not is_cupy_array(h):
-            raise TypeError("splits is a cupy array but h is a numpy array; pass host splits")
-        if splits.dtype.kind not in "iu":
-            raise TypeError(f"splits.dtype={splits.dtype} must be an integer dtype")
-        if splits.ndim != 1 or splits.size == 0:
-            raise ValueError(f"splits must be a 1-D array of at least one expert, got shape "
-                             f"{tuple(splits.shape)}")
-        if splits.device.id != h.device.id:
-            raise ValueError(f"splits is on device {splits.device.id} but h is on device "
-                             f"{h.device.id}")
+        splits = V.check_device_splits(splits, h, "h")
     else:
         splits = V.check_splits(splits, m)
     if probs is not None:
@@ -232,8 +223,8 @@ def _quantize_grouped(t, splits, q: dict) -> GroupedTensor:
 def _splits_fields(splits, parts: dict) -> dict:
     """A GroupedTensor's ``splits`` and ``offsets``: host ones from host splits, the device
     splits and the row offsets the kernels built (``parts["offsets"]``) otherwise."""
-    if is_cupy_array(splits):
-        return dict(splits=splits, offsets=parts.pop("offsets"))
+    if is_cupy_array(splits):  # a copy: the caller may refill its buffer
+        return dict(splits=splits.copy(), offsets=parts.pop("offsets"))
     return dict(splits=tuple(splits), offsets=_offsets(splits))
 
 

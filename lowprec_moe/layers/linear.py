@@ -217,11 +217,12 @@ def grouped_linear_forward(x, splits, weight, bias=None, *, recipe: Recipe, prob
 
 
 def check_layer_splits(splits, m: int, recipe: Recipe, x):
-    """Host splits checked against ``m`` (a tuple), or device splits of a GPU layer (an int64
-    device array; their values are not read, NUMERICS §7.5)."""
+    """Host splits checked against ``m`` (a tuple), or device splits of a GPU layer (the
+    layer's own int64 copy, which its backward reads even if the caller refills its buffer;
+    their values are not read, NUMERICS §7.5)."""
     if not is_cupy_array(splits):
         return V.check_splits(splits, m)
-    return V.check_device_splits(splits, x)
+    return V.check_device_splits(splits, x, copy=True)
 
 
 def _quantize_x(x, splits, recipe: Recipe, wire: bool, *, columnwise: bool) -> GroupedTensor:

@@ -107,7 +107,7 @@ class GroupedTensor:
         V.check_k(k, format)
         on_device = is_cupy_array(splits)
         if on_device:
-            splits = V.check_device_splits(splits, x2)
+            splits = V.check_device_splits(splits, x2, copy=True)
             if block_2d:
                 raise NotImplementedError("block_2d=True with device splits is not implemented "
                                           "(every split must be a multiple of the block, which "

@@ -36,9 +36,13 @@ def test_descriptors_are_affine_in_rows(mode, g, m):
     rng = np.random.default_rng(g * 1000 + m)
     fixed = rng.integers(0, 2**31)
 
-    def desc_of(s):
-        return descriptors(plan(_problem(mode, list(s), np.random.default_rng(fixed), m, g,
-                                         bias=True)))
+    base = _problem(mode, [m] + [0] * (g - 1), np.random.default_rng(fixed), m, g, bias=True)
+
+    def desc_of(s):  # a valid split: its own problem; fewer rows (one expert): the stand-in
+        if sum(s) == m:
+            return descriptors(plan(_problem(mode, list(s), np.random.default_rng(fixed), m, g,
+                                             bias=True)))
+        return descriptors(plan(DS.nominal_problem(base, s)))
 
     static, coef = DS.affine_descriptors(desc_of, g, m)
     assert not coef[2:].any()
@@ -48,6 +52,11 @@ def test_descriptors_are_affine_in_rows(mode, g, m):
         np.testing.assert_array_equal(rows, s)
         got = DS.device_descriptors(np, static, coef, row0, rows)
         np.testing.assert_array_equal(got, desc_of(s))
+    if g == 1 and m:  # one expert holding fewer rows than M: its row count is read
+        for c in (0, 1, m // 3):
+            row0, rows = DS.clamped_rows(np, np.array([c]), m)
+            got = DS.device_descriptors(np, static, coef, row0, rows)
+            np.testing.assert_array_equal(got, desc_of([c]))
 
 
 _QUANTIZED = [("mxfp8", {}), ("mxfp8", {"fp8_dtype": "e5m2"}), ("nvfp4", {}),
@@ -75,15 +84,26 @@ def test_quantized_descriptors_are_affine_in_rows_and_blocks(fmt, opts, mode, g,
     kw = dict(bias=None, probs=None, out_dtype=None, out=None, accumulate=False)
     block = 32 if fmt == "mxfp8" else 16
 
-    def desc_of(s):
+    def problem(s):
         def q(a):
             return lpm.GroupedTensor.quantize(a, list(s), fmt, columnwise=True, **opts)
 
         a, b = {"fprop": (lambda: (q(x), wq)), "dgrad": (lambda: (q(dy), wq)),
                 "wgrad": (lambda: (q(dy), q(x)))}[mode]()
-        return descriptors(plan(_validate(mode, a, b, list(s), **kw)))
+        return _validate(mode, a, b, list(s), **kw)
+
+    base = problem([m] + [0] * (g - 1))
+
+    def desc_of(s):  # a valid split: its own problem; fewer rows (one expert): the stand-in
+        return descriptors(plan(problem(s) if sum(s) == m else DS.nominal_problem(base, s)))
 
     static, coef = DS.affine_descriptors(desc_of, g, m, block)
+    if g == 1:
+        for c in (1, m // 3):
+            row0, rows = DS.clamped_rows(np, np.array([c]), m)
+            blk0, blks = DS.block_counts(np, rows, block)
+            got = DS.device_descriptors(np, static, coef, row0, rows, blk0, blks)
+            np.testing.assert_array_equal(got, desc_of([c]))
     for _ in range(12):
         s = random_splits(rng, m, g, empty=g > 2)
         row0, rows = DS.clamped_rows(np, s, m)

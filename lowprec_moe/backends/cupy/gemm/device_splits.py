@@ -32,19 +32,26 @@ from lowprec_moe.backends.cupy.gemm.plan import DESC_WORDS, _cdiv, plan
 from lowprec_moe.tensors.grouped_tensor import columnwise_sizes
 from lowprec_moe.backends.cupy.splits import clamped_rows, max_row_tiles, row_tiles
 
-__all__ = ["affine_descriptors", "block_counts", "nominal_problem", "probe_plans", "probe_splits", "clamped_rows", "device_descriptors",
-           "device_tile_table", "max_row_tiles"]
+__all__ = ["affine_descriptors", "block_counts", "clamped_rows", "device_descriptors",
+           "device_tile_table", "max_row_tiles", "nominal_problem", "probe_plans",
+           "probe_splits"]
 
 
 def _probe_splits(g: int, m_total: int, seed: int, count: int) -> list[np.ndarray]:
     """Splits of ``m_total`` rows over ``g`` experts that vary every expert's first row, row
-    count and block count: the edge cases, then ``count`` random ones (a fixed seed)."""
+    count and block count: the edge cases, then ``count`` random ones (a fixed seed). One
+    expert has one valid split, so its probes are counts up to ``m_total`` (device splits that
+    sum to less than M leave rows unowned, and its row count must still be read)."""
+    rng = np.random.default_rng(seed)
+    if g == 1:
+        counts = [m_total, max(m_total - 1, 0), min(m_total, 1), m_total // 2]
+        counts += [int(v) for v in rng.integers(0, m_total + 1, count)]
+        return [np.array([c], np.int64) for c in counts]
     out = [np.array([m_total] + [0] * (g - 1)), np.array([0] * (g - 1) + [m_total]),
            np.array([m_total // g] * (g - 1) + [m_total - (g - 1) * (m_total // g)])]
-    if m_total >= 1 and g >= 2:
+    if m_total >= 1:
         out.append(np.array([1, m_total - 1] + [0] * (g - 2)))
         out.append(np.array([m_total - 1] + [0] * (g - 2) + [1]))
-    rng = np.random.default_rng(seed)
     for _ in range(count):
         cuts = np.sort(rng.integers(0, m_total + 1, g - 1))
         out.append(np.diff(np.concatenate([[0], cuts, [m_total]])))
@@ -55,8 +62,8 @@ def probe_splits(g: int, m_total: int) -> list[np.ndarray]:
     """Every probe split :func:`affine_descriptors` plans (the solving and the checking sets):
     edge cases (a one-row expert, all rows in one expert, an even split) and random splits;
     also what the launcher plans to find the copy width every split allows."""
-    return _probe_splits(g, m_total, seed=1, count=6) + _probe_splits(g, m_total, seed=2,
-                                                                      count=4)[3:]
+    return _probe_splits(g, m_total, seed=1, count=6) + _probe_splits(
+        g, m_total, seed=2, count=4)[4 if g == 1 else 3:]
 
 
 def block_counts(xp, rows, block: int):
@@ -84,7 +91,8 @@ def affine_descriptors(desc_of, g: int, m_total: int, block: int = 0):
     ``block`` rows rounded up per expert: the padded layout of quantized columnwise copies).
 
     ``desc_of(splits)`` is the host descriptor table (int64 ``[G, DESC_WORDS]``) of the same
-    problem with host splits. ``static`` is int64 ``[G, DESC_WORDS]``, ``coef`` int64
+    problem with host splits (planned without checking their sum: one expert's probes hold
+    fewer than ``m_total`` rows). ``static`` is int64 ``[G, DESC_WORDS]``, ``coef`` int64
     ``[4, DESC_WORDS]`` (zeros for the block rows without ``block``). The coefficients are
     solved from probe splits (differences of the same expert's words across probes remove
     ``static``) and checked exactly on every probe and on a second set of splits; a table that
@@ -94,18 +102,17 @@ def affine_descriptors(desc_of, g: int, m_total: int, block: int = 0):
     terms = [_terms(s, m_total, block) for s in probes]
     descs = [np.asarray(desc_of([int(v) for v in s]), np.int64) for s in probes]
     coef = np.zeros((4, DESC_WORDS), np.int64)
-    if g > 1 or block:
-        lhs = np.concatenate([t - terms[0] for t in terms[1:]]).astype(np.float64)
-        rhs = np.concatenate([d - descs[0] for d in descs[1:]]).astype(np.float64)
-        if not block:
-            lhs = lhs[:, :2]
-        if lhs.size and np.any(lhs):
-            sol = np.linalg.lstsq(lhs, rhs, rcond=None)[0]
-            coef[:lhs.shape[1]] = np.rint(sol).astype(np.int64)
+    lhs = np.concatenate([t - terms[0] for t in terms[1:]]).astype(np.float64)
+    rhs = np.concatenate([d - descs[0] for d in descs[1:]]).astype(np.float64)
+    if not block:
+        lhs = lhs[:, :2]
+    if lhs.size and np.any(lhs):
+        sol = np.linalg.lstsq(lhs, rhs, rcond=None)[0]
+        coef[:lhs.shape[1]] = np.rint(sol).astype(np.int64)
     static = descs[0] - terms[0] @ coef
     checks = list(zip(terms, descs)) + [
         (_terms(s, m_total, block), np.asarray(desc_of([int(v) for v in s]), np.int64))
-        for s in _probe_splits(g, m_total, seed=2, count=4)[3:]]
+        for s in _probe_splits(g, m_total, seed=2, count=4)[4 if g == 1 else 3:]]
     for t, d in checks:
         if not np.array_equal(static + t @ coef, d):
             raise NotImplementedError("device splits: this problem's descriptor table is not "
