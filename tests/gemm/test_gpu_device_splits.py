@@ -139,6 +139,33 @@ def test_quantized_device_splits_give_host_bits(fmt, opts, g, m, k, n):
                            f"{fmt} wgrad")
 
 
+@pytest.mark.parametrize("fmt", [None, "mxfp8", "nvfp4"])
+def test_one_expert_with_fewer_rows_than_m(fmt):
+    """One expert whose device count is below M owns only those rows: the output rows past
+    them are not written, and the rest equal a host call on those rows alone."""
+    import cupy as cp
+    import ml_dtypes
+
+    rng = np.random.default_rng(31)
+    m, k, n, c = 100, 128, 64, 40
+    x, w, dy = _data(cp, rng, m, 1, k, n, ml_dtypes.bfloat16)
+    ds = cp.asarray([c])
+    if fmt is None:
+        xa, xh, dya, dyh, wa = x, x[:c], dy, dy[:c], w
+    else:
+        wa = lpm.GroupedTensor.quantize(w.reshape(n, k), [n], fmt, columnwise=True)
+        xa = lpm.GroupedTensor.quantize(x, ds, fmt, columnwise=True)
+        dya = lpm.GroupedTensor.quantize(dy, ds, fmt, columnwise=True)
+        xh = lpm.GroupedTensor.quantize(x[:c], [c], fmt, columnwise=True)
+        dyh = lpm.GroupedTensor.quantize(dy[:c], [c], fmt, columnwise=True)
+    y = cp.full((m, n), np.nan, dtype=cp.float32)
+    G.grouped_gemm_fprop(xa, wa, ds, out=y)
+    assert bool(cp.isnan(y[c:]).all())
+    assert_bytes_equal(y[:c], G.grouped_gemm_fprop(xh, wa, [c], out_dtype="float32"), "fprop")
+    dw = G.grouped_gemm_wgrad(dya, xa, ds, out_dtype="float32")
+    assert_bytes_equal(dw, G.grouped_gemm_wgrad(dyh, xh, [c], out_dtype="float32"), "wgrad")
+
+
 def test_quantized_call_captures_into_a_graph():
     import cupy as cp
     import ml_dtypes
@@ -195,6 +222,8 @@ def test_unsupported_device_split_cases_say_so():
     xd = lpm.GroupedTensor.quantize(x, ds, "mxfp8")
     with pytest.raises(ValueError, match="device splits but splits are host values"):
         G.grouped_gemm_fprop(xd, wq, [32] * 4)
+    with pytest.raises(ValueError, match="quantized with 4 experts"):
+        G.grouped_gemm_fprop(xd, wq, cp.asarray([32] * 3))
     with pytest.raises(NotImplementedError, match="accumulate"):
         G.grouped_gemm_wgrad(dy, x, ds, out=cp.zeros((g, n, k), cp.float32),
                                accumulate=True)
