@@ -16,7 +16,8 @@ import numpy as np
 from lowprec_moe import formats as F
 from lowprec_moe import quant_formats
 from lowprec_moe.backend import asnumpy_explicit
-from lowprec_moe.tensors.grouped_tensor import GroupedTensor, _offsets, columnwise_sizes
+from lowprec_moe.tensors.grouped_tensor import (GroupedTensor, _offsets, columnwise_offsets,
+                                               columnwise_sizes)
 from lowprec_moe.tensors.quantized_tensor import QuantizedTensor
 from lowprec_moe.io._common import CheckpointError, describe
 
@@ -98,8 +99,7 @@ def flatten(name: str, t) -> tuple[list[tuple[str, np.ndarray]], dict[str, Any]]
 
 def _check_grouped_offsets(name, t: GroupedTensor) -> None:
     k = t.shape[1]
-    sizes = [columnwise_sizes(t.format, s, k) for s in t.splits]
-    want_d, want_s = _offsets([s[0] for s in sizes]), _offsets([s[1] for s in sizes])
+    want_d, want_s = columnwise_offsets(t.format, t.splits, k)
     if not (np.array_equal(np.asarray(t.columnwise_data_offsets), want_d)
             and np.array_equal(np.asarray(t.columnwise_scale_offsets), want_s)):
         raise ValueError(f"tensor {name!r}: columnwise offsets do not follow the packed layout "
@@ -274,7 +274,6 @@ def build(name: str, e: dict, arrays) -> QuantizedTensor | GroupedTensor:
         return QuantizedTensor(member_index=e.get("member_index", 0), **common)
     splits = tuple(e["splits"])
     if "columnwise_data" in fields:
-        sizes = [columnwise_sizes(e["format"], s, e["shape"][1]) for s in splits]
-        common.update(columnwise_data_offsets=_offsets([s[0] for s in sizes]),
-                      columnwise_scale_offsets=_offsets([s[1] for s in sizes]))
+        d_off, s_off = columnwise_offsets(e["format"], splits, e["shape"][1])
+        common.update(columnwise_data_offsets=d_off, columnwise_scale_offsets=s_off)
     return GroupedTensor(splits=splits, offsets=_offsets(splits), **common)

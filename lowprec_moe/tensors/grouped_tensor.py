@@ -35,6 +35,13 @@ def columnwise_sizes(fmt: str, m: int, k: int) -> tuple[int, int, tuple, tuple]:
     return dshape[0] * dshape[1], sshape[0] * sshape[1], dshape, sshape
 
 
+def columnwise_offsets(fmt: str, splits, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Host int64 ``[G+1]`` byte offsets of every member's columnwise data and scales in the
+    flat buffers of a grouped tensor with host ``splits`` (the packed layout)."""
+    sizes = [columnwise_sizes(fmt, s, k) for s in splits]
+    return _offsets([z[0] for z in sizes]), _offsets([z[1] for z in sizes])
+
+
 @dataclass(frozen=True)
 class GroupedTensor:
     """Quantized experts packed in one set of buffers (see the module docstring for layouts).
@@ -225,8 +232,7 @@ class GroupedTensor:
         splits = V.check_splits(self.splits.get().tolist(), self.shape[0])
         fields: dict = dict(splits=splits, offsets=_offsets(splits))
         if self.columnwise_data is not None:
-            sizes = [columnwise_sizes(self.format, s, self.shape[1]) for s in splits]
-            d_off, s_off = _offsets([z[0] for z in sizes]), _offsets([z[1] for z in sizes])
+            d_off, s_off = columnwise_offsets(self.format, splits, self.shape[1])
             fields.update(columnwise_data=self.columnwise_data[:int(d_off[-1])],
                           columnwise_scale=self.columnwise_scale[:int(s_off[-1])],
                           columnwise_data_offsets=d_off, columnwise_scale_offsets=s_off)

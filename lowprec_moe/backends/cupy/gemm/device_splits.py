@@ -29,7 +29,7 @@ import dataclasses
 import numpy as np
 
 from lowprec_moe.backends.cupy.gemm.plan import DESC_WORDS, _cdiv, plan
-from lowprec_moe.tensors.grouped_tensor import columnwise_sizes
+from lowprec_moe.tensors.grouped_tensor import columnwise_offsets
 from lowprec_moe.backends.cupy.splits import clamped_rows, max_row_tiles, row_tiles
 
 __all__ = ["affine_descriptors", "block_counts", "clamped_rows", "device_descriptors",
@@ -152,12 +152,8 @@ def nominal_problem(p, splits):
             return op
         fields = dict(splits=s, offsets=offsets)
         if op.columnwise_data is not None:
-            sizes = [columnwise_sizes(op.format, v, op.shape[1]) for v in s]
-            fields.update(
-                columnwise_data_offsets=np.concatenate([[0], np.cumsum([z[0] for z in sizes],
-                                                                       dtype=np.int64)]),
-                columnwise_scale_offsets=np.concatenate([[0], np.cumsum([z[1] for z in sizes],
-                                                                        dtype=np.int64)]))
+            d_off, s_off = columnwise_offsets(op.format, s, op.shape[1])
+            fields.update(columnwise_data_offsets=d_off, columnwise_scale_offsets=s_off)
         return dataclasses.replace(op, **fields)
 
     return dataclasses.replace(p, splits=s, device_splits=None, offsets=offsets, a=host(p.a),

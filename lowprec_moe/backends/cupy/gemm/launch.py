@@ -202,8 +202,9 @@ def _row_block(p) -> int:
 
 def _prepare_device_splits(p, arrays, kernel: str):
     """Launch configuration of a problem with device splits, cached by its signature: the
-    kernel config (chosen for an even split of M; the plain kernels it may pick compute the
-    same bits for any split, NUMERICS §7.5), the affine descriptor coefficients and, for wgrad,
+    kernel config (ranked on an even split of M among the configs that compute every probe
+    split; every config gives the same bits, NUMERICS §7.5), the affine descriptor
+    coefficients and, for wgrad,
     the tile table (module :mod:`.device_splits`)."""
     g, m = p.num_groups, p.m_total
     key = (g,) + _signature(p, arrays, kernel)  # (p.splits is None: M from the shapes)
@@ -220,11 +221,18 @@ def _prepare_device_splits(p, arrays, kernel: str):
         if any(int(op.ld[0]) % 16 or _ptr(op.data) % 16 for op in token_ops):
             raise NotImplementedError("device splits need token rows of whole 16-byte chunks "
                                       "(row bytes and the array's address multiples of 16)")
-    choice = choose_kernel(p_even, pl, kernel=kernel, probes=DS.probe_plans(p))
+    probes = DS.probe_plans(p)
+    choice = choose_kernel(p_even, pl, kernel=kernel, probes=probes)
     launch = choice.config
     block = _row_block(p)
-    static, coef = DS.affine_descriptors(
-        lambda s: descriptors(plan(DS.nominal_problem(p, s))), g, m, block)
+    # the solve plans the same probe splits: reuse their plans
+    planned = {tuple(q.splits): ql for q, ql in probes}
+
+    def desc_of(s):
+        ql = planned.get(tuple(s))
+        return descriptors(ql if ql is not None else plan(DS.nominal_problem(p, s)))
+
+    static, coef = DS.affine_descriptors(desc_of, g, m, block)
     n_col_tiles = _cdiv(pl.n_cols, launch.bn)
     if p.mode == "wgrad":  # one row tile per bm output rows of every expert, whatever the splits
         host_tiles = tile_table(pl.rows, np.ones(g, bool), launch.bm)
