@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from lowprec_moe import formats as F
-from lowprec_moe import kernels
+from lowprec_moe.backends.cupy import launch_helpers as H
 from lowprec_moe.backends.cupy import tables
 from lowprec_moe.backends.cupy.mxfp8 import tile_offsets, grouped_outputs
 from lowprec_moe.backends.cupy.reduce import segment_sum_tiles
@@ -54,16 +54,6 @@ _SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 
 _B = F.MXFP8_BLOCK  # 32-row tiles (the MXFP8 columnwise block)
 _NULL = np.uint64(0)
-
-
-def _cupy():
-    import cupy  # noqa: PLC0415
-
-    return cupy
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _dtype(a) -> str:
@@ -146,13 +136,10 @@ def _amax_outputs(mode: str | None, name: str, m: int, width: int, g_count: int)
         raise ValueError(f"amax={mode!r} must be one of {AMAX_MODES}")
     if mode == "rht" and name != "bfloat16":
         raise ValueError(f"amax='rht' needs bfloat16 input, got dtype={name}")
-    cp = _cupy()
+    cp = H.cupy()
     n_a, n_b = {"tensor": (g_count, 0), "rht": (g_count, g_count),
                 "rows": (m, g_count * width)}[mode]
-    buf = cp.empty(n_a + n_b, dtype=cp.uint32)
-    if buf.nbytes:
-        cp.cuda.runtime.memsetAsync(buf.data.ptr, 0, buf.nbytes,
-                                    cp.cuda.get_current_stream().ptr)
+    buf = H.zeros(n_a + n_b, cp.uint32)
     a, b = buf[:n_a], buf[n_a:]
     flags = {"tensor": _FLAG_AMAX, "rht": _FLAG_AMAX | _FLAG_AMAX_RHT,
              "rows": _FLAG_AMAX_ROWS}[mode]
@@ -181,7 +168,7 @@ def activation_forward(h, splits, act, probs, f: int, *, mxfp8: dict | None = No
     ``grouped_quantize_nvfp4(z, splits, ...)`` would compute it (``"tensor"``: ``[G]`` twice;
     ``"rht"``: ``[G]`` and the RHT columnwise ``[G]``; ``"rows"``: ``[M]`` and ``[G * F]``).
     """
-    cp = _cupy()
+    cp = H.cupy()
     with h.device:
         h = cp.ascontiguousarray(h)
         name = _dtype(h)
@@ -202,9 +189,9 @@ def activation_forward(h, splits, act, probs, f: int, *, mxfp8: dict | None = No
             flags |= _FLAG_VEC
         if num_tiles and f:
             row_off, tile_off = dev if dev is not None else _upload(*host)
-            f_tiles = _cdiv(f, 16 * _VEC[name])
-            kernels.get_function(MODULE, _kernel_name("fwd", mxfp8, amax, _SUFFIX[name]))(
-                (_cdiv(num_tiles * f_tiles, _WARPS_PER_CTA),), (_WARPS_PER_CTA * 32,),
+            f_tiles = H.cdiv(f, 16 * _VEC[name])
+            H.kernel(MODULE, _kernel_name("fwd", mxfp8, amax, _SUFFIX[name]))(
+                (H.cdiv(num_tiles * f_tiles, _WARPS_PER_CTA),), (_WARPS_PER_CTA * 32,),
                 (h, _NULL if probs is None else probs, *_act_args(act, f, width), np.int64(m),
                  row_off, tile_off, np.int32(g_count), np.int64(num_tiles),
                  _NULL if z is None else z, *_mx_ptrs(parts), np.int32(flags),
@@ -231,7 +218,7 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
     GroupedTensor fields of dh when ``mxfp8`` is given; ``amax`` (a mode of :data:`AMAX_MODES`,
     needs ``want_dh``) the NVFP4 amax pair of dh as in :func:`activation_forward`.
     """
-    cp = _cupy()
+    cp = H.cupy()
     with h.device:
         h = cp.ascontiguousarray(h)
         dz = cp.ascontiguousarray(dz)
@@ -240,7 +227,7 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
             raise TypeError(f"dz.dtype={_dtype(dz)} must match h.dtype={name}")
         m, width = (int(v) for v in h.shape)
         g_count, num_tiles, host, dev = _layout(cp, splits, m, mxfp8, amax)
-        f_tiles = _cdiv(f, 16 * _VEC[name]) if f else 0
+        f_tiles = H.cdiv(f, 16 * _VEC[name]) if f else 0
         dh = cp.empty((m, width), dtype=h.dtype) if want_dh else None
         parts, flags = {}, 0
         if mxfp8 is not None:
@@ -261,8 +248,8 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
         row_off = tile_off = None
         if num_tiles and f:
             row_off, tile_off = dev if dev is not None else _upload(*host)
-            kernels.get_function(MODULE, _kernel_name("bwd", mxfp8, amax, _SUFFIX[name]))(
-                (_cdiv(num_tiles * f_tiles, _WARPS_PER_CTA),), (_WARPS_PER_CTA * 32,),
+            H.kernel(MODULE, _kernel_name("bwd", mxfp8, amax, _SUFFIX[name]))(
+                (H.cdiv(num_tiles * f_tiles, _WARPS_PER_CTA),), (_WARPS_PER_CTA * 32,),
                 (dz, h, _NULL if probs is None else probs, *_act_args(act, f, width),
                  np.int64(m), row_off, tile_off, np.int32(g_count), np.int64(num_tiles),
                  _NULL if dh is None else dh, *_mx_ptrs(parts), np.int32(flags),
@@ -273,8 +260,8 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
         if want_dprobs:
             dprobs = cp.zeros(m, dtype=cp.float32)
             if m and f_tiles:
-                kernels.get_function(MODULE, "lpm_act_row_sum")(
-                    (_cdiv(m, _COLSUM_THREADS),), (_COLSUM_THREADS,),
+                H.kernel(MODULE, "lpm_act_row_sum")(
+                    (H.cdiv(m, _COLSUM_THREADS),), (_COLSUM_THREADS,),
                     (dprobs_part, np.int64(f_tiles), np.int64(m), dprobs))
         dbias = None
         if want_dbias:

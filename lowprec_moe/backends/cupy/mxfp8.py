@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from lowprec_moe import formats as F
-from lowprec_moe import kernels
+from lowprec_moe.backends.cupy import launch_helpers as H
 from lowprec_moe.backends.cupy import splits_kernels, tables
 from lowprec_moe.backends.cupy.splits import max_row_tiles
 
@@ -69,28 +69,6 @@ _B = F.MXFP8_BLOCK
 _NULL = np.uint64(0)  # a null device pointer argument
 
 
-def _cupy():
-    import cupy  # noqa: PLC0415
-
-    return cupy
-
-
-_fn_cache: dict = {}
-
-
-def _fn(kernel_name: str):
-    # memoized per (device, module, kernel): kernels.get_function is slower on the hot path
-    key = (_cupy().cuda.runtime.getDevice(), MODULE, kernel_name)
-    fn = _fn_cache.get(key)
-    if fn is None:
-        fn = _fn_cache[key] = kernels.get_function(MODULE, kernel_name)
-    return fn
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _check_fp8(fp8_dtype: str) -> int:
     if fp8_dtype not in F.FP8_DTYPES:
         raise ValueError(f"fp8_dtype={fp8_dtype!r} must be one of {F.FP8_DTYPES}")
@@ -102,7 +80,7 @@ def _dtype_name(a) -> str:
 
 
 def _check_cupy(a, name: str):
-    cp = _cupy()
+    cp = H.cupy()
     if not isinstance(a, cp.ndarray):
         kind = "numpy.ndarray" if isinstance(a, np.ndarray) else type(a).__name__
         raise TypeError(f"{name} must be a cupy.ndarray, got {kind}")
@@ -111,7 +89,7 @@ def _check_cupy(a, name: str):
 
 def _prepare(a, name: str, align: int = 16):
     """C-contiguous version of a CuPy array whose data pointer is ``align``-byte aligned."""
-    cp = _cupy()
+    cp = H.cupy()
     a = cp.ascontiguousarray(_check_cupy(a, name))
     if a.size and a.data.ptr % align:
         a = a.copy()  # fresh allocation: aligned
@@ -121,7 +99,7 @@ def _prepare(a, name: str, align: int = 16):
 def grouped_outputs(m: int, k: int, num_tiles: int, rowwise: bool, columnwise: bool) -> dict:
     """Uninitialised buffers of a grouped MXFP8 result: rowwise ``[m, k]`` data and ``[m, k/32]``
     scales, flat columnwise data and scales of ``num_tiles`` 32-row tiles."""
-    cp = _cupy()
+    cp = H.cupy()
     out: dict = {}
     if rowwise:
         out["rowwise_data"] = cp.empty((m, k), dtype=cp.uint8)
@@ -156,10 +134,10 @@ def _launch_quantize(x2, m_total: int, k: int, num_row_tiles: int, row_off, tile
     if num_row_tiles == 0 or k == 0:
         return
     name = _dtype_name(x2)
-    k_tiles = _cdiv(k, _TILE_COLS[name])
+    k_tiles = H.cdiv(k, _TILE_COLS[name])
     warps = num_row_tiles * k_tiles
-    grid = (_cdiv(warps, _WARPS_PER_CTA),)
-    _fn(_QUANTIZE_KERNEL[name])(
+    grid = (H.cdiv(warps, _WARPS_PER_CTA),)
+    H.kernel(MODULE, _QUANTIZE_KERNEL[name])(
         grid, (_WARPS_PER_CTA * 32,),
         (x2, np.int64(m_total), np.int64(k),
          _NULL if row_off is None else row_off, _NULL if tile_off is None else tile_off,
@@ -201,11 +179,11 @@ def quantize_mxfp8(x2d, *, rowwise: bool = True, columnwise: bool = False,
     ``columnwise_scale [Mp/32, K]`` (``Mp = roundup(M, 32)``; uint8 CuPy arrays or None),
     ``amax_rowwise`` / ``amax_columnwise`` None.
     """
-    cp = _cupy()
+    cp = H.cupy()
     flags = _flags(rowwise, columnwise, block_2d, fp8_dtype)
     with _check_cupy(x2d, "x").device:
         x2, m, k = _check_x(x2d, block_2d)
-        tiles = _cdiv(m, _B)
+        tiles = H.cdiv(m, _B)
         out = dict(rowwise_data=None, rowwise_scale=None, columnwise_data=None,
                    columnwise_scale=None, amax_rowwise=None, amax_columnwise=None)
         if rowwise:
@@ -287,8 +265,8 @@ def _launch_dequantize(data, scale, out, rows_out: int, k: int, columnwise: bool
     chunks = k // _DEQ_VEC
     tpr_log2 = min(max(chunks - 1, 0).bit_length(), 8)  # threads per row: pow2 >= chunks, <= 256
     rows_per_cta = _DEQ_THREADS >> tpr_log2
-    grid = (max(1, min(_cdiv(rows_out, rows_per_cta), _DEQ_MAX_BLOCKS)),)
-    _fn("lpm_mxfp8_dequantize")(
+    grid = (max(1, min(H.cdiv(rows_out, rows_per_cta), _DEQ_MAX_BLOCKS)),)
+    H.kernel(MODULE, "lpm_mxfp8_dequantize")(
         grid, (_DEQ_THREADS,),
         (data, scale, out, np.int64(rows_out), np.int64(k), np.int32(1 if columnwise else 0),
          _NULL if row_off is None else row_off, _NULL if tile_off is None else tile_off,
@@ -303,7 +281,7 @@ def dequantize_mxfp8(data, scale, *, columnwise: bool = False, m: int | None = N
     ``scale [Mp/32, K]``; padding rows are cropped to ``m``. Bit-exact with the reference
     (NaN bytes decode to the reference's NaN bit patterns).
     """
-    cp = _cupy()
+    cp = H.cupy()
     _check_fp8(fp8_dtype)
     with _check_cupy(data, "data").device:
         data = _prepare(data, "data")
@@ -338,7 +316,7 @@ def grouped_dequantize_mxfp8(gt: Any, direction: str):
     One launch. ``direction`` "rowwise" reads the concatenated rowwise buffers; "columnwise"
     reads each member's padded columnwise copy and crops its padding rows.
     """
-    cp = _cupy()
+    cp = H.cupy()
     if direction not in ("rowwise", "columnwise"):
         raise ValueError(f"direction={direction!r} must be 'rowwise' or 'columnwise'")
     m_total, k = (int(v) for v in gt.shape)
@@ -390,7 +368,7 @@ def grouped_mxfp8_columnwise_from_rowwise(gt: Any, fp8_dtype: str = "e4m3",
         scale ``[splits[g], K/32]`` padded and GEMM-swizzled, concatenated, as
         ``swizzle_grouped_np``) and ``rowwise_scale_swizzled_offsets`` (host int64 ``[G+1]``).
     """
-    cp = _cupy()
+    cp = H.cupy()
     flags = _check_fp8(fp8_dtype)
     wire = gt.fp8_dtype or "e4m3"
     if wire not in F.FP8_DTYPES:
@@ -410,7 +388,7 @@ def grouped_mxfp8_columnwise_from_rowwise(gt: Any, fp8_dtype: str = "e4m3",
         kb = k // _B
         swz = np.zeros(s.size + 1, dtype=np.int64)
         swz[1:] = np.cumsum(-(-s // F.SWIZZLE_TILE_ROWS) * F.SWIZZLE_TILE_ROWS
-                            * (_cdiv(kb, F.SWIZZLE_TILE_COLS) * F.SWIZZLE_TILE_COLS))
+                            * (H.cdiv(kb, F.SWIZZLE_TILE_COLS) * F.SWIZZLE_TILE_COLS))
         out = {
             "columnwise_data": cp.empty(num_tiles * _B * k, dtype=cp.uint8),
             "columnwise_scale": cp.empty(num_tiles * k, dtype=cp.uint8),
@@ -424,9 +402,9 @@ def grouped_mxfp8_columnwise_from_rowwise(gt: Any, fp8_dtype: str = "e4m3",
             out["rowwise_scale_swizzled_offsets"] = swz
         if num_tiles and k:
             row_off, tile_off, swz_off = _upload(rows, tiles, swz)
-            warps = num_tiles * _cdiv(k, _FUSED_TILE_COLS)
-            _fn("lpm_mxfp8_colwise_from_rowwise")(
-                (_cdiv(warps, _WARPS_PER_CTA),), (_WARPS_PER_CTA * 32,),
+            warps = num_tiles * H.cdiv(k, _FUSED_TILE_COLS)
+            H.kernel(MODULE, "lpm_mxfp8_colwise_from_rowwise")(
+                (H.cdiv(warps, _WARPS_PER_CTA),), (_WARPS_PER_CTA * 32,),
                 (data, scale, np.int64(m_total), np.int64(k), row_off, tile_off, swz_off,
                  np.int32(s.size), np.int64(num_tiles), out["columnwise_data"],
                  out["columnwise_scale"], _NULL if swz_buf is None else swz_buf,

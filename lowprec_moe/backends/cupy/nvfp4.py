@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from lowprec_moe import formats as F
-from lowprec_moe import kernels
+from lowprec_moe.backends.cupy import launch_helpers as H
 from lowprec_moe.backends.cupy import splits_kernels, tables
 from lowprec_moe.backends.cupy.splits import max_row_tiles
 
@@ -64,31 +64,8 @@ _B = F.NVFP4_BLOCK
 _NULL = np.uint64(0)  # a null device pointer argument
 
 
-def _cupy():
-    import cupy  # noqa: PLC0415
-
-    return cupy
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _roundup(a: int, b: int) -> int:
-    return _cdiv(a, b) * b
-
-
-_sm_counts: dict[int, int] = {}
-
-
-def _sm_count() -> int:
-    cp = _cupy()
-    dev = int(cp.cuda.runtime.getDevice())
-    n = _sm_counts.get(dev)
-    if n is None:
-        n = int(cp.cuda.Device(dev).attributes["MultiProcessorCount"])
-        _sm_counts[dev] = n
-    return n
+    return H.cdiv(a, b) * b
 
 
 def _dtype_key(dtype) -> str:
@@ -100,7 +77,7 @@ def _dtype_key(dtype) -> str:
 
 
 def _require_cupy(a, name: str):
-    cp = _cupy()
+    cp = H.cupy()
     if not isinstance(a, cp.ndarray):
         raise TypeError(f"{name} must be a cupy.ndarray for the GPU nvfp4 kernels, got "
                         f"{type(a).__name__} (move it explicitly with cupy.asarray)")
@@ -108,7 +85,7 @@ def _require_cupy(a, name: str):
 
 def _prep_input(x2d):
     """C-contiguous, 16-byte aligned 2-D CuPy array (copied on the device only when needed)."""
-    cp = _cupy()
+    cp = H.cupy()
     _require_cupy(x2d, "x")
     if x2d.ndim != 2:
         raise ValueError(f"x must be 2-D here, got shape {tuple(x2d.shape)}")
@@ -119,35 +96,13 @@ def _prep_input(x2d):
 
 
 def _prep_bytes(a, name: str, align: int = 8):
-    cp = _cupy()
+    cp = H.cupy()
     _require_cupy(a, name)
     a = cp.ascontiguousarray(a)
     if a.dtype != np.uint8:
         raise TypeError(f"{name}.dtype={a.dtype} must be uint8")
     if a.size and a.data.ptr % align:
         a = a.copy()
-    return a
-
-
-_fn_cache: dict = {}
-
-
-def _get_fn(module: str, name: str):
-    """``kernels.get_function`` memoized per (device, module, kernel) for the hot path."""
-    cp = _cupy()
-    key = (cp.cuda.runtime.getDevice(), module, name)
-    fn = _fn_cache.get(key)
-    if fn is None:
-        fn = _fn_cache[key] = kernels.get_function(module, name)
-    return fn
-
-
-def _zeros(n: int, dtype):
-    """A zero-filled device array by one async memset (no fill kernel)."""
-    cp = _cupy()
-    a = cp.empty(n, dtype=dtype)
-    if a.nbytes:
-        cp.cuda.runtime.memsetAsync(a.data.ptr, 0, a.nbytes, cp.cuda.get_current_stream().ptr)
     return a
 
 
@@ -183,7 +138,7 @@ def _member_table(splits, k: int, padded_tiles: bool):
 def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
                    columnwise: bool, row_scaled: bool, block_2d: bool, rht: bool,
                    stochastic_rounding: bool, seed: int, amax=None):
-    cp = _cupy()
+    cp = H.cupy()
     key = _dtype_key(x.dtype)
     sfx = _SUFFIX[key]
     m_total, k = (int(s) for s in x.shape)
@@ -194,7 +149,7 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
     sr = bool(stochastic_rounding)
     n_groups = len(splits)
     tile_cols = _TILE_COLS[key]
-    n_ct = _cdiv(k, tile_cols)
+    n_ct = H.cdiv(k, tile_cols)
     row_off = None
     if grouped and not isinstance(splits, (list, tuple, np.ndarray)):
         # device splits: the member table built on the device, sizes for any split of M rows
@@ -215,7 +170,7 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
     else:  # one member of m_total rows: no table
         cw_total = _roundup(m_total, _B)
         cw_prefix = None
-        n_tiles = _cdiv(cw_total if columnwise else m_total, _TILE_ROWS) * n_ct
+        n_tiles = H.cdiv(cw_total if columnwise else m_total, _TILE_ROWS) * n_ct
         meta = _NULL
         g_arg = 0
     m_single = _i64(m_total)
@@ -228,32 +183,32 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
             # The tiled amax kernel on an empty layout (a zero member table: every member has no
             # rows, one CTA, no loads, no atomics): its last CTA builds the encode tables from
             # amax_row / amax_col.
-            zbuf = _zeros(3 * (n_groups + 1) + 2, cp.int64)
+            zbuf = H.zeros(3 * (n_groups + 1) + 2, cp.int64)
             tabs = cp.empty(2 * n_groups * _TAB_STRIDE, dtype=cp.float32)
-            _get_fn(MODULE, f"lpm_nvfp4_amax_tiles_{sfx}")(
+            H.kernel(MODULE, f"lpm_nvfp4_amax_tiles_{sfx}")(
                 (1,), (_Q_THREADS,),
                 (x, _i64(k), _i64(0), zbuf[2:] if grouped else _NULL, _i32(g_arg), _i32(1),
                  _i32(_FLAG_RHT), amax_row, amax_col, zbuf[:1], tabs))
     elif row_scaled:
-        amax_row = _zeros(m_total, cp.float32)
-        amax_col = _zeros(n_groups * k, cp.float32)
+        amax_row = H.zeros(m_total, cp.float32)
+        amax_col = H.zeros(n_groups * k, cp.float32)
         if n_tiles:
-            _get_fn(MODULE, f"lpm_nvfp4_amax_tiles_{sfx}")(
+            H.kernel(MODULE, f"lpm_nvfp4_amax_tiles_{sfx}")(
                 (n_tiles,), (_Q_THREADS,),
                 (x, _i64(k), m_single, meta, _i32(g_arg), _i32(n_ct), _i32(_FLAG_ROW_SCALED),
                  amax_row, amax_col, _NULL, _NULL))
     elif rht:
-        buf = _zeros(2 * n_groups + 1, cp.uint32)  # amax plain [G], amax RHT [G], counter
+        buf = H.zeros(2 * n_groups + 1, cp.uint32)  # amax plain [G], amax RHT [G], counter
         amax_row = buf[:n_groups].view(cp.float32)
         amax_col = buf[n_groups:2 * n_groups].view(cp.float32)
         if n_tiles:
             tabs = cp.empty(2 * n_groups * _TAB_STRIDE, dtype=cp.float32)
-            _get_fn(MODULE, f"lpm_nvfp4_amax_tiles_{sfx}")(
+            H.kernel(MODULE, f"lpm_nvfp4_amax_tiles_{sfx}")(
                 (n_tiles,), (_Q_THREADS,),
                 (x, _i64(k), m_single, meta, _i32(g_arg), _i32(n_ct), _i32(_FLAG_RHT),
                  amax_row, amax_col, buf[2 * n_groups:], tabs))
     else:
-        buf = _zeros(n_groups + 1, cp.uint32)  # amax [G], counter
+        buf = H.zeros(n_groups + 1, cp.uint32)  # amax [G], counter
         amax_row = buf[:n_groups].view(cp.float32)
         amax_col = amax_row
         epc = 16 // x.itemsize
@@ -263,8 +218,8 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
             max_chunks = max((int(s) * k) // epc for s in splits) if n_groups else 0
         if n_tiles:  # (then max_chunks > 0)
             tabs = cp.empty(2 * n_groups * _TAB_STRIDE, dtype=cp.float32)
-            grid_x = max(1, min(_cdiv(max_chunks, _AMAX_THREADS * _AMAX_UNROLL), 4 * _sm_count()))
-            _get_fn(MODULE, f"lpm_nvfp4_amax_tensor_{sfx}")(
+            grid_x = max(1, min(H.cdiv(max_chunks, _AMAX_THREADS * _AMAX_UNROLL), 4 * H.sm_count()))
+            H.kernel(MODULE, f"lpm_nvfp4_amax_tensor_{sfx}")(
                 (grid_x, n_groups), (_AMAX_THREADS,),
                 (x, _i64(k), m_single, meta, _i32(g_arg), amax_row, buf[n_groups:], tabs))
 
@@ -281,9 +236,9 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
              | (_FLAG_RHT if rht else 0) | (_FLAG_SR if sr else 0))
     if n_tiles:
         if sr or rht:
-            fn = _get_fn(EXT_MODULE, f"lpm_nvfp4_quantize_ext_{sfx}")
+            fn = H.kernel(EXT_MODULE, f"lpm_nvfp4_quantize_ext_{sfx}")
         else:
-            fn = _get_fn(MODULE, f"lpm_nvfp4_quantize_{sfx}")
+            fn = H.kernel(MODULE, f"lpm_nvfp4_quantize_{sfx}")
         fn((n_tiles,), (_Q_THREADS,),
            (x, _i64(k), m_single, meta, _i32(g_arg), _i32(n_ct), _i32(flags),
             np.uint32(int(member_base) & 0xFFFFFFFF), np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF), amax_row, amax_col, tabs,
@@ -379,7 +334,7 @@ def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: boo
 
 def _check_amax(amax, x, n_groups: int, row_scaled: bool):
     """Validate a precomputed ``(amax_rowwise, amax_columnwise)`` pair; returns flat arrays."""
-    cp = _cupy()
+    cp = H.cupy()
     if not isinstance(amax, (tuple, list)) or len(amax) != 2:
         raise TypeError(f"amax={type(amax).__name__} must be a pair (amax_rowwise, "
                         "amax_columnwise) of float32 cupy arrays")
@@ -410,14 +365,14 @@ def _check_amax(amax, x, n_groups: int, row_scaled: bool):
 
 
 def _dequant_rowwise(data, scale, amax, amax_mode: int, row_off=None, n_groups: int = 0):
-    cp = _cupy()
+    cp = H.cupy()
     rows, half = (int(s) for s in data.shape)
     cols = 2 * half
     out = cp.empty((rows, cols), dtype=cp.float32)
     nblk = rows * (cols // _B)
     if nblk:
-        grid = max(1, min(_cdiv(nblk, _DEQ_THREADS), 16 * _sm_count()))
-        kernels.get_function(MODULE, "lpm_nvfp4_dequantize_rowwise")(
+        grid = max(1, min(H.cdiv(nblk, _DEQ_THREADS), 16 * H.sm_count()))
+        H.kernel(MODULE, "lpm_nvfp4_dequantize_rowwise")(
             (grid,), (_DEQ_THREADS,),
             (data, scale, amax, _i64(rows), _i64(cols), _i32(amax_mode),
              _NULL if row_off is None else row_off, _i32(n_groups), out))
@@ -426,12 +381,12 @@ def _dequant_rowwise(data, scale, amax, amax_mode: int, row_off=None, n_groups: 
 
 def _dequant_columnwise(data, scale, amax, *, k: int, m_single: int, meta, n_groups: int,
                         out_rows: int, n_row_tiles: int, amax_per_col: bool, rht: bool):
-    cp = _cupy()
+    cp = H.cupy()
     out = cp.empty((out_rows, k), dtype=cp.float32)
-    n_ct = _cdiv(k, _DEQ_TILE)
+    n_ct = H.cdiv(k, _DEQ_TILE)
     n_tiles = n_row_tiles * n_ct
     if n_tiles:
-        kernels.get_function(MODULE, "lpm_nvfp4_dequantize_columnwise")(
+        H.kernel(MODULE, "lpm_nvfp4_dequantize_columnwise")(
             (n_tiles,), (_DEQ_THREADS,),
             (data, scale, amax, _i64(k), _i64(m_single), meta, _i32(n_groups), _i32(n_ct),
              _i32(1 if amax_per_col else 0), _i32(1 if rht else 0), out))
@@ -439,7 +394,7 @@ def _dequant_columnwise(data, scale, amax, *, k: int, m_single: int, meta, n_gro
 
 
 def _prep_amax(amax):
-    cp = _cupy()
+    cp = H.cupy()
     _require_cupy(amax, "amax")
     return cp.ascontiguousarray(amax.astype(cp.float32, copy=False)).reshape(-1)
 
@@ -475,11 +430,11 @@ def dequantize_nvfp4(data, scale, amax, *, columnwise: bool = False, m: int | No
     if _roundup(m_out, _B) == mp:
         return _dequant_columnwise(data, scale, amax, k=k, m_single=m_out, meta=_NULL,
                                    n_groups=0, out_rows=m_out,
-                                   n_row_tiles=_cdiv(m_out, _DEQ_TILE), amax_per_col=per_row,
+                                   n_row_tiles=H.cdiv(m_out, _DEQ_TILE), amax_per_col=per_row,
                                    rht=rht)
     # m far below the padded row count: decode all padded rows, keep the first m
     full = _dequant_columnwise(data, scale, amax, k=k, m_single=mp, meta=_NULL, n_groups=0,
-                               out_rows=mp, n_row_tiles=_cdiv(mp, _DEQ_TILE),
+                               out_rows=mp, n_row_tiles=H.cdiv(mp, _DEQ_TILE),
                                amax_per_col=per_row, rht=rht)
     return full[:m_out]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowprec_moe import kernels
+from lowprec_moe.backends.cupy import launch_helpers as H
 from lowprec_moe.backends.cupy import tables
 from lowprec_moe.backends.cupy.splits import clamped_rows, row_tiles
 
@@ -79,7 +79,7 @@ def grouped_colsum(a, splits, probs=None):
         if not isinstance(splits, cp.ndarray):
             d_tiles, d_tile_off = tables.upload(tiles, tile_off)
         part = cp.empty((num_tiles, n), dtype=cp.float32)
-        kernels.get_function(MODULE, f"lpm_colsum_tiles_{_SUFFIX[name]}")(
+        H.kernel(MODULE, f"lpm_colsum_tiles_{_SUFFIX[name]}")(
             (num_tiles, -(-n // _THREADS)), (_THREADS,),
             (a, np.uint64(0) if probs is None else probs, np.int64(n), d_tiles, part))
         segment_sum_tiles(part, d_tile_off, out)
@@ -97,6 +97,6 @@ def segment_sum_tiles(part, tile_off, out) -> None:
     num_groups, n = (int(v) for v in out.shape)
     if num_groups * n == 0:
         return
-    kernels.get_function(MODULE, "lpm_segment_sum_tiles")(
+    H.kernel(MODULE, "lpm_segment_sum_tiles")(
         (-(-num_groups * n // _THREADS),), (_THREADS,),
         (part, np.int64(n), tile_off, np.int32(num_groups), out))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lowprec_moe import kernels
+from lowprec_moe.backends.cupy import launch_helpers as H
 
 MODULE = "splits"
 #: threads per CTA (kSplitsThreads)
@@ -34,7 +34,7 @@ def offsets(splits, m_total: int, rows_per_tile: int):
     g = int(s.size)
     row_off = cp.empty(g + 1, dtype=cp.int64)
     tile_off = cp.empty(g + 1, dtype=cp.int64)
-    kernels.get_function(MODULE, "lpm_splits_offsets")(
+    H.kernel(MODULE, "lpm_splits_offsets")(
         (1,), (THREADS,), (s, np.int32(s.dtype == np.int64), np.int64(g), np.int64(m_total),
                            np.int64(rows_per_tile), row_off, tile_off))
     return row_off, tile_off
@@ -53,7 +53,7 @@ def gemm_tables(row_off, tile_off, m_total: int, static_desc, coef, bm: int,
     tiles = None if entries is None else cp.empty((entries, 2), dtype=cp.int32)
     n = max(g * DESC_WORDS, entries or 0)
     if n:
-        kernels.get_function(MODULE, "lpm_gemm_split_tables")(
+        H.kernel(MODULE, "lpm_gemm_split_tables")(
             (-(-n // THREADS),), (THREADS,),
             (row_off, tile_off, blk_off if blk_off is not None else np.uint64(0), np.int64(g),
              np.int64(m_total), static_desc, coef, desc,
