@@ -128,6 +128,36 @@ def random_splits(rng, m: int, g: int, empty: bool = True) -> np.ndarray:
     return s
 
 
+def capture_graph(step):
+    """Capture one call of ``step()`` into a CUDA graph, after two eager calls that compile the
+    kernels and fill the caches and a private memory pool (a capture may not allocate).
+
+    Returns ``(out, replay)``: the captured call's outputs, and a function that waits for the
+    current stream (new inputs written in place), launches the graph and waits for it; the
+    outputs then hold the replayed step's results.
+    """
+    import cupy as cp
+
+    pool = cp.cuda.MemoryPool()
+    stream = cp.cuda.Stream(non_blocking=True)
+    with cp.cuda.using_allocator(pool.malloc), stream:
+        for _ in range(2):
+            warm = step()
+        del warm
+        stream.synchronize()
+        stream.begin_capture()
+        out = step()
+        graph = stream.end_capture()
+
+    def replay():
+        cp.cuda.get_current_stream().synchronize()
+        graph.launch(stream)
+        stream.synchronize()
+
+    replay.pool = pool  # the graph's buffers live in it
+    return out, replay
+
+
 def assert_source_has(name: str, *texts: str) -> None:
     """Assert that raw_kernels/<name> contains every text (the expressions a CPU emulation of
     that kernel mirrors); the message names the first one missing."""

@@ -13,7 +13,7 @@ import pytest
 import lowprec_moe as lpm
 from lowprec_moe import gemm as G
 
-from conftest import assert_bytes_equal, random_splits, requires_gpu
+from conftest import assert_bytes_equal, capture_graph, random_splits, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -79,24 +79,12 @@ def test_a_call_captures_into_a_graph_and_replays_with_new_splits():
     g, m, k, n = 8, 1024, 256, 512
     x, w, dy = _data(cp, rng, m, g, k, n, ml_dtypes.bfloat16)
     ds = cp.asarray(random_splits(rng, m, g))
-    pool = cp.cuda.MemoryPool()
-    stream = cp.cuda.Stream(non_blocking=True)
-    with cp.cuda.using_allocator(pool.malloc), stream:
-        for _ in range(2):  # fill the caches and the private pool
-            y = G.grouped_gemm_fprop(x, w, ds)
-            dw = G.grouped_gemm_wgrad(dy, x, ds)
-        del y, dw
-        stream.synchronize()
-        stream.begin_capture()
-        y = G.grouped_gemm_fprop(x, w, ds)
-        dw = G.grouped_gemm_wgrad(dy, x, ds)
-        graph = stream.end_capture()
+    (y, dw), replay = capture_graph(lambda: (G.grouped_gemm_fprop(x, w, ds),
+                                             G.grouped_gemm_wgrad(dy, x, ds)))
     for _ in range(3):
         s = random_splits(rng, m, g)
         ds[...] = cp.asarray(s)
-        cp.cuda.get_current_stream().synchronize()
-        graph.launch(stream)
-        stream.synchronize()
+        replay()
         host = [int(v) for v in s]
         assert_bytes_equal(y, G.grouped_gemm_fprop(x, w, host), "replayed fprop")
         assert_bytes_equal(dw, G.grouped_gemm_wgrad(dy, x, host), "replayed wgrad")
@@ -182,22 +170,11 @@ def test_quantized_call_captures_into_a_graph():
         return (G.grouped_gemm_fprop(xq, wq), G.grouped_gemm_dgrad(dyq, wq),
                 G.grouped_gemm_wgrad(dyq, xq, out_dtype="float32"))
 
-    pool = cp.cuda.MemoryPool()
-    stream = cp.cuda.Stream(non_blocking=True)
-    with cp.cuda.using_allocator(pool.malloc), stream:
-        for _ in range(2):
-            warm = step()
-        del warm
-        stream.synchronize()
-        stream.begin_capture()
-        got = step()
-        graph = stream.end_capture()
+    got, replay = capture_graph(step)
     for _ in range(2):
         s = random_splits(rng, m, g)
         ds[...] = cp.asarray(s)
-        cp.cuda.get_current_stream().synchronize()
-        graph.launch(stream)
-        stream.synchronize()
+        replay()
         host = [int(v) for v in s]
         xq = lpm.GroupedTensor.quantize(x, host, "mxfp8", columnwise=True)
         dyq = lpm.GroupedTensor.quantize(dy, host, "mxfp8", columnwise=True)

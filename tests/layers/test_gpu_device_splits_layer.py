@@ -9,7 +9,7 @@ import pytest
 
 import lowprec_moe as lpm
 
-from conftest import assert_bytes_equal, random_splits, requires_gpu
+from conftest import assert_bytes_equal, capture_graph, random_splits, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -62,25 +62,14 @@ def test_linear_step_captures_into_a_graph(recipe):
     g, m, k, n = 8, 1024, 256, 256
     x, w, dy, bias, probs = _data(cp, rng, m, g, k, n)
     ds = cp.asarray(random_splits(rng, m, g))
-    pool = cp.cuda.MemoryPool()
-    stream = cp.cuda.Stream(non_blocking=True)
-    with cp.cuda.using_allocator(pool.malloc), stream:
-        for _ in range(2):
-            out = _step(x, ds, w, bias, probs, dy, r)
-        del out
-        stream.synchronize()
-        stream.begin_capture()
-        out = _step(x, ds, w, bias, probs, dy, r)
-        graph = stream.end_capture()
+    out, replay = capture_graph(lambda: _step(x, ds, w, bias, probs, dy, r))
     for _ in range(3):
         s = random_splits(rng, m, g)
         new = _data(cp, rng, m, g, k, n)
         for dst, src in zip((x, w, dy, bias, probs), new):
             dst[...] = src
         ds[...] = cp.asarray(s)
-        cp.cuda.get_current_stream().synchronize()
-        graph.launch(stream)
-        stream.synchronize()
+        replay()
         want = _step(x, [int(v) for v in s], w, bias, probs, dy, r)
         for name, a, b in zip(("y", "dx", "dweight", "dbias", "dprobs"), out, want):
             assert_bytes_equal(a, b, f"replayed {name}")

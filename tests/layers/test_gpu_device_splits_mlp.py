@@ -10,7 +10,7 @@ import pytest
 
 import lowprec_moe as lpm
 
-from conftest import assert_bytes_equal, random_splits, requires_gpu
+from conftest import assert_bytes_equal, capture_graph, random_splits, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -67,24 +67,13 @@ def test_mlp_step_captures_into_a_graph(recipe):
     g, m, k, f = 8, 1024, 256, 128
     d = _data(cp, rng, m, g, k, f)
     ds = cp.asarray(random_splits(rng, m, g))
-    pool = cp.cuda.MemoryPool()
-    stream = cp.cuda.Stream(non_blocking=True)
-    with cp.cuda.using_allocator(pool.malloc), stream:
-        for _ in range(2):
-            out = _step(d, ds, r)
-        del out
-        stream.synchronize()
-        stream.begin_capture()
-        out = _step(d, ds, r)
-        graph = stream.end_capture()
+    out, replay = capture_graph(lambda: _step(d, ds, r))
     for _ in range(2):
         s = random_splits(rng, m, g)
         for key, val in _data(cp, rng, m, g, k, f).items():
             d[key][...] = val
         ds[...] = cp.asarray(s)
-        cp.cuda.get_current_stream().synchronize()
-        graph.launch(stream)
-        stream.synchronize()
+        replay()
         want = _step(d, [int(v) for v in s], r)
         for name, a, b in zip(_NAMES, out, want):
             assert_bytes_equal(a, b, f"replayed {name}")

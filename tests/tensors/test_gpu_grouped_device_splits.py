@@ -10,7 +10,7 @@ import pytest
 
 import lowprec_moe as lpm
 
-from conftest import assert_bytes_equal, random_splits, requires_gpu
+from conftest import assert_bytes_equal, capture_graph, random_splits, requires_gpu
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -80,23 +80,13 @@ def test_quantize_captures_into_a_graph_and_replays_with_new_splits():
     ds = cp.asarray(random_splits(rng, m, g))
     opts = {"mxfp8": dict(columnwise=True),
             "nvfp4": dict(columnwise=True, rht=True, stochastic_rounding=True, seed=9)}
-    pool = cp.cuda.MemoryPool()
-    stream = cp.cuda.Stream(non_blocking=True)
-    with cp.cuda.using_allocator(pool.malloc), stream:
-        for _ in range(2):  # fill the caches and the private pool
-            warm = [lpm.GroupedTensor.quantize(x, ds, f, **o) for f, o in opts.items()]
-        del warm
-        stream.synchronize()
-        stream.begin_capture()
-        got = {f: lpm.GroupedTensor.quantize(x, ds, f, **o) for f, o in opts.items()}
-        graph = stream.end_capture()
+    got, replay = capture_graph(
+        lambda: {f: lpm.GroupedTensor.quantize(x, ds, f, **o) for f, o in opts.items()})
     for _ in range(3):
         s = random_splits(rng, m, g)
         ds[...] = cp.asarray(s)
         x[...] = _x(cp, rng, m, k, ml_dtypes.bfloat16)
-        cp.cuda.get_current_stream().synchronize()
-        graph.launch(stream)
-        stream.synchronize()
+        replay()
         for f, o in opts.items():
             want = lpm.GroupedTensor.quantize(x, [int(v) for v in s], f, **o)
             _assert_same(got[f].with_host_splits(), want, f"replayed {f}")
