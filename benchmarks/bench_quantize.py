@@ -48,6 +48,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one shape, fewer repeats")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--cases", default="",
+                    help="comma-separated substrings; run only the cases whose name holds one")
     args = ap.parse_args()
     try:
         import cupy as cp
@@ -75,16 +77,26 @@ def main() -> int:
             ("nvfp4 row+col", 2, lambda: lpm.quantize(x, "nvfp4", columnwise=True)),
             ("nvfp4 row-scaled row+col", 2,
              lambda: lpm.quantize(x, "nvfp4", columnwise=True, row_scaled=True)),
+            ("nvfp4 row+col rht", 2,
+             lambda: lpm.quantize(x, "nvfp4", columnwise=True, rht=True)),
+            ("nvfp4 row+col sr", 2,
+             lambda: lpm.quantize(x, "nvfp4", columnwise=True, stochastic_rounding=True, seed=1)),
             ("nvfp4 row+col rht+sr", 2,
              lambda: lpm.quantize(x, "nvfp4", columnwise=True, rht=True,
                                   stochastic_rounding=True, seed=1)),
             ("mxfp8 row+col", 1, lambda: lpm.quantize(x, "mxfp8", columnwise=True)),
             ("grouped8 nvfp4 row+col", 2,
              lambda: lpm.GroupedTensor.quantize(x, splits, "nvfp4", columnwise=True)),
+            ("grouped8 nvfp4 row+col rht+sr", 2,
+             lambda: lpm.GroupedTensor.quantize(x, splits, "nvfp4", columnwise=True, rht=True,
+                                                stochastic_rounding=True, seed=1)),
             ("grouped8 mxfp8 row+col", 1,
              lambda: lpm.GroupedTensor.quantize(x, splits, "mxfp8", columnwise=True)),
         ]
+        wanted = [c for c in args.cases.split(",") if c]
         for name, reads, fn in cases:
+            if wanted and not any(c in name for c in wanted):
+                continue
             try:
                 out = fn()
                 t = _time(fn, repeat)
@@ -92,18 +104,19 @@ def main() -> int:
                 rows.append((f"[{m}, {k}] {name}", nbytes, t, nbytes / t, nbytes / t / copy_bw))
             except Exception as e:  # keep going: report the failure in the table
                 rows.append((f"[{m}, {k}] {name}: {type(e).__name__}: {e}"[:110], 0, 0, 0, 0))
-        try:
-            def wc():
-                return lpm.GroupedTensor.from_mxfp8_rowwise(
-                    wire.rowwise_data, wire.rowwise_scale, splits).with_columnwise()
-            out = wc()
-            t = _time(wc, repeat)
-            nbytes = (wire.rowwise_data.nbytes + wire.rowwise_scale.nbytes
-                      + out.columnwise_data.nbytes + out.columnwise_scale.nbytes)
-            rows.append((f"[{m}, {k}] with_columnwise (wire, 8 experts)", nbytes, t, nbytes / t,
-                         nbytes / t / copy_bw))
-        except Exception as e:
-            rows.append((f"[{m}, {k}] with_columnwise: {type(e).__name__}: {e}"[:110], 0, 0, 0, 0))
+        if not wanted or any(c in "with_columnwise" for c in wanted):
+            try:
+                def wc():
+                    return lpm.GroupedTensor.from_mxfp8_rowwise(
+                        wire.rowwise_data, wire.rowwise_scale, splits).with_columnwise()
+                out = wc()
+                t = _time(wc, repeat)
+                nbytes = (wire.rowwise_data.nbytes + wire.rowwise_scale.nbytes
+                          + out.columnwise_data.nbytes + out.columnwise_scale.nbytes)
+                rows.append((f"[{m}, {k}] with_columnwise (wire, 8 experts)", nbytes, t, nbytes / t,
+                             nbytes / t / copy_bw))
+            except Exception as e:
+                rows.append((f"[{m}, {k}] with_columnwise: {type(e).__name__}: {e}"[:110], 0, 0, 0, 0))
         del x, buf
         cp.get_default_memory_pool().free_all_blocks()
     print(f"{'case':52s} {'MB':>9s} {'us':>9s} {'GB/s':>8s} {'x copy':>7s}")

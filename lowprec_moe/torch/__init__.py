@@ -15,9 +15,9 @@ backward with the forward's context, so gradients land in ``.grad`` as for any t
 
 Tensors cross to NumPy (CPU) / CuPy (CUDA) without copies (:mod:`lowprec_moe.interop`); on the
 GPU every library kernel runs on torch's current CUDA stream, so nothing is synchronised. Splits
-that arrive as a CUDA tensor stay on the device with ``Recipe.bf16()`` (nothing is read back:
-such a layer step can be captured into a CUDA graph); the quantized recipes take host splits
-and copy a CUDA tensor to the host (:func:`host_splits`: one synchronisation per call).
+that arrive as a CUDA tensor stay on the device with every recipe (nothing is read back: such a
+layer step can be captured into a CUDA graph); a pre-quantized MXFP8 input carries its own host
+splits.
 
 Dtypes: the layer dtype is x's (float32, float16 or bfloat16); parameters may be float32 master
 weights. The quantized recipes quantize them directly and return their gradients in their dtype;
@@ -149,7 +149,7 @@ def _compute_weights(x, recipe: lpm.Recipe, *params):
 class _Call:
     """Everything but tensors that one layer call passes to its autograd.Function."""
 
-    splits: Any                        # host ints, or a CUDA tensor (bf16 recipe)
+    splits: Any                        # host ints, or a CUDA tensor
     recipe: lpm.Recipe
     seed: int
     grad_enabled: bool
@@ -235,13 +235,13 @@ class _GroupedMLPFn(torch.autograd.Function):
 # functional API
 
 
-def _prepare(x, splits, recipe: lpm.Recipe):
+def _prepare(x, splits):
     """(x tensor or None, wire x or None, splits as the library takes them): a CUDA splits
-    tensor stays on the device (a CuPy view) for the bf16 recipe, else host ints."""
+    tensor stays on the device (a CuPy view), anything else becomes host ints."""
     _check_x(x)
     if isinstance(x, lpm.GroupedTensor):
         return None, x, None if splits is None else host_splits(splits)
-    if (isinstance(splits, torch.Tensor) and splits.is_cuda and not recipe.quantized
+    if (isinstance(splits, torch.Tensor) and splits.is_cuda
             and isinstance(x, torch.Tensor) and x.is_cuda):
         if splits.ndim != 1 or splits.dtype.is_floating_point or splits.dtype.is_complex:
             raise TypeError(f"splits must be a 1-D integer tensor, got {splits.dtype} of shape "
@@ -271,7 +271,7 @@ def grouped_linear(x, splits, weight: torch.Tensor, bias: torch.Tensor | None = 
         Tokens sorted by expert, or pre-quantized rowwise MXFP8 wire tokens (see
         :func:`mxfp8_wire`; no gradient flows to them).
     splits : see :func:`host_splits`, or None for a wire x (its own splits); a CUDA tensor
-        stays on the device with ``Recipe.bf16()`` (see the module docstring)
+        stays on the device (see the module docstring)
     weight : torch.Tensor ``[G, N, K]``
     bias : torch.Tensor ``[G, N]``, optional
     recipe : lowprec_moe.Recipe
@@ -286,7 +286,7 @@ def grouped_linear(x, splits, weight: torch.Tensor, bias: torch.Tensor | None = 
         x's dtype (bfloat16 for a wire x), on x's device. Gradients reach every argument that
         requires grad (``dprobs`` is zero without a bias).
     """
-    x_t, wire, splits = _prepare(x, splits, recipe)
+    x_t, wire, splits = _prepare(x, splits)
     weight, bias = _compute_weights(x_t, recipe, weight, bias)
     call = _Call(splits=splits, recipe=recipe, seed=int(seed),
                  grad_enabled=torch.is_grad_enabled(), wire=wire, counter=_counter)
@@ -306,7 +306,7 @@ def grouped_mlp(x, splits, fc1_weight: torch.Tensor, fc2_weight: torch.Tensor,
     x : torch.Tensor ``[M, K]`` (float32 / float16 / bfloat16) or lowprec_moe.GroupedTensor
         Tokens sorted by expert, or pre-quantized rowwise MXFP8 wire tokens (no gradient).
     splits : see :func:`host_splits`, or None for a wire x; a CUDA tensor stays on the device
-        with ``Recipe.bf16()`` (see the module docstring)
+        (see the module docstring)
     fc1_weight : torch.Tensor ``[G, N1, K]`` (``N1 = 2F`` for GLU activations, ``F`` for srelu)
     fc2_weight : torch.Tensor ``[G, N2, F]``
     fc1_bias : torch.Tensor ``[G, N1]``, optional
@@ -324,7 +324,7 @@ def grouped_mlp(x, splits, fc1_weight: torch.Tensor, fc2_weight: torch.Tensor,
     torch.Tensor ``[M, N2]``
         x's dtype (bfloat16 for a wire x).
     """
-    x_t, wire, splits = _prepare(x, splits, recipe)
+    x_t, wire, splits = _prepare(x, splits)
     fc1_weight, fc2_weight, fc1_bias, fc2_bias = _compute_weights(
         x_t, recipe, fc1_weight, fc2_weight, fc1_bias, fc2_bias)
     call = _Call(splits=splits, recipe=recipe, seed=int(seed),

@@ -90,13 +90,17 @@ static __device__ __noinline__ unsigned int q_pack8_exact(float v0, float v1, fl
     return p;
 }
 
-// (out of line: stochastic rounding is not on the fast path)
-static __device__ __noinline__ unsigned int q_pack8_sr(const float* v, float enc,
-                                                       unsigned long long seed,
+// Out of line (stochastic rounding is not on the fast path), values passed by value so the
+// caller's arrays stay in registers; the eight Philox evaluations are independent, so they are
+// unrolled to overlap their multiply chains.
+static __device__ __noinline__ unsigned int q_pack8_sr(float v0, float v1, float v2, float v3,
+                                                       float v4, float v5, float v6, float v7,
+                                                       float enc, unsigned long long seed,
                                                        unsigned long long idx0, unsigned int dir,
                                                        unsigned int member) {
+    const float v[8] = {v0, v1, v2, v3, v4, v5, v6, v7};
     unsigned int p = 0u;
-#pragma unroll 1
+#pragma unroll
     for (int j = 0; j < 8; ++j) {
         const unsigned int r = lpm_sr_random_word(seed, idx0 + (unsigned long long)j, dir, member);
         p |= q_e2m1_sr(lpm_mul_rn(v[j], enc), r) << (4 * j);
@@ -121,8 +125,10 @@ LPM_DEV uint2 q_block16(const float (&v)[16], const unsigned int* w, bool has_na
                         unsigned int member) {
     uint2 packed;
     if (SR) {
-        packed.x = q_pack8_sr(v, enc, seed, idx0, dir, member);
-        packed.y = q_pack8_sr(v + 8, enc, seed, idx0 + 8ull, dir, member);
+        packed.x = q_pack8_sr(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], enc, seed, idx0,
+                              dir, member);
+        packed.y = q_pack8_sr(v[8], v[9], v[10], v[11], v[12], v[13], v[14], v[15], enc, seed,
+                              idx0 + 8ull, dir, member);
     } else if (has_nan) {
         packed.x = q_pack8_exact(v[0], v[1], v[2], v[3], v[4], v[5], v[6], v[7], enc);
         packed.y = q_pack8_exact(v[8], v[9], v[10], v[11], v[12], v[13], v[14], v[15], enc);
@@ -140,28 +146,35 @@ LPM_DEV uint2 q_block16(const float (&v)[16], const unsigned int* w, bool has_na
 // Random Hadamard transform of a 16-value chunk (NUMERICS §2.3)
 // ==========================================================================================
 
-// Unnormalised 16-point Walsh-Hadamard transform in float64: 4 butterfly stages of
-// round-to-nearest adds / subtracts (exact whenever every partial sum is).
-LPM_DEV void q_wht16_f64(double (&d)[16]) {
+// Unnormalised 16-point Walsh-Hadamard transform: 4 butterfly stages of round-to-nearest adds /
+// subtracts (exact whenever every partial sum is). T is float or double.
+template <typename T>
+LPM_DEV void q_wht16(T (&d)[16]) {
 #pragma unroll
     for (int h = 1; h < 16; h <<= 1) {
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
             if ((i & h) == 0) {
-                const double a = d[i], b = d[i + h];
-                d[i] = __dadd_rn(a, b);
-                d[i + h] = __dsub_rn(a, b);
+                const T a = d[i], b = d[i + h];
+                d[i] = q_add_rn(a, b);
+                d[i + h] = q_sub_rn(a, b);
             }
         }
     }
 }
 
+// 16 values passed by value, so an out-of-line callee leaves the caller's arrays in registers.
+struct QVec16 {
+    float v[16];
+};
+
 // The reference's ordered float64 sum (i = 0..15, from +0), rounded once to bf16. Out of line:
 // only chunks with an exponent spread too wide for an exact sum, or with inf / NaN, get here.
-static __device__ __noinline__ void q_rht16_ordered(float* v) {
+static __device__ __noinline__ QVec16 q_rht16_ordered(QVec16 in) {
     double x[16];
 #pragma unroll
-    for (int i = 0; i < 16; ++i) x[i] = q_f32_to_f64(v[i]);
+    for (int i = 0; i < 16; ++i) x[i] = q_f32_to_f64(in.v[i]);
+    QVec16 out;
 #pragma unroll 1
     for (int j = 0; j < 16; ++j) {
         double acc = 0.0;
@@ -170,15 +183,19 @@ static __device__ __noinline__ void q_rht16_ordered(float* v) {
             const unsigned int neg = ((LPM_RHT_SIGN_MASK >> i) & 1u) ^ (__popc(i & j) & 1u);
             acc = __fma_rn(x[i], neg ? -0.25 : 0.25, acc);
         }
-        v[j] = q_bf16_bits_to_f32(q_f64_to_bf16_bits(acc));
+        out.v[j] = q_bf16_bits_to_f32(q_f64_to_bf16_bits(acc));
     }
+    return out;
 }
 
 // In place: v <- bf16(sum_i v_i * s_i * H[i][j] / 4) as fp32, float64 ordered sum rounded once.
-// When every partial sum is exact in float64 (exponent spread of the nonzero finite inputs
-// <= 49 - PREC, PREC = significant bits of the input format) any summation order gives the exact
-// sum, so a 4-stage butterfly is used; otherwise (or with inf / NaN) the ordered sum i = 0..15 of
-// the reference is replayed.
+// Inputs carry PREC significant bits, so with an exponent spread D = emax - emin of the nonzero
+// finite inputs every input is a multiple of 2^(emin - PREC + 1) below 2^(emax + 1), and every
+// partial sum of 16 of them fits in D + PREC + 4 bits. When that is at most 24 the 4-stage
+// butterfly is exact in fp32 (emax is capped so the sum cannot overflow fp32; the * 1/4 after
+// it is exact because the inputs are at least 2^-133 apart); when at most 53 it is exact in
+// float64. An exact sum in any order equals the ordered sum, so both round to the same bf16.
+// Otherwise (or with inf / NaN) the ordered sum i = 0..15 of the reference is replayed.
 template <int PREC>
 LPM_DEV void q_rht16(float (&v)[16]) {
     int emax = 0, emin = 255;
@@ -194,19 +211,32 @@ LPM_DEV void q_rht16(float (&v)[16]) {
             emin = e < emin ? e : emin;
         }
     }
-    if (!special && emax - emin <= 49 - PREC) {
+    if (!special && emax - emin <= 20 - PREC && emax <= 249) {
+        float d[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) d[i] = ((LPM_RHT_SIGN_MASK >> i) & 1u) ? -v[i] : v[i];
+        q_wht16(d);
+#pragma unroll
+        for (int j = 0; j < 16; ++j)  // * 1/4 (exact) + 0.0 (turns an exact zero into +0)
+            v[j] = q_bf16_bits_to_f32(q_f32_to_bf16_bits(lpm_add_rn(lpm_mul_rn(d[j], 0.25f), 0.0f)));
+    } else if (!special && emax - emin <= 49 - PREC) {
         double d[16];
 #pragma unroll
         for (int i = 0; i < 16; ++i) {
             const double x = q_f32_to_f64(v[i]);
             d[i] = ((LPM_RHT_SIGN_MASK >> i) & 1u) ? -x : x;
         }
-        q_wht16_f64(d);
+        q_wht16(d);
 #pragma unroll
-        for (int j = 0; j < 16; ++j)  // * 1/4 (exact) + 0.0 (turns an exact zero into +0)
+        for (int j = 0; j < 16; ++j)
             v[j] = q_bf16_bits_to_f32(q_f64_to_bf16_bits(__fma_rn(d[j], 0.25, 0.0)));
     } else {
-        q_rht16_ordered(v);
+        QVec16 t;
+#pragma unroll
+        for (int i = 0; i < 16; ++i) t.v[i] = v[i];
+        t = q_rht16_ordered(t);
+#pragma unroll
+        for (int i = 0; i < 16; ++i) v[i] = t.v[i];
     }
 }
 
@@ -215,7 +245,7 @@ LPM_DEV void q_rht16_inverse(float (&v)[16]) {
     double d[16];
 #pragma unroll
     for (int i = 0; i < 16; ++i) d[i] = q_f32_to_f64(v[i]);
-    q_wht16_f64(d);
+    q_wht16(d);
 #pragma unroll
     for (int i = 0; i < 16; ++i)
         v[i] = q_f64_to_f32(__fma_rn(d[i], ((LPM_RHT_SIGN_MASK >> i) & 1u) ? -0.25 : 0.25, 0.0));

@@ -141,6 +141,23 @@ LPM_DEV unsigned int q_f64_to_bf16_bits(double x) {
 
 LPM_DEV float q_bf16_bits_to_f32(unsigned int b) { return __uint_as_float(b << 16); }
 
+// finite fp32 -> bfloat16 bits, one round to nearest even (overflow to inf).
+LPM_DEV unsigned int q_f32_to_bf16_bits(float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(x));
+    return (unsigned int)r;
+#else
+    return (unsigned int)lpm_f32_to_bf16_bits_rn(x);
+#endif
+}
+
+// Round-to-nearest add / subtract of float or double (never contracted into an FMA).
+LPM_DEV float q_add_rn(float a, float b) { return lpm_add_rn(a, b); }
+LPM_DEV float q_sub_rn(float a, float b) { return lpm_sub_rn(a, b); }
+LPM_DEV double q_add_rn(double a, double b) { return __dadd_rn(a, b); }
+LPM_DEV double q_sub_rn(double a, double b) { return __dsub_rn(a, b); }
+
 // fp32 (finite, >= 0) -> E4M3 byte, round to nearest even, satfinite (>= 448 -> 0x7E).
 LPM_DEV unsigned int q_e4m3_from_f32(float s) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(LPM_NVFP4_INTEGER_E4M3)

@@ -219,6 +219,62 @@ def test_quantize_rht_wide_exponent_spread(cp, nv):
         _check(cp, nv, xb[:50], f"{opts} M=50", **_kw(**dict(opts, block_2d=False)))
 
 
+def _rht_path_chunks(seed=3):
+    """bf16 chunks of 16 values at the edges of the RHT's summation paths: exponent spreads
+    around the fp32-exact (12) and float64-exact (41) limits, magnitudes where an fp32 sum would
+    overflow, subnormals, signed zeros, inf / NaN."""
+    rng = np.random.default_rng(seed)
+    chunks = []
+    for spread in (0, 1, 11, 12, 13, 14, 40, 41, 42, 43, 60):
+        for top in (0, 60, -60, 121, 122, 123, 127, -110, -114, -120):
+            for _ in range(24):
+                e = rng.integers(top - spread, top + 1, size=16)
+                e[rng.integers(16)], e[rng.integers(16)] = top, top - spread
+                mant = 1.0 + rng.integers(0, 128, size=16) / 128.0  # 8 significant bits
+                mant[rng.random(16) < 0.3] = 255 / 128
+                v = np.ldexp(mant, e) * rng.choice([-1.0, 1.0], size=16)
+                chunks.append(v)
+    for k in (13, 16, 17, 20, 24, 25, 30, 40, 41, 42):
+        # 1 + 2^-8 (a bf16 tie) + 2^-k: only an exact sum rounds it up
+        for lead in (1.0, np.ldexp(1.0, 100), np.ldexp(1.0, -100)):
+            v = np.zeros(16)
+            v[:3] = lead * np.array([1.0, 2.0**-8, 2.0**-k])
+            chunks.append(v)
+            chunks.append(v[::-1].copy())
+    big = np.float64(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+    chunks.append(np.full(16, big))                                  # sum/4 overflows bf16
+    chunks.append(np.where(np.arange(16) % 2, big, -big / 4))
+    tiny = np.ldexp(1.0, -133)                                       # smallest bf16 subnormal
+    chunks.append(tiny * rng.integers(-127, 128, size=16))
+    chunks.append(np.concatenate([tiny * rng.integers(1, 128, size=8), np.ldexp(1.5, -122) * np.ones(8)]))
+    chunks.append(np.zeros(16))
+    chunks.append(-np.zeros(16))
+    chunks.append(np.where(np.arange(16) < 8, 0.0, -0.0))
+    chunks.append(np.concatenate([[np.inf], np.ones(15)]))
+    chunks.append(np.concatenate([[np.inf, -np.inf], np.ones(14)]))
+    chunks.append(np.concatenate([[np.nan], np.ones(15)]))
+    return np.stack(chunks).astype(ml_dtypes.bfloat16)
+
+
+def test_rht16_every_summation_path_matches_reference(cp):
+    """The RHT of single chunks (fp32 butterfly, float64 butterfly, ordered fallback) gives the
+    reference's bf16 values bit for bit (NaN payloads aside)."""
+    from lowprec_moe import kernels
+    from lowprec_moe.backends.numpy.rht import rht_forward
+
+    x = _rht_path_chunks()
+    ref = rht_forward(x).view(np.uint16)
+    xin = cp.asarray(x.view(np.uint16))
+    out = cp.empty_like(xin)
+    n = x.shape[0]
+    kernels.get_function("nvfp4_ext", "lpm_nvfp4_rht16_bf16")(
+        ((n + 127) // 128,), (128,), (xin, out, np.int64(n)))
+    got = cp.asnumpy(out)
+    nan = (got & 0x7FFF) > 0x7F80
+    assert np.array_equal(nan, (ref & 0x7FFF) > 0x7F80)
+    assert_bytes_equal(np.where(nan, 0, got), np.where(nan, 0, ref), "rht16 chunks")
+
+
 def test_quantize_rejects_bad_input(cp, nv):
     with pytest.raises(ValueError, match="K=40"):
         nv.quantize_nvfp4(cp.zeros((4, 40), cp.float32))

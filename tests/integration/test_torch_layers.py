@@ -140,7 +140,7 @@ def test_mlp_matches_explicit_api(device, name):
     x, probs = _inputs(device, seed=4)
     x.requires_grad_(True)
     probs.requires_grad_(True)
-    y = mlp(x, SPLITS, probs)
+    y = mlp(x, torch.tensor(SPLITS, device=device), probs)  # CUDA splits stay on the device
     dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5)).to(device, y.dtype)
     y.backward(dy)
 
