@@ -26,12 +26,23 @@ def source(module: str) -> str:
     return module_source(module, ALL_CONFIGS)
 
 
+_handles: dict = {}
+
+
 def kernel_function(module: str, name: str):
-    """The compiled kernel ``name`` of ``module`` on the current device (memoized by the
-    loader)."""
-    if module in GENERATED:
-        return kernels.get_function(module, name, source(module))
-    return kernels.get_function(module, name)
+    """The compiled kernel ``name`` of ``module`` on the current device, memoized per (device,
+    module, kernel): the loader's own lookup costs more on the hot path."""
+    import cupy as cp  # noqa: PLC0415
+
+    key = (cp.cuda.runtime.getDevice(), module, name)
+    fn = _handles.get(key)
+    if fn is None:
+        if module in GENERATED:
+            fn = kernels.get_function(module, name, source(module))
+        else:
+            fn = kernels.get_function(module, name)
+        _handles[key] = fn
+    return fn
 
 
 def write_sources(directory: str | Path) -> list[Path]:
