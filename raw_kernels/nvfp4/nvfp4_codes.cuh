@@ -192,10 +192,12 @@ static __device__ __noinline__ QVec16 q_rht16_ordered(QVec16 in) {
 // Inputs carry PREC significant bits, so with an exponent spread D = emax - emin of the nonzero
 // finite inputs every input is a multiple of 2^(emin - PREC + 1) below 2^(emax + 1), and every
 // partial sum of 16 of them fits in D + PREC + 4 bits. When that is at most 24 the 4-stage
-// butterfly is exact in fp32 (emax is capped so the sum cannot overflow fp32; the * 1/4 after
-// it is exact because the inputs are at least 2^-133 apart); when at most 53 it is exact in
-// float64. An exact sum in any order equals the ordered sum, so both round to the same bf16.
-// Otherwise (or with inf / NaN) the ordered sum i = 0..15 of the reference is replayed.
+// butterfly is exact in fp32, provided nothing in it is an fp32 subnormal: emin >= 10 keeps
+// every input, nonzero partial sum and quarter of one at 2^-126 or above (chunks of fp32
+// subnormals did not give the reference's bits on an H100), and emax <= 249 keeps the sum
+// below fp32's overflow. When D + PREC + 4 is at most 53 the butterfly is exact in float64.
+// An exact sum in any order equals the ordered sum, so both round to the same bf16. Otherwise
+// (or with inf / NaN) the ordered sum i = 0..15 of the reference is replayed.
 template <int PREC>
 LPM_DEV void q_rht16(float (&v)[16]) {
     int emax = 0, emin = 255;
@@ -211,7 +213,7 @@ LPM_DEV void q_rht16(float (&v)[16]) {
             emin = e < emin ? e : emin;
         }
     }
-    if (!special && emax - emin <= 20 - PREC && emax <= 249) {
+    if (!special && emax - emin <= 20 - PREC && emin >= 10 && emax <= 249) {
         float d[16];
 #pragma unroll
         for (int i = 0; i < 16; ++i) d[i] = ((LPM_RHT_SIGN_MASK >> i) & 1u) ? -v[i] : v[i];

@@ -142,8 +142,7 @@ LPM_DEV unsigned int q_f64_to_bf16_bits(double x) {
 LPM_DEV float q_bf16_bits_to_f32(unsigned int b) { return __uint_as_float(b << 16); }
 
 // finite fp32 -> bfloat16 bits, one round to nearest even on the bits (subnormals kept,
-// overflow to inf). Not cvt.rn.bf16.f32: on sm_90 it does not round fp32 subnormal inputs to
-// nearest even.
+// overflow to inf), as the reference rounds.
 LPM_DEV unsigned int q_f32_to_bf16_bits(float x) { return (unsigned int)lpm_f32_to_bf16_bits_rn(x); }
 
 // Round-to-nearest add / subtract of float or double (never contracted into an FMA).
