@@ -47,7 +47,8 @@ def _out_bytes(obj) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one shape, fewer repeats")
-    ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--repeat", type=int, default=None,
+                    help="timed samples per case (default 20, 5 with --quick)")
     ap.add_argument("--cases", default="",
                     help="comma-separated substrings; run only the cases whose name holds one")
     args = ap.parse_args()
@@ -59,7 +60,7 @@ def main() -> int:
     import lowprec_moe as lpm
 
     shapes = [(16384, 7168)] if args.quick else [(16384, 7168), (65536, 2048)]
-    repeat = 5 if args.quick else args.repeat
+    repeat = args.repeat if args.repeat is not None else (5 if args.quick else 20)
     print(f"GPU: {cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}")
     rows = []
     for m, k in shapes:

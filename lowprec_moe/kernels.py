@@ -37,6 +37,7 @@ __all__ = [
     "get_module",
     "get_function",
     "clear_cache",
+    "handle_table",
 ]
 
 
@@ -50,6 +51,7 @@ _dir_cache: dict[str | None, Path] = {}
 _hash_cache: dict[str, str] = {}
 _modules: dict[tuple[int, str, str], Any] = {}
 _functions: dict[tuple[int, str, str, str], Any] = {}
+_handle_tables: list[dict] = []  # launchers' handle memos (handle_table), emptied by clear_cache
 
 
 # ---------------------------------------------------------------------------------------------
@@ -434,8 +436,17 @@ def get_function(module_name: str, kernel_name: str, source: str | None = None) 
     return fn
 
 
+def handle_table() -> dict:
+    """A dict for a launcher's own memo of kernel handles; :func:`clear_cache` empties it too."""
+    table: dict = {}
+    with _lock:
+        _handle_tables.append(table)
+    return table
+
+
 def clear_cache() -> None:
-    """Forget the cached kernel directory, source hashes, modules and functions.
+    """Forget the cached kernel directory, source hashes, modules and functions (and the
+    launchers' handle memos from :func:`handle_table`).
 
     Call after editing kernel sources in a running process.
     """
@@ -444,3 +455,5 @@ def clear_cache() -> None:
         _hash_cache.clear()
         _modules.clear()
         _functions.clear()
+        for table in _handle_tables:
+            table.clear()

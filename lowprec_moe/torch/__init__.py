@@ -16,8 +16,9 @@ backward with the forward's context, so gradients land in ``.grad`` as for any t
 Tensors cross to NumPy (CPU) / CuPy (CUDA) without copies (:mod:`lowprec_moe.interop`); on the
 GPU every library kernel runs on torch's current CUDA stream, so nothing is synchronised. Splits
 that arrive as a CUDA tensor stay on the device with every recipe (nothing is read back: such a
-layer step can be captured into a CUDA graph); a pre-quantized MXFP8 input carries its own host
-splits.
+layer step can be captured into a CUDA graph); they are not checked, as the library's device
+splits are not (negative counts act as 0, counts past M are cut). A pre-quantized MXFP8 input
+carries its own host splits.
 
 Dtypes: the layer dtype is x's (float32, float16 or bfloat16); parameters may be float32 master
 weights. The quantized recipes quantize them directly and return their gradients in their dtype;
@@ -28,7 +29,9 @@ weights. The quantized recipes quantize them directly and return their gradients
 model graph-breaks at each layer call and compiles the code around it.
 
 Stochastic rounding (NVFP4): a module seeds it with its ``step`` counter, which every backward
-call advances, as :class:`lowprec_moe.GroupedLinear` does.
+call advances, as :class:`lowprec_moe.GroupedLinear` does. The seed is a kernel argument: a
+captured CUDA graph replays the captured step's seed (the same random bits on every replay)
+and does not advance ``step``.
 """
 
 from __future__ import annotations

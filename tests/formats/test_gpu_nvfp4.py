@@ -219,17 +219,33 @@ def test_quantize_rht_wide_exponent_spread(cp, nv):
         _check(cp, nv, xb[:50], f"{opts} M=50", **_kw(**dict(opts, block_2d=False)))
 
 
+# bf16 bits of chunks whose sum, taken in fp32 by the butterfly, rounds to other bf16 values than
+# the exact sum (found by search): with exponent spreads of 14-23 they must not take an fp32 path.
+_RHT_FP32_INEXACT = np.array([
+    (0x3FF6, 0x3FED, 0x3F95, 0xBF93, 0x3F88, 0xBFB0, 0xBF89, 0xBFD0, 0xBFC2, 0xB89D, 0xBF88, 0x3FFC, 0xBFBA, 0x3FFB, 0xBFE1, 0xBFC0),  # spread 14
+    (0x3FE0, 0x3FEA, 0x3FD0, 0xBFE0, 0x3FB2, 0xB881, 0xBF8C, 0xBF98, 0xBFD2, 0xBF9C, 0xBF82, 0x3F8D, 0xBF97, 0x3F86, 0xBFF0, 0xBFC4),  # spread 14
+    (0x3FB9, 0x3F85, 0x3FFF, 0xBFC9, 0x3FBF, 0xBFCE, 0xBFA0, 0xBFCD, 0xBFFA, 0xBFE1, 0xBFF0, 0x379D, 0xBF9A, 0x3FEE, 0xBFAA, 0xBFA5),  # spread 16
+    (0x3FEB, 0x3FA3, 0x3FD0, 0xBFCA, 0x3FDD, 0xBFAC, 0xBFC7, 0xBF92, 0xBFC7, 0xBFA5, 0xBFC3, 0x3F93, 0xBFEA, 0x3FEF, 0xB78F, 0xBFA3),  # spread 16
+    (0x3FFF, 0x3FB7, 0x3F8F, 0xBF99, 0x3F92, 0xBFF5, 0xBFC4, 0xBFEA, 0xBFFA, 0xBFEA, 0xBFDB, 0x3FB0, 0xBFB3, 0x35F8, 0xBFE6, 0xBF97),  # spread 20
+    (0x3FE2, 0x3FAB, 0x3F8B, 0xBFCF, 0x3FEF, 0xB5F7, 0xBF98, 0xBFC8, 0xBFC4, 0xBF8C, 0xBFE9, 0x3FC3, 0xBFFA, 0x3FCE, 0xBFE0, 0xBFEC),  # spread 20
+    (0x340A, 0x3FF5, 0x3FA7, 0xBF99, 0x3FF5, 0xBFF6, 0xBF96, 0xBFAB, 0xBF80, 0xBFB6, 0xBFCE, 0x3FFB, 0xBFC8, 0x3FEB, 0xBFDF, 0xBFE7),  # spread 23
+    (0x3FA8, 0x3FE1, 0x3F8C, 0xBFF4, 0x3FAF, 0xBFD9, 0xBFF0, 0xBFD1, 0xBFED, 0xBFE8, 0xBF99, 0x3409, 0xBF87, 0x3FB5, 0xBFD2, 0xBFA7),  # spread 23
+], dtype=np.uint16)
+
+
 def _rht_path_chunks(seed=3):
     """bf16 chunks of 16 values at the edges of the RHT's summation paths: exponent spreads
-    around the fp32-exact (12) and float64-exact (41) limits, magnitudes where an fp32 sum would
-    overflow, subnormals, signed zeros, inf / NaN."""
+    around the fp32-exact (12) and float64-exact (41) limits, smallest magnitudes around the
+    fp32 path's lower limit (2^-117) and subnormals, magnitudes where an fp32 sum would overflow,
+    chunks an fp32 sum gets wrong, signed zeros, inf / NaN."""
     rng = np.random.default_rng(seed)
     chunks = []
     for spread in (0, 1, 11, 12, 13, 14, 40, 41, 42, 43, 60):
-        for top in (0, 60, -60, 121, 122, 123, 127, -110, -114, -120):
+        for top in (0, 60, -60, 121, 122, 123, 127, -110, -114, -117, -118, -120):
             for _ in range(24):
                 e = rng.integers(top - spread, top + 1, size=16)
-                e[rng.integers(16)], e[rng.integers(16)] = top, top - spread
+                hi, lo = rng.choice(16, size=2, replace=False)
+                e[hi], e[lo] = top, top - spread
                 mant = 1.0 + rng.integers(0, 128, size=16) / 128.0  # 8 significant bits
                 mant[rng.random(16) < 0.3] = 255 / 128
                 v = np.ldexp(mant, e) * rng.choice([-1.0, 1.0], size=16)
@@ -253,7 +269,8 @@ def _rht_path_chunks(seed=3):
     chunks.append(np.concatenate([[np.inf], np.ones(15)]))
     chunks.append(np.concatenate([[np.inf, -np.inf], np.ones(14)]))
     chunks.append(np.concatenate([[np.nan], np.ones(15)]))
-    return np.stack(chunks).astype(ml_dtypes.bfloat16)
+    return np.concatenate([np.stack(chunks).astype(ml_dtypes.bfloat16),
+                           _RHT_FP32_INEXACT.view(ml_dtypes.bfloat16)])
 
 
 def test_rht16_every_summation_path_matches_reference(cp):

@@ -10,7 +10,7 @@ from lowprec_moe import kernels
 
 __all__ = ["cupy", "cdiv", "kernel", "zeros", "sm_count"]
 
-_kernels: dict = {}
+_kernels: dict = kernels.handle_table()
 _sm_counts: dict[int, int] = {}
 
 

@@ -26,7 +26,7 @@ def source(module: str) -> str:
     return module_source(module, ALL_CONFIGS)
 
 
-_handles: dict = {}
+_handles: dict = kernels.handle_table()
 
 
 def kernel_function(module: str, name: str):
