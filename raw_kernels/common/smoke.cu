@@ -42,3 +42,35 @@ extern "C" __global__ void lpm_smoke_philox(const unsigned int* __restrict__ ck,
     out[4 * i + 2] = r.z;
     out[4 * i + 3] = r.w;
 }
+
+// The hardware fp32 -> bf16 conversions against the integer round-to-nearest-even of
+// lpm_f32_to_bf16_bits_rn, over the fp32 bit patterns base .. base + n - 1 (NaNs skipped):
+// counts[0] / counts[1] = mismatches of cvt.rn.bf16.f32 / cvt.rn.bf16x2.f32 (both halves),
+// first[0] / first[1] = the smallest mismatching pattern of each (0xFFFFFFFF if none).
+extern "C" __global__ void lpm_smoke_bf16_conversions(unsigned int base, unsigned long long n,
+                                                      unsigned long long* __restrict__ counts,
+                                                      unsigned int* __restrict__ first) {
+    unsigned long long bad1 = 0, bad2 = 0;
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += stride) {
+        const unsigned int bits = base + (unsigned int)i;
+        if ((bits & 0x7FFFFFFFu) > 0x7F800000u) continue;
+        const float x = __uint_as_float(bits);
+        const unsigned short want = lpm_f32_to_bf16_bits_rn(x);
+        unsigned short one;
+        unsigned int two;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(one) : "f"(x));
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(two) : "f"(x), "f"(x));
+        if (one != want) {
+            ++bad1;
+            atomicMin(first, bits);
+        }
+        if ((two & 0xFFFFu) != want || (two >> 16) != want) {
+            ++bad2;
+            atomicMin(first + 1, bits);
+        }
+    }
+    if (bad1) atomicAdd(counts, bad1);
+    if (bad2) atomicAdd(counts + 1, bad2);
+}

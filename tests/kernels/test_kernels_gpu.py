@@ -204,3 +204,20 @@ def test_philox_device_matches_known_answers_and_python():
     for i in range(n):
         row = [int(v) for v in ck[i]]
         assert tuple(int(v) for v in got[i]) == philox4x32_10_py(row[:4], row[4:])
+
+
+@pytest.mark.gpu
+@requires_gpu
+def test_hardware_bf16_conversions_round_to_nearest_even():
+    """cvt.rn.bf16.f32 and cvt.rn.bf16x2.f32 (the GEMM epilogues' bf16 packing) give the bits of
+    the integer round-to-nearest-even for every non-NaN fp32 pattern."""
+    import cupy
+
+    counts = cupy.zeros(2, dtype=cupy.uint64)
+    first = cupy.full(2, 0xFFFFFFFF, dtype=cupy.uint32)
+    fn = kernels.get_function("smoke", "lpm_smoke_bf16_conversions")
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    fn((8 * sms,), (256,), (np.uint32(0), np.uint64(2**32), counts, first))
+    c, f = counts.get(), first.get()
+    assert int(c[0]) == 0, f"cvt.rn.bf16.f32: {int(c[0])} patterns differ, first 0x{int(f[0]):08X}"
+    assert int(c[1]) == 0, f"cvt.rn.bf16x2.f32: {int(c[1])} patterns differ, first 0x{int(f[1]):08X}"
