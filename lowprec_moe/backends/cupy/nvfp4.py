@@ -21,6 +21,8 @@ fp32 -> E4M3 conversion instead of ``cvt.rn.satfinite.e4m3x2.f32`` (the tests co
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from lowprec_moe import formats as F
@@ -119,8 +121,14 @@ def _member_table(splits, k: int, padded_tiles: bool):
 
     Returns ``(offsets, cw_prefix, tile_prefix)``: row offsets ``[G+1]``; prefix sums of the
     member row counts rounded up to 16 (columnwise storage unit); prefix sums of the number of
-    64-row tiles per member (over the padded rows when ``padded_tiles``).
+    64-row tiles per member (over the padded rows when ``padded_tiles``). Read-only arrays,
+    memoized per (splits, padded_tiles): a training step asks for the same layouts again.
     """
+    return _member_table_of(tuple(int(v) for v in splits), bool(padded_tiles))
+
+
+@functools.lru_cache(maxsize=256)
+def _member_table_of(splits: tuple, padded_tiles: bool):
     s = np.asarray(splits, dtype=np.int64)
     offsets = np.concatenate([[0], np.cumsum(s)]).astype(np.int64)
     mp = -(-s // _B) * _B
@@ -128,6 +136,8 @@ def _member_table(splits, k: int, padded_tiles: bool):
     rows = mp if padded_tiles else s
     tiles = -(-rows // _TILE_ROWS)
     tile_prefix = np.concatenate([[0], np.cumsum(tiles)]).astype(np.int64)
+    for a in (offsets, cw_prefix, tile_prefix):
+        a.setflags(write=False)
     return offsets, cw_prefix, tile_prefix
 
 
