@@ -130,12 +130,13 @@ __device__ __forceinline__ const unsigned short* mx_ranges_b(const unsigned shor
         const unsigned *__restrict__ mx_out_of_window
 #define LPM_GG_MX_RANGE_ARGS mx_words, ranges_ra, ranges_rb, mx_out_of_window
 
-// extern "C" entry point NAME of the range kernel: grid (rows / kMxRangeThreads, experts, 2),
-// blockIdx.z = 0 for A's rows (the expert's D_ROWS; block scales at a_scale + D_A_SOFF, row /
-// line stride D_A_SLD, MN-major when a_mn), 1 for B's (n_cols of them; b_scale, D_B_*); each
-// thread one row, over the expert's ceil(D_LEN / 32) blocks, into words (layout above); a row
-// outside the fp16 window of its format (a_e5m2 / b_e5m2) sets *out_of_window (zeroed by the
-// caller) to 1 -- the persistent kernel's launch-wide staging mode.
+// extern "C" entry point NAME of the range kernel: grid (row blocks, experts, 2), blockIdx.z = 0
+// for A's rows (the expert's D_ROWS; block scales at a_scale + D_A_SOFF, row / line stride
+// D_A_SLD, MN-major when a_mn), 1 for B's (n_cols of them; b_scale, D_B_*); each thread one row
+// at a time, striding by the grid's rows (with device splits the grid covers a typical expert,
+// not the M rows one expert may have), over the expert's ceil(D_LEN / 32) blocks, into words
+// (layout above); a row outside the fp16 window of its format (a_e5m2 / b_e5m2) sets
+// *out_of_window (zeroed by the caller) to 1 -- the persistent kernel's launch-wide staging mode.
 #define LPM_GG_DEFINE_MX_RANGES(NAME)                                                          \
     extern "C" __global__ void __launch_bounds__(lpm_gg::kMxRangeThreads)                      \
         NAME(const long long* __restrict__ desc, const unsigned char* __restrict__ a_scale,   \
@@ -145,20 +146,24 @@ __device__ __forceinline__ const unsigned short* mx_ranges_b(const unsigned shor
         const int g = static_cast<int>(blockIdx.y);                                            \
         const bool op_b = blockIdx.z != 0;                                                     \
         const long long* d = desc + static_cast<long long>(g) * lpm_gg::kDescWords;            \
-        const long long r =                                                                    \
-            static_cast<long long>(blockIdx.x) * lpm_gg::kMxRangeThreads + threadIdx.x;        \
-        if (r >= (op_b ? n_cols : d[lpm_gg::D_ROWS])) return;                                  \
+        const long long rows = op_b ? n_cols : d[lpm_gg::D_ROWS];                              \
         const int nb = static_cast<int>((d[lpm_gg::D_LEN] + LPM_MXFP8_BLOCK - 1) /             \
                                         LPM_MXFP8_BLOCK);                                      \
         const long long sld = op_b ? d[lpm_gg::D_B_SLD] : d[lpm_gg::D_A_SLD];                  \
         const unsigned char* base =                                                            \
             op_b ? b_scale + d[lpm_gg::D_B_SOFF] : a_scale + d[lpm_gg::D_A_SOFF];              \
         const bool mn = (op_b ? b_mn : a_mn) != 0;                                             \
-        const unsigned short w = mn ? lpm_gg::mx_row_range<true>(base + r, sld, nb)            \
-                                    : lpm_gg::mx_row_range<false>(base + r * sld, sld, nb);     \
-        words[static_cast<long long>(g) * (ra + rb) + (op_b ? ra : 0) + r] = w;                \
-        if (!lpm_gg::mx_range_in_window(w, (op_b ? b_e5m2 : a_e5m2) != 0))                     \
-            atomicOr(out_of_window, 1u);                                                       \
+        const bool e5m2 = (op_b ? b_e5m2 : a_e5m2) != 0;                                       \
+        unsigned short* out = words + static_cast<long long>(g) * (ra + rb) + (op_b ? ra : 0); \
+        const long long step = static_cast<long long>(gridDim.x) * lpm_gg::kMxRangeThreads;    \
+        for (long long r =                                                                     \
+                 static_cast<long long>(blockIdx.x) * lpm_gg::kMxRangeThreads + threadIdx.x;   \
+             r < rows; r += step) {                                                            \
+            const unsigned short w = mn ? lpm_gg::mx_row_range<true>(base + r, sld, nb)        \
+                                        : lpm_gg::mx_row_range<false>(base + r * sld, sld, nb); \
+            out[r] = w;                                                                        \
+            if (!lpm_gg::mx_range_in_window(w, e5m2)) atomicOr(out_of_window, 1u);             \
+        }                                                                                      \
     }
 
 #endif  // LPM_GROUPED_GEMM_MX_RANGES_CUH

@@ -83,12 +83,15 @@ def test_gpu_mx_range_words(mode):
     arrays = C._operand_arrays(p)
     ra = int(pl.rows.max())
     desc = cp.asarray(P.descriptors(pl))
-    words, flag = mx_range_words(desc, arrays[1], arrays[4], pl.a.mn, pl.b.mn, pl.a.e5m2,
-                                 pl.b.e5m2, int(pl.n_cols), ra, len(pl.rows))
-    got = to_host(words)
     exp, valid = _expected_words(p, pl, arrays, ra)
     assert valid.any()
-    assert_bytes_equal(got[valid], exp[valid], f"range words, {mode}")
+    # one thread per row, and grids that make each thread stride over several rows
+    for grid_rows in (None, 1, 300):
+        words, flag = mx_range_words(desc, arrays[1], arrays[4], pl.a.mn, pl.b.mn, pl.a.e5m2,
+                                     pl.b.e5m2, int(pl.n_cols), ra, len(pl.rows),
+                                     grid_rows=grid_rows)
+        got = to_host(words)
+        assert_bytes_equal(got[valid], exp[valid], f"range words, {mode}, grid {grid_rows}")
     # the out-of-window flag: some valid row with a NaN code or codes wider than its format's
     # window (fprop / wgrad: x's blocks span ~200 codes; dgrad: dy's rows are plain rows, each
     # in the window, as are W's columns)

@@ -254,6 +254,9 @@ def _prepare_device_splits(p, arrays, kernel: str):
     val = dict(launch=launch, grid_cap=0, tiles=tiles, desc=None, coefs=coefs, block=block,
                n_col_tiles=n_col_tiles, tma_geom=tma_geometry(pl) if launch.tma else None,
                pair_geom=None, rows_max=m if tiles is None else int(pl.rows.max()),
+               # an expert may hold all M rows, a typical one twice its share at most: the
+               # range kernel's grid covers that and strides over the rest
+               range_grid_rows=max(pl.n_cols, 2 * _cdiv(m, g)) if tiles is None else None,
                mn=(bool(a.mn), bool(b.mn)), num_experts=g, grid=grid, n_cols=pl.n_cols,
                modes=modes, a_vec=int(a.amax_vec), b_vec=int(b.amax_vec),
                zero_if_empty=int(pl.zero_if_empty))
@@ -288,7 +291,7 @@ def _range_words(prep, a_scale, b_scale):
     (_, a_e5m2), (_, b_e5m2) = prep["modes"]
     return mx_range_words(prep["desc"], a_scale, b_scale, prep["mn"][0], prep["mn"][1],
                           bool(a_e5m2), bool(b_e5m2), prep["n_cols"], prep["rows_max"],
-                          prep["num_experts"])
+                          prep["num_experts"], grid_rows=prep.get("range_grid_rows"))
 
 
 def grouped_gemm(p, kernel: str = "auto"):

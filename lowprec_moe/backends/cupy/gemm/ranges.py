@@ -20,7 +20,7 @@ RANGE_THREADS = 256
 
 
 def mx_range_words(desc, a_scale, b_scale, a_mn: bool, b_mn: bool, a_e5m2: bool, b_e5m2: bool,
-                   n_cols: int, ra: int, num_experts: int):
+                   n_cols: int, ra: int, num_experts: int, grid_rows: int | None = None):
     """The range words of a grouped MXFP8 GEMM launch and whether any row leaves the fp16 window
     (one kernel launch, on the current stream).
 
@@ -41,6 +41,11 @@ def mx_range_words(desc, a_scale, b_scale, a_mn: bool, b_mn: bool, a_e5m2: bool,
         Words per expert for A's rows: the most output rows of any expert.
     num_experts : int
         G.
+    grid_rows : int, optional
+        Rows per expert and operand that the grid covers at once (each thread then strides
+        over the rest); default ``max(ra, n_cols)``, one thread per row. With device splits
+        ``ra`` is M while a typical expert has far fewer rows: a smaller grid saves launching
+        CTAs that find no row.
 
     Returns
     -------
@@ -60,7 +65,8 @@ def mx_range_words(desc, a_scale, b_scale, a_mn: bool, b_mn: bool, a_e5m2: bool,
     from lowprec_moe.backends.cupy.gemm.compile import kernel_function
 
     fn = kernel_function(RANGES_MODULE, RANGES_KERNEL)
-    grid = (-(-max(ra, rb) // RANGE_THREADS), num_experts, 2)
+    rows = max(ra, rb) if grid_rows is None else max(1, min(int(grid_rows), max(ra, rb)))
+    grid = (-(-rows // RANGE_THREADS), num_experts, 2)
     fn(grid, (RANGE_THREADS,), (desc, a_scale, b_scale, np.int32(a_mn), np.int32(b_mn),
                                 np.int32(a_e5m2), np.int32(b_e5m2), np.int64(n_cols),
                                 np.int32(ra), np.int32(rb), words, flag))
