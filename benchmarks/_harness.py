@@ -9,10 +9,12 @@ GPU, ``perf_counter`` on the CPU; warm-up, then the median) and memory clean-up.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import statistics
 import sys
 import time
+import traceback
 
 import ml_dtypes
 import numpy as np
@@ -177,6 +179,22 @@ def release_torch(torch) -> None:
         torch.cuda.empty_cache()
     except Exception:
         pass
+
+
+@contextlib.contextmanager
+def torch_row(torch, row: dict, args, held: dict):
+    """Run a torch peer's timing in a with-block: an exception is recorded in ``row["error"]``
+    (traceback with ``--verbose``) and the run goes on; the tensors in ``held`` and torch's
+    cached memory are released either way."""
+    try:
+        yield
+    except Exception as exc:
+        row["error"] = f"{type(exc).__name__}: {exc}"
+        if args.verbose:
+            traceback.print_exc()
+    finally:
+        held.clear()
+        release_torch(torch)
 
 
 # ============================================================================================

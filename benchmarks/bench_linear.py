@@ -55,7 +55,7 @@ except ImportError:  # running from a checkout that is not installed
 
 
 from _harness import (Backend, add_common_args, finish_args, recipes,  # noqa: E402
-                      release_torch, select, time_step, time_torch_step, torch_module)
+                      select, time_step, time_torch_step, torch_module, torch_row)
 
 RECIPES = recipes(lpm)
 
@@ -175,7 +175,7 @@ def bench_torch(torch, be: Backend, case: Case, args) -> dict:
     row = {"case": case.name, "impl": "torch", "recipe": "bf16 _grouped_mm", "ms": None,
            "reps": 0, "err_y": None, "error": None}
     tensors: dict = {}
-    try:
+    with torch_row(torch, row, args, tensors):
         x, w, dy, offs = _torch_inputs(torch, case, tensors)
         x.requires_grad_(True)
         w.requires_grad_(True)
@@ -196,13 +196,6 @@ def bench_torch(torch, be: Backend, case: Case, args) -> dict:
 
         row["ms"], row["reps"], how = time_torch_step(torch, autograd_step, manual_step, args)
         row["recipe"] = f"bf16 _grouped_mm ({how})"
-    except Exception as exc:
-        row["error"] = f"{type(exc).__name__}: {exc}"
-        if args.verbose:
-            traceback.print_exc()
-    finally:
-        tensors.clear()
-        release_torch(torch)
     report(row, case)
     return row
 
@@ -216,7 +209,7 @@ def bench_torch_fp8(torch, be: Backend, case: Case, args) -> dict:
            "ms": None, "reps": 0, "err_y": None, "error": None}
     g = case.experts
     tensors: dict = {}
-    try:
+    with torch_row(torch, row, args, tensors):
         f8 = torch.float8_e4m3fn
         fmax = torch.finfo(f8).max
         x, w, dy, offs = _torch_inputs(torch, case, tensors)
@@ -241,13 +234,6 @@ def bench_torch_fp8(torch, be: Backend, case: Case, args) -> dict:
                out_dtype=torch.bfloat16)
 
         row["ms"], row["reps"], _ = time_torch_step(torch, step, step, args)
-    except Exception as exc:
-        row["error"] = f"{type(exc).__name__}: {exc}"
-        if args.verbose:
-            traceback.print_exc()
-    finally:
-        tensors.clear()
-        release_torch(torch)
     report(row, case)
     return row
 

@@ -63,7 +63,7 @@ except ImportError:  # running from a checkout that is not installed
 from lowprec_moe.layers.activations import activation_backward, activation_forward, make_activation
 
 from _harness import (Backend, add_common_args, finish_args, recipes,  # noqa: E402
-                      release_torch, select, time_step, time_torch_step, torch_module)
+                      select, time_step, time_torch_step, torch_module, torch_row)
 
 RECIPES = recipes(lpm)
 
@@ -219,7 +219,7 @@ def bench_torch(torch, be: Backend, case: Case, args) -> dict:
     gen = torch.Generator(device=dev)
     gen.manual_seed(0)
     keep = {}
-    try:
+    with torch_row(torch, row, args, keep):
         bf = torch.bfloat16
         x = torch.randn(m, k, device=dev, dtype=bf, generator=gen)
         w1 = torch.randn(g, 2 * f, k, device=dev, dtype=bf, generator=gen) / math.sqrt(k)
@@ -263,13 +263,6 @@ def bench_torch(torch, be: Backend, case: Case, args) -> dict:
 
         row["ms"], row["reps"], how = time_torch_step(torch, autograd_step, manual_step, args)
         row["recipe"] = f"bf16 _grouped_mm ({how})"
-    except Exception as exc:
-        row["error"] = f"{type(exc).__name__}: {exc}"
-        if args.verbose:
-            traceback.print_exc()
-    finally:
-        keep.clear()
-        release_torch(torch)
     report(row, case)
     return row
 
