@@ -124,7 +124,7 @@ def _member_table(splits, k: int, padded_tiles: bool):
     64-row tiles per member (over the padded rows when ``padded_tiles``). Read-only arrays,
     memoized per (splits, padded_tiles): a training step asks for the same layouts again.
     """
-    return _member_table_of(tuple(int(v) for v in splits), bool(padded_tiles))
+    return _member_table_of(tuple(splits), bool(padded_tiles))  # ints or NumPy ints: hashable
 
 
 @functools.lru_cache(maxsize=256)
