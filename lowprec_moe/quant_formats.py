@@ -85,9 +85,12 @@ class QuantFormat:
                 raise ValueError(f"amax_{direction} must hold {n} value(s), got {got}")
 
     def grouped_quantize(self, x2, splits, *, rowwise, columnwise, row_scaled, block_2d, rht,
-                         stochastic_rounding, seed, fp8_dtype, first_member=0) -> dict:
+                         stochastic_rounding, seed, fp8_dtype, first_member=0,
+                         column_sums=False, probs=None) -> dict:
         """The ``GroupedTensor`` fields of a validated CuPy ``[M_total, K]`` array (one launch
-        per kernel stage covers every member; member g rounds as member ``first_member + g``)."""
+        per kernel stage covers every member; member g rounds as member ``first_member + g``).
+        ``column_sums``: also ``column_sums`` float32 ``[G, K]``, each member's column sums of
+        ``x`` (times the float32 ``probs`` ``[M_total]`` when given) from the same pass."""
         raise NotImplementedError
 
     def grouped_dequantize(self, gt, direction: str):
@@ -155,11 +158,12 @@ class NVFP4Format(QuantFormat):
             data, scale, amax, columnwise=columnwise, m=q.shape[0], rht=q.rht and columnwise)
 
     def grouped_quantize(self, x2, splits, *, rowwise, columnwise, row_scaled, block_2d, rht,
-                         stochastic_rounding, seed, fp8_dtype, first_member=0):
+                         stochastic_rounding, seed, fp8_dtype, first_member=0,
+                         column_sums=False, probs=None):
         return self._backend(True).grouped_quantize_nvfp4(
             x2, splits, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled,
             block_2d=block_2d, rht=rht, stochastic_rounding=stochastic_rounding, seed=seed,
-            first_member=first_member)
+            first_member=first_member, column_sums=column_sums, probs=probs)
 
     def grouped_dequantize(self, gt, direction):
         return self._backend(True).grouped_dequantize_nvfp4(gt, direction)
@@ -210,10 +214,11 @@ class MXFP8Format(QuantFormat):
             data, scale, columnwise=columnwise, m=q.shape[0], fp8_dtype=q.fp8_dtype)
 
     def grouped_quantize(self, x2, splits, *, rowwise, columnwise, row_scaled, block_2d, rht,
-                         stochastic_rounding, seed, fp8_dtype, first_member=0):
+                         stochastic_rounding, seed, fp8_dtype, first_member=0,
+                         column_sums=False, probs=None):
         return self._backend(True).grouped_quantize_mxfp8(
             x2, splits, rowwise=rowwise, columnwise=columnwise, block_2d=block_2d,
-            fp8_dtype=fp8_dtype)
+            fp8_dtype=fp8_dtype, column_sums=column_sums, probs=probs)
 
     def grouped_dequantize(self, gt, direction):
         return self._backend(True).grouped_dequantize_mxfp8(gt, direction)

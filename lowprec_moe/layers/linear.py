@@ -337,9 +337,11 @@ def grouped_linear_backward(dy, ctx: GroupedLinearContext, *, seed: int | None =
     get_xp(dy_hp, *saved_arrays(ctx.x_saved, ctx.w_saved, ctx.bias, ctx.probs))
     ctx.used = True
 
-    dbias, dprobs = _bias_grads(dy_hp, ctx)
     dx = dweight = None
     need_dx, need_dw = ctx.input_requires_grad, ctx.weight_requires_grad
+    # dbias comes out of the pass that quantizes dy when there is one
+    fused_dbias = recipe.quantized and not wire and ctx.bias is not None and (need_dx or need_dw)
+    dbias, dprobs = _bias_grads(dy_hp, ctx, want_dbias=not fused_dbias)
     if not recipe.quantized:
         if wire:
             dy = dy_hp
@@ -351,7 +353,10 @@ def grouped_linear_backward(dy, ctx: GroupedLinearContext, *, seed: int | None =
         return GroupedLinearGrads(dx=dx, dweight=dweight, dbias=dbias, dprobs=dprobs)
 
     if need_dx or need_dw:
-        dyq = _quantize_dy(dy, ctx, wire, rowwise=need_dx, columnwise=need_dw, seed=seed)
+        dyq, sums = _quantize_dy(dy, ctx, wire, rowwise=need_dx, columnwise=need_dw, seed=seed,
+                                 column_sums=fused_dbias)
+        if fused_dbias:
+            dbias = sums.astype(ctx.bias.dtype)
         if need_dx:
             dx = grouped_gemm_dgrad(dyq, ctx.w_saved, ctx.splits, out_dtype=ctx.x_dtype)
         if need_dw:
@@ -362,13 +367,18 @@ def grouped_linear_backward(dy, ctx: GroupedLinearContext, *, seed: int | None =
 
 
 def _quantize_dy(dy, ctx: GroupedLinearContext, wire: bool, *, rowwise: bool, columnwise: bool,
-                 seed: int) -> GroupedTensor:
+                 seed: int, column_sums: bool):
+    """``(dy quantized, its per-expert column sums (* probs) or None)``."""
     recipe = ctx.recipe
     if wire:
-        return dy.with_columnwise() if columnwise else dy
-    return GroupedTensor.quantize(dy, ctx.splits, **recipe.grad_options(
-        rowwise=rowwise, columnwise=columnwise, rht=ctx.x_rht and columnwise, seed=seed,
-        first_member=ctx.first_expert))
+        return (dy.with_columnwise() if columnwise else dy), None
+    options = recipe.grad_options(rowwise=rowwise, columnwise=columnwise,
+                                  rht=ctx.x_rht and columnwise, seed=seed,
+                                  first_member=ctx.first_expert)
+    if column_sums:
+        return GroupedTensor.quantize_with_column_sums(dy, ctx.splits, probs=ctx.probs,
+                                                       **options)
+    return GroupedTensor.quantize(dy, ctx.splits, **options), None
 
 
 def expert_index(splits, xp, m: int):
@@ -380,20 +390,22 @@ def expert_index(splits, xp, m: int):
     return xp.asarray(np.repeat(np.arange(len(splits), dtype=np.int64), splits))
 
 
-def _bias_grads(dy_hp, ctx: GroupedLinearContext):
-    """``dbias_g = sum_rows dy_g (* p)`` and ``dprobs_i = sum_j dy_ij b_{g(i), j}`` in fp32."""
+def _bias_grads(dy_hp, ctx: GroupedLinearContext, *, want_dbias: bool = True):
+    """``dbias_g = sum_rows dy_g (* p)`` (unless ``want_dbias=False``: the caller takes it from dy's
+    quantize pass) and ``dprobs_i = sum_j dy_ij b_{g(i), j}`` in fp32."""
     if ctx.bias is None:
         if ctx.probs is None:
             return None, None
         xp = get_xp(dy_hp)
         return None, xp.zeros(ctx.m, dtype=ctx.probs.dtype)
     xp = get_xp(dy_hp)
-    if xp is np:
-        from lowprec_moe.backends.numpy.reduce import grouped_colsum as colsum
-    else:
-        from lowprec_moe.backends.cupy.reduce import grouped_colsum as colsum
-    dbias = colsum(dy_hp, ctx.splits, ctx.probs)
-    dbias = dbias.astype(ctx.bias.dtype)
+    dbias = None
+    if want_dbias:
+        if xp is np:
+            from lowprec_moe.backends.numpy.reduce import grouped_colsum as colsum
+        else:
+            from lowprec_moe.backends.cupy.reduce import grouped_colsum as colsum
+        dbias = colsum(dy_hp, ctx.splits, ctx.probs).astype(ctx.bias.dtype)
     dprobs = None
     if ctx.probs is not None:
         dy32 = dy_hp.astype(xp.float32)

@@ -357,12 +357,15 @@ def grouped_mlp_backward(dy, ctx: GroupedMLPContext, *, seed: int | None = None)
     need_dx, need_dw = ctx.input_requires_grad, ctx.weight_requires_grad
     probs = ctx.probs
 
-    # fc2's scaled bias: dbias2_g = sum dy_g * p, dprobs_i = sum_j dy_ij b2_j (fp32)
+    # fc2's scaled bias: dbias2_g = sum dy_g * p (out of the pass that quantizes dy when there
+    # is one), dprobs_i = sum_j dy_ij b2_j (fp32)
     dfc2_bias = dprobs_fc2 = None
+    fused_dbias = (recipe.quantized and not wire and ctx.fc2_bias is not None
+                   and (ctx.need_dz or need_dw))
     if ctx.fc2_bias is not None:
         ns = SimpleNamespace(bias=ctx.fc2_bias, splits=splits, m=ctx.m, n=ctx.n2,
                              probs=None if probs is None else probs.astype(xp.float32))
-        dfc2_bias, dprobs_fc2 = _bias_grads(dy_hp, ns)
+        dfc2_bias, dprobs_fc2 = _bias_grads(dy_hp, ns, want_dbias=not fused_dbias)
 
     # fc2 dgrad / wgrad
     dz = dfc2_weight = None
@@ -379,7 +382,12 @@ def grouped_mlp_backward(dy, ctx: GroupedMLPContext, *, seed: int | None = None)
             q = recipe.grad_options(rowwise=ctx.need_dz, columnwise=need_dw,
                                     rht=ctx.z_rht and need_dw, seed=seed,
                                     first_member=ctx.first_expert)
-            dyq = GroupedTensor.quantize(dy, splits, q.pop("format"), **q)
+            if fused_dbias:
+                dyq, sums = GroupedTensor.quantize_with_column_sums(dy, splits, probs=probs,
+                                                                    **q)
+                dfc2_bias = sums.astype(ctx.fc2_bias.dtype)
+            else:
+                dyq = GroupedTensor.quantize(dy, splits, **q)
         if ctx.need_dz:
             dz = grouped_gemm_dgrad(dyq, ctx.w2_saved, splits, out_dtype=dt)
         if need_dw:

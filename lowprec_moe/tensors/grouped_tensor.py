@@ -107,53 +107,38 @@ class GroupedTensor:
         the experts are spread over processes, so that each rounds as one process holding them
         all would; 0 otherwise).
         """
-        V.check_array("x", x)
-        V.check_format(format)
-        x2 = V.as_2d(x)
-        m_total, k = x2.shape
-        V.check_k(k, format)
-        on_device = is_cupy_array(splits)
-        if on_device:
-            splits = V.check_device_splits(splits, x2, copy=True)
-            if block_2d:
-                raise NotImplementedError("block_2d=True with device splits is not implemented "
-                                          "(every split must be a multiple of the block, which "
-                                          "needs their values on the host)")
-        else:
-            splits = V.check_splits(splits, m_total)
-        V.check_options(format, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled,
-                        block_2d=block_2d, rht=rht, stochastic_rounding=stochastic_rounding,
-                        fp8_dtype=fp8_dtype, dtype=x.dtype)
-        b = V.block_size(format)
-        if block_2d and any(s % b for s in splits):
-            raise ValueError(f"splits={list(splits)} must all be multiples of {b} for {format} "
-                             "with block_2d=True")
-        seed = V.check_seed(seed)
-        first_member = V.check_first_member(first_member, len(splits))
-        if check_finite:
-            V.check_finite("x", x2)
-        if is_cupy_array(x2):
-            from lowprec_moe.backends.cupy import grouped
+        return _quantize_grouped(
+            x, splits, format, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled,
+            block_2d=block_2d, rht=rht, stochastic_rounding=stochastic_rounding, seed=seed,
+            fp8_dtype=fp8_dtype, check_finite=check_finite, first_member=first_member)[0]
 
-            parts = grouped.grouped_quantize(
-                x2, splits, format, rowwise=rowwise, columnwise=columnwise,
-                row_scaled=row_scaled, block_2d=block_2d, rht=rht,
-                stochastic_rounding=stochastic_rounding, seed=seed, fp8_dtype=fp8_dtype,
-                first_member=first_member)
-        else:
-            parts = _grouped_quantize_reference(
-                x2, splits, format, rowwise=rowwise, columnwise=columnwise,
-                row_scaled=row_scaled, block_2d=block_2d, rht=rht,
-                stochastic_rounding=stochastic_rounding, seed=seed, fp8_dtype=fp8_dtype,
-                first_member=first_member)
-        offsets = parts.pop("offsets") if on_device else _offsets(splits)
-        return GroupedTensor(format=format, shape=(m_total, k), splits=splits,
-                             offsets=offsets,
-                             fp8_dtype=fp8_dtype if format == "mxfp8" else None,
-                             row_scaled=row_scaled, block_2d=block_2d,
-                             rht=bool(rht and columnwise),
-                             stochastic_rounding=stochastic_rounding, seed=seed,
-                             first_member=first_member, **parts)
+    @staticmethod
+    def quantize_with_column_sums(x, splits, format: str, *, probs=None,
+                                  **options) -> tuple["GroupedTensor", Any]:
+        """:meth:`quantize`, and every member's column sums of ``x`` from the same pass.
+
+        With ``x`` an output gradient ``dy`` the sums are the bias gradient, which the backward
+        of a layer with biases needs next to the quantized ``dy``: on the GPU the quantize
+        kernel adds them up while it holds the data, so ``dy`` is read once.
+
+        Parameters
+        ----------
+        x, splits, format, **options
+            As :meth:`quantize`.
+        probs : array ``[M_total]`` or None
+            Per-row factor (float, same backend as ``x``): the sums are then of
+            ``x[row] * probs[row]``.
+
+        Returns
+        -------
+        (GroupedTensor, sums)
+            ``sums``: float32 ``[G, K]`` on ``x``'s backend, ``sums[g] = sum over member g's
+            rows of x (* probs)``; the products are float32 roundings. The NumPy backend sums
+            in float64 and rounds once (``backends.numpy.reduce.grouped_colsum``); the GPU sums
+            in float32 in a fixed order (deterministic; equal to the former to float32
+            summation error). Members without rows get zeros.
+        """
+        return _quantize_grouped(x, splits, format, column_sums=True, probs=probs, **options)
 
     @staticmethod
     def from_mxfp8_rowwise(data, scale, splits, *, fp8_dtype: str = "e4m3") -> "GroupedTensor":
@@ -349,3 +334,72 @@ def _grouped_quantize_reference(x2, splits, fmt, *, rowwise, columnwise, row_sca
             out["amax_columnwise"] = (np.stack(cols) if row_scaled
                                       else np.concatenate(cols)).astype(np.float32)
     return out
+
+
+def _quantize_grouped(x, splits, format: str, *, rowwise: bool = True, columnwise: bool = False,
+                      row_scaled: bool = False, block_2d: bool = False, rht: bool = False,
+                      stochastic_rounding: bool = False, seed: int = 0, fp8_dtype: str = "e4m3",
+                      check_finite: bool = False, first_member: int = 0,
+                      column_sums: bool = False, probs=None):
+    """:meth:`GroupedTensor.quantize` (validation included) and, with ``column_sums``, the
+    members' column sums: ``(tensor, sums or None)``."""
+    V.check_array("x", x)
+    V.check_format(format)
+    x2 = V.as_2d(x)
+    m_total, k = x2.shape
+    V.check_k(k, format)
+    on_device = is_cupy_array(splits)
+    if on_device:
+        splits = V.check_device_splits(splits, x2, copy=True)
+        if block_2d:
+            raise NotImplementedError("block_2d=True with device splits is not implemented "
+                                      "(every split must be a multiple of the block, which "
+                                      "needs their values on the host)")
+    else:
+        splits = V.check_splits(splits, m_total)
+    V.check_options(format, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled,
+                    block_2d=block_2d, rht=rht, stochastic_rounding=stochastic_rounding,
+                    fp8_dtype=fp8_dtype, dtype=x.dtype)
+    b = V.block_size(format)
+    if block_2d and any(s % b for s in splits):
+        raise ValueError(f"splits={list(splits)} must all be multiples of {b} for {format} "
+                         "with block_2d=True")
+    seed = V.check_seed(seed)
+    first_member = V.check_first_member(first_member, len(splits))
+    if check_finite:
+        V.check_finite("x", x2)
+    if probs is not None:
+        if not column_sums:
+            raise ValueError("probs only applies with column sums")
+        V.check_array("probs", probs, min_rank=1)
+        if tuple(probs.shape) != (m_total,):
+            raise ValueError(f"probs.shape={tuple(probs.shape)} must be (M_total,)=({m_total},)")
+        get_xp(x2, probs)
+    if is_cupy_array(x2):
+        from lowprec_moe.backends.cupy import grouped
+
+        parts = grouped.grouped_quantize(
+            x2, splits, format, rowwise=rowwise, columnwise=columnwise,
+            row_scaled=row_scaled, block_2d=block_2d, rht=rht,
+            stochastic_rounding=stochastic_rounding, seed=seed, fp8_dtype=fp8_dtype,
+            first_member=first_member, column_sums=column_sums, probs=probs)
+        sums = parts.pop("column_sums", None)
+    else:
+        parts = _grouped_quantize_reference(
+            x2, splits, format, rowwise=rowwise, columnwise=columnwise,
+            row_scaled=row_scaled, block_2d=block_2d, rht=rht,
+            stochastic_rounding=stochastic_rounding, seed=seed, fp8_dtype=fp8_dtype,
+            first_member=first_member)
+        sums = None
+        if column_sums:
+            from lowprec_moe.backends.numpy.reduce import grouped_colsum
+
+            sums = grouped_colsum(x2, splits, probs)
+    offsets = parts.pop("offsets") if on_device else _offsets(splits)
+    gt = GroupedTensor(format=format, shape=(m_total, k), splits=splits, offsets=offsets,
+                       fp8_dtype=fp8_dtype if format == "mxfp8" else None,
+                       row_scaled=row_scaled, block_2d=block_2d, rht=bool(rht and columnwise),
+                       stochastic_rounding=stochastic_rounding, seed=seed,
+                       first_member=first_member, **parts)
+    return gt, sums
+

@@ -11,12 +11,53 @@ namespace lpm_mx {
 
 // ---- quantize kernel body ---------------------------------------------------------------------
 
+// Column sums of the tile (a bias gradient fused into the pass that quantizes dy):
+// sums[rt * k + c] = (sum over the tile's even rows, in order) + (sum over its odd rows, in
+// order) of x[row, c], each value first multiplied by probs[row] when probs is given; fp32,
+// non-flushing. Rows past `valid` are not read. The lanes of the two row halves (l, l ^ 16)
+// each hold one of the two partial sums.
+template <int KIND>
+__device__ __forceinline__ void tile_column_sums(const u32 (&raw)[LPM_MX_ROWS_PER_LANE][4],
+                                                 const float* __restrict__ probs,
+                                                 const TileRows& tr, long long rt, long long k,
+                                                 long long c0, bool col_ok, int rsub,
+                                                 float* __restrict__ sums) {
+    constexpr int VEC = Kind<KIND>::VEC;
+    float s[VEC];
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) s[c] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < LPM_MX_ROWS_PER_LANE; ++j) {
+        const int r = rsub + 2 * j;
+        if (r < tr.valid) {
+            const float p = probs != nullptr ? __ldg(probs + tr.in_row0 + r) : 1.0f;
+#pragma unroll
+            for (int c = 0; c < VEC; ++c) {
+                float v = KIND == KIND_F32 ? elem_to_f32<KIND>(raw[j][c], false)
+                                           : elem_to_f32<KIND>(raw[j][c / 2], (c & 1) != 0);
+                if (probs != nullptr) v = lpm_mul_rn(v, p);
+                s[c] = lpm_add_rn(s[c], v);
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < VEC; ++c) s[c] = lpm_add_rn(s[c], __shfl_xor_sync(0xFFFFFFFFu, s[c], 16));
+    if (rsub == 0 && col_ok) {
+        float4* dst = reinterpret_cast<float4*>(sums + rt * k + c0);
+#pragma unroll
+        for (int q = 0; q < VEC / 4; ++q)
+            dst[q] = make_float4(s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]);
+    }
+}
+
 template <int KIND, int FMT, bool HW>
 __device__ __forceinline__ void quantize_body(const u8* __restrict__ x, long long m_total,
                                               long long k, const long long* __restrict__ row_off,
                                               const long long* __restrict__ tile_off,
                                               int num_groups, long long num_row_tiles,
-                                              const TileOut& o, int flags) {
+                                              const TileOut& o, int flags,
+                                              float* __restrict__ col_sums,
+                                              const float* __restrict__ probs) {
     constexpr int VEC = Kind<KIND>::VEC;
     constexpr int TILE_COLS = Kind<KIND>::TILE_COLS;
     constexpr int EB = Kind<KIND>::ELEM_BYTES;
@@ -49,6 +90,8 @@ __device__ __forceinline__ void quantize_body(const u8* __restrict__ x, long lon
             raw[j][0] = raw[j][1] = raw[j][2] = raw[j][3] = 0u;
         }
     }
+    if (col_sums != nullptr)
+        tile_column_sums<KIND>(raw, probs, tr, rt, k, c0, col_ok, rsub, col_sums);
     process_tile<KIND, FMT, HW>(raw, o, k, rt, tr, c0, col_ok, rsub, chunk,
                                 (flags & LPM_MX_FLAG_ROWWISE) != 0,
                                 (flags & LPM_MX_FLAG_COLUMNWISE) != 0,
@@ -60,13 +103,14 @@ __device__ __forceinline__ void quantize_dispatch(const u8* x, long long m_total
                                                   const long long* row_off,
                                                   const long long* tile_off, int num_groups,
                                                   long long num_row_tiles, const TileOut& o,
-                                                  int flags) {
+                                                  int flags, float* col_sums,
+                                                  const float* probs) {
     if ((flags & LPM_MX_FLAG_E5M2) != 0) {
         quantize_body<KIND, FMT_E5M2, HW>(x, m_total, k, row_off, tile_off, num_groups,
-                                          num_row_tiles, o, flags);
+                                          num_row_tiles, o, flags, col_sums, probs);
     } else {
         quantize_body<KIND, FMT_E4M3, HW>(x, m_total, k, row_off, tile_off, num_groups,
-                                          num_row_tiles, o, flags);
+                                          num_row_tiles, o, flags, col_sums, probs);
     }
 }
 

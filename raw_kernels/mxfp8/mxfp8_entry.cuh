@@ -16,7 +16,8 @@
 // (row tile, column tile), LPM_MX_WARPS_PER_CTA warps per CTA; row tiles are
 // ceil(m_total / 32) for a single tensor (row_off == tile_off == nullptr) or the per-member
 // 32-row tiles of a grouped tensor (row_off / tile_off: device int64 [num_groups + 1]).
-// Outputs that are not requested by `flags` may be nullptr.
+// Outputs that are not requested by `flags` may be nullptr. col_sums (nullable): fp32
+// [num_row_tiles, k], each row tile's column sums of x (times probs [m_total], nullable).
 #define LPM_MX_QUANTIZE_KERNEL(NAME, KIND)                                                       \
     extern "C" __global__ void                                                                  \
     __launch_bounds__(LPM_MX_WARPS_PER_CTA * 32, LPM_MX_MIN_CTAS_PER_SM)                        \
@@ -24,7 +25,8 @@
              const long long* __restrict__ row_off, const long long* __restrict__ tile_off,     \
              int num_groups, long long num_row_tiles, unsigned char* __restrict__ row_data,     \
              unsigned char* __restrict__ row_scale, unsigned char* __restrict__ col_data,       \
-             unsigned char* __restrict__ col_scale, int flags) {                                \
+             unsigned char* __restrict__ col_scale, int flags, float* __restrict__ col_sums,    \
+             const float* __restrict__ probs) {                                                 \
         lpm_mx::TileOut o;                                                                       \
         o.row_data = row_data;                                                                   \
         o.row_scale = row_scale;                                                                 \
@@ -32,7 +34,8 @@
         o.col_scale = col_scale;                                                                 \
         lpm_mx::quantize_dispatch<KIND, LPM_MX_HW_CVT>(static_cast<const unsigned char*>(x),    \
                                                        m_total, k, row_off, tile_off,            \
-                                                       num_groups, num_row_tiles, o, flags);     \
+                                                       num_groups, num_row_tiles, o, flags,      \
+                                                       col_sums, probs);                         \
     }
 
 LPM_MX_QUANTIZE_KERNEL(lpm_mxfp8_quantize_f32, lpm_mx::KIND_F32)

@@ -192,6 +192,33 @@ LPM_DEV void quantize_phases(const QTile& ti, long long K, int flags, unsigned i
     }
 }
 
+// Column sums of the tile from its shared-memory copy (a bias gradient fused into the pass that
+// quantizes dy): sums_row[k0 + c] = sum over the tile's member rows, in order, of x[row, k0 + c]
+// (each value first times probs[row] when probs is given); fp32, non-flushing; one thread per
+// tile column.
+template <int DT>
+LPM_DEV void q_tile_column_sums(const unsigned char* s_tile, const QTile& ti, long long K,
+                                const float* __restrict__ probs, float* __restrict__ sums_row) {
+    typedef QCfg<DT> C;
+    const int c = threadIdx.x;
+    const int rows_in = (int)min(ti.M - ti.row0, (long long)Q_TM);
+    if (c < C::TK && ti.k0 + c < K) {
+        const int chunk = c / C::EPC, byte = (c % C::EPC) * C::BYTES;
+        const float* p = probs != nullptr ? probs + ti.row_base + ti.row0 : nullptr;
+        float s = 0.0f;
+#pragma unroll 8
+        for (int r = 0; r < rows_in; ++r) {
+            const unsigned char* e = s_tile + q_smem_off(r, chunk) + byte;
+            float v = q_word_elem<DT>(C::BYTES == 4 ? *reinterpret_cast<const unsigned int*>(e)
+                                                    : *reinterpret_cast<const unsigned short*>(e),
+                                      0);
+            if (p != nullptr) v = lpm_mul_rn(v, __ldg(p + r));
+            s = lpm_add_rn(s, v);
+        }
+        sums_row[ti.k0 + c] = s;
+    }
+}
+
 template <int DT, bool EXT>
 LPM_DEV void quantize_impl(const unsigned char* __restrict__ x, long long K, long long M_single,
                            const long long* __restrict__ meta, int G, int n_ct, int flags,
@@ -199,7 +226,8 @@ LPM_DEV void quantize_impl(const unsigned char* __restrict__ x, long long K, lon
                            const float* __restrict__ amax_row, const float* __restrict__ amax_col,
                            const float* __restrict__ tabs,
                            unsigned char* __restrict__ row_data, unsigned char* __restrict__ row_scale,
-                           unsigned char* __restrict__ col_data, unsigned char* __restrict__ col_scale) {
+                           unsigned char* __restrict__ col_data, unsigned char* __restrict__ col_scale,
+                           float* __restrict__ col_sums, const float* __restrict__ probs) {
     typedef QCfg<DT> C;
     __shared__ __align__(16) unsigned char s_tile[Q_TM * Q_ROW_BYTES];
     __shared__ float s_tamax[4][8];
@@ -216,7 +244,7 @@ LPM_DEV void quantize_impl(const unsigned char* __restrict__ x, long long K, lon
     const bool row_scaled = (flags & LPM_Q_ROW_SCALED) != 0;
 
     unsigned int rw[C::RB][C::WPB];
-    q_load_tile<DT>(x, K, ti, rw, s_tile, colwise || block2d);
+    q_load_tile<DT>(x, K, ti, rw, s_tile, colwise || block2d || col_sums != nullptr);
 
     if (!row_scaled) {
         const float* tab = tabs + (long long)(2 * ti.g) * Q_TAB_STRIDE;
@@ -238,6 +266,11 @@ LPM_DEV void quantize_impl(const unsigned char* __restrict__ x, long long K, lon
         }
     }
     __syncthreads();
+
+    if (col_sums != nullptr) {  // row tile rt of the launch's tile list (tiles run in reverse)
+        const long long rt = ((long long)gridDim.x - 1 - (long long)blockIdx.x) / n_ct;
+        q_tile_column_sums<DT>(s_tile, ti, K, probs, col_sums + rt * K);
+    }
 
     if (block2d) {
         // amax of each 16x16 tile of x (NaN ignored), from the column layout
@@ -291,9 +324,10 @@ LPM_DEV void q_dequant16(uint2 d, float f, float (&v)[16]) {
     const unsigned char *x, long long K, long long M, const long long *meta, int G, int n_ct, \
         int flags, unsigned int member_base, unsigned long long seed, const float *amax_row,  \
         const float *amax_col, const float *tabs, unsigned char *row_data,                  \
-        unsigned char *row_scale, unsigned char *col_data, unsigned char *col_scale
+        unsigned char *row_scale, unsigned char *col_data, unsigned char *col_scale,        \
+        float *col_sums, const float *probs
 #define LPM_QUANTIZE_CALL                                                                   \
     (x, K, M, meta, G, n_ct, flags, member_base, seed, amax_row, amax_col, tabs, row_data,  \
-     row_scale, col_data, col_scale)
+     row_scale, col_data, col_scale, col_sums, probs)
 
 #endif  // LPM_NVFP4_QUANTIZE_CUH

@@ -268,16 +268,19 @@ def test_hybrid_quantizes_dy_as_e5m2(xp, monkeypatch):
     """"hybrid": x and W in E4M3, dy (both copies) in E5M2 -- checked on the quantize calls and on
     the numbers (dx / dW match the E5M2 emulation, not the E4M3 one)."""
     calls = []
-    orig = GroupedTensor.quantize
 
-    def spy(x, splits, format, **kw):
-        calls.append((tuple(x.shape), format, kw.get("fp8_dtype", "e4m3"),
-                      kw.get("rowwise", True), kw.get("columnwise", False)))
-        return orig(x, splits, format, **kw)
+    def spying(orig):
+        def spy(x, splits, format, **kw):
+            calls.append((tuple(x.shape), format, kw.get("fp8_dtype", "e4m3"),
+                          kw.get("rowwise", True), kw.get("columnwise", False)))
+            return orig(x, splits, format, **kw)
+        return staticmethod(spy)
 
     d = make_data()
     a = on(xp, d)
-    monkeypatch.setattr(GroupedTensor, "quantize", staticmethod(spy))
+    # dy (with a bias) goes through quantize_with_column_sums, x and W through quantize
+    for name in ("quantize", "quantize_with_column_sums"):
+        monkeypatch.setattr(GroupedTensor, name, spying(getattr(GroupedTensor, name)))
     y, ctx = lpm.grouped_linear_forward(a["x"], SPLITS, a["w"], a["b"],
                                         recipe=Recipe.mxfp8(fp8_format="hybrid"))
     fwd = list(calls)

@@ -135,15 +135,17 @@ def test_empty_experts(xp, rname, splits):
 def _dy_quantizations(monkeypatch, xp, d, seed):
     """Run forward + backward with the nvfp4 recipe; return (grads, the quantized dy)."""
     got = []
-    orig = GroupedTensor.quantize
 
-    def spy(x, splits, format, **kw):
-        out = orig(x, splits, format, **kw)
-        if kw.get("stochastic_rounding"):
-            got.append(out)
-        return out
+    def spying(orig):
+        def spy(x, splits, format, **kw):
+            out = orig(x, splits, format, **kw)
+            if kw.get("stochastic_rounding"):  # (dy with a bias: a (tensor, sums) pair)
+                got.append(out[0] if isinstance(out, tuple) else out)
+            return out
+        return staticmethod(spy)
 
-    monkeypatch.setattr(GroupedTensor, "quantize", staticmethod(spy))
+    for name in ("quantize", "quantize_with_column_sums"):
+        monkeypatch.setattr(GroupedTensor, name, spying(getattr(GroupedTensor, name)))
     try:
         _, grads, _ = forward_backward(xp, d, Recipe.nvfp4(), seed=seed)
     finally:

@@ -7,12 +7,14 @@ from lowprec_moe.backends.cupy import mxfp8 as _mx
 
 
 def grouped_quantize(x2d, splits, format, *, rowwise, columnwise, row_scaled, block_2d, rht,
-                     stochastic_rounding, seed, fp8_dtype, first_member: int = 0) -> dict:
-    """Quantize every member of ``x2d`` ``[M_total, K]`` in one launch per kernel stage."""
+                     stochastic_rounding, seed, fp8_dtype, first_member: int = 0,
+                     column_sums: bool = False, probs=None) -> dict:
+    """Quantize every member of ``x2d`` ``[M_total, K]`` in one launch per kernel stage
+    (``column_sums``: also each member's column sums of ``x`` times ``probs``, same pass)."""
     return quant_formats.get(format).grouped_quantize(
         x2d, splits, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled,
         block_2d=block_2d, rht=rht, stochastic_rounding=stochastic_rounding, seed=seed,
-        fp8_dtype=fp8_dtype, first_member=first_member)
+        fp8_dtype=fp8_dtype, first_member=first_member, column_sums=column_sums, probs=probs)
 
 
 def grouped_dequantize(gt, direction: str, dtype: str):

@@ -30,6 +30,7 @@ import numpy as np
 from lowprec_moe import formats as F
 from lowprec_moe.backends.cupy import launch_helpers as H
 from lowprec_moe.backends.cupy import splits_kernels, tables
+from lowprec_moe.backends.cupy.reduce import segment_sum_tiles
 from lowprec_moe.backends.cupy.splits import max_row_tiles
 
 __all__ = [
@@ -130,7 +131,10 @@ def _upload(*host: np.ndarray):
 
 
 def _launch_quantize(x2, m_total: int, k: int, num_row_tiles: int, row_off, tile_off,
-                     num_groups: int, outs: dict, flags: int) -> None:
+                     num_groups: int, outs: dict, flags: int, tile_sums=None,
+                     probs=None) -> None:
+    """One quantize launch; ``tile_sums`` (float32 ``[num_row_tiles, k]`` or None) receives each
+    32-row tile's column sums of ``x`` (times ``probs`` ``[m_total]`` float32, or None)."""
     if num_row_tiles == 0 or k == 0:
         return
     name = _dtype_name(x2)
@@ -144,7 +148,8 @@ def _launch_quantize(x2, m_total: int, k: int, num_row_tiles: int, row_off, tile
          np.int32(num_groups), np.int64(num_row_tiles),
          outs.get("rowwise_data", _NULL), outs.get("rowwise_scale", _NULL),
          outs.get("columnwise_data", _NULL), outs.get("columnwise_scale", _NULL),
-         np.int32(flags)))
+         np.int32(flags), _NULL if tile_sums is None else tile_sums,
+         _NULL if probs is None else probs))
 
 
 def _check_x(x2d, block_2d: bool):
@@ -198,7 +203,8 @@ def quantize_mxfp8(x2d, *, rowwise: bool = True, columnwise: bool = False,
 
 
 def grouped_quantize_mxfp8(x2d, splits, *, rowwise: bool = True, columnwise: bool = False,
-                           block_2d: bool = False, fp8_dtype: str = "e4m3") -> dict:
+                           block_2d: bool = False, fp8_dtype: str = "e4m3",
+                           column_sums: bool = False, probs=None) -> dict:
     """Quantize every member of ``x2d`` ``[M_total, K]`` (split by rows) in one launch.
 
     Result as ``GroupedTensor``'s reference path: ``rowwise_data [M_total, K]`` and
@@ -211,12 +217,19 @@ def grouped_quantize_mxfp8(x2d, splits, *, rowwise: bool = True, columnwise: boo
     tables are then built on the device, the columnwise buffers hold the most 32-row tiles any
     split of ``M_total`` rows can need (the tiles past the real ones are written as zeros), and
     the result adds ``offsets``, the device row offsets; the offsets are device arrays.
+
+    ``column_sums``: the same pass also sums every member's columns (the bias gradient when
+    ``x`` is dy): ``column_sums`` float32 ``[G, K]``, ``sum over member g's rows of x`` (each
+    value times ``probs[row]`` first when ``probs``, float32 ``[M_total]``, is given), fp32 in a
+    fixed order (per 32-row tile the even rows, the odd rows, their sum; then the tiles in
+    order), equal to :func:`lowprec_moe.backends.numpy.reduce.grouped_colsum` to rounding.
     """
     flags = _flags(rowwise, columnwise, block_2d, fp8_dtype)
     with _check_cupy(x2d, "x").device:
         x2, m, k = _check_x(x2d, False)
+        sums = _ColumnSums(m, k, probs) if column_sums else None
         if not isinstance(splits, np.ndarray) and hasattr(splits, "device"):
-            return _grouped_quantize_device(x2, m, k, splits, rowwise, columnwise, flags)
+            return _grouped_quantize_device(x2, m, k, splits, rowwise, columnwise, flags, sums)
         s = np.asarray(splits, dtype=np.int64).reshape(-1)
         if s.size == 0 or (s < 0).any() or int(s.sum()) != m:
             raise ValueError(f"splits={s.tolist()} must be non-negative and sum to M={m}")
@@ -228,15 +241,46 @@ def grouped_quantize_mxfp8(x2d, splits, *, rowwise: bool = True, columnwise: boo
         out = grouped_outputs(m, k, num_tiles, rowwise, columnwise)
         if num_tiles and k:
             row_off, tile_off = _upload(rows, tiles)
-            _launch_quantize(x2, m, k, num_tiles, row_off, tile_off, int(s.size), out, flags)
+            _launch_quantize(x2, m, k, num_tiles, row_off, tile_off, int(s.size), out, flags,
+                             sums and sums.tile_buffer(num_tiles), sums and sums.probs)
+        if sums:
+            out["column_sums"] = sums.totals(tile_off if num_tiles and k else None, int(s.size))
         if columnwise:
             out["columnwise_data_offsets"] = tiles * (_B * k)
             out["columnwise_scale_offsets"] = tiles * k
     return out
 
 
+class _ColumnSums:
+    """Column sums requested with a grouped quantize: the per-tile sums the quantize launch
+    writes (``tiles``, float32 ``[num_row_tiles, K]``), then their per-member totals."""
+
+    def __init__(self, m: int, k: int, probs):
+        cp = H.cupy()
+        self.k = k
+        self.probs = None
+        if probs is not None:
+            p = _check_cupy(probs, "probs")
+            if tuple(p.shape) != (m,):
+                raise ValueError(f"probs.shape={tuple(p.shape)} must be ({m},)")
+            self.probs = cp.ascontiguousarray(p.astype(cp.float32, copy=False))
+        self.tiles = None
+
+    def tile_buffer(self, num_tiles: int):
+        self.tiles = H.cupy().empty((num_tiles, self.k), dtype=H.cupy().float32)
+        return self.tiles
+
+    def totals(self, tile_off, num_groups: int):
+        """float32 ``[G, K]``: the tiles of each member summed in order (zeros without tiles)."""
+        if self.tiles is None:
+            return H.zeros(num_groups * self.k, H.cupy().float32).reshape(num_groups, self.k)
+        out = H.cupy().empty((num_groups, self.k), dtype=H.cupy().float32)
+        segment_sum_tiles(self.tiles, tile_off, out)
+        return out
+
+
 def _grouped_quantize_device(x2, m: int, k: int, splits, rowwise: bool, columnwise: bool,
-                             flags: int) -> dict:
+                             flags: int, sums=None) -> dict:
     if flags & _FLAG_BLOCK_2D:
         raise NotImplementedError("block_2d=True with device splits is not implemented (the "
                                   "splits must be multiples of 32, which needs their values "
@@ -246,7 +290,10 @@ def _grouped_quantize_device(x2, m: int, k: int, splits, rowwise: bool, columnwi
     num_tiles = max_row_tiles(m, g, _B)
     out = grouped_outputs(m, k, num_tiles, rowwise, columnwise)
     if num_tiles and k:
-        _launch_quantize(x2, m, k, num_tiles, row_off, tile_off, g, out, flags)
+        _launch_quantize(x2, m, k, num_tiles, row_off, tile_off, g, out, flags,
+                         sums and sums.tile_buffer(num_tiles), sums and sums.probs)
+    if sums:
+        out["column_sums"] = sums.totals(tile_off, g)
     out["offsets"] = row_off
     if columnwise:
         out["columnwise_data_offsets"] = tile_off * (_B * k)

@@ -28,6 +28,7 @@ import numpy as np
 from lowprec_moe import formats as F
 from lowprec_moe.backends.cupy import launch_helpers as H
 from lowprec_moe.backends.cupy import splits_kernels, tables
+from lowprec_moe.backends.cupy.reduce import segment_sum_tiles
 from lowprec_moe.backends.cupy.splits import max_row_tiles
 
 __all__ = [
@@ -147,7 +148,8 @@ def _member_table_of(splits: tuple, padded_tiles: bool):
 
 def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
                    columnwise: bool, row_scaled: bool, block_2d: bool, rht: bool,
-                   stochastic_rounding: bool, seed: int, amax=None):
+                   stochastic_rounding: bool, seed: int, amax=None, column_sums: bool = False,
+                   probs=None):
     cp = H.cupy()
     key = _dtype_key(x.dtype)
     sfx = _SUFFIX[key]
@@ -167,6 +169,7 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
         _, tiles64 = splits_kernels.offsets(splits, m_total, _TILE_ROWS)
         cw_prefix = tiles16 * _B
         meta = cp.concatenate([row_off, cw_prefix, tiles64])
+        tile_off = tiles64
         cw_total = _B * max_row_tiles(m_total, n_groups, _B)
         # a member's 64-row tiles cover its rows rounded up to 16 (or 64): at most this many
         n_tiles = max_row_tiles(m_total, n_groups, _TILE_ROWS) * n_ct
@@ -176,6 +179,7 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
         cw_total = int(cw_prefix[-1])
         n_tiles = int(tile_prefix[-1]) * n_ct
         (meta,) = tables.upload(np.concatenate([offsets, cw_prefix, tile_prefix]))
+        tile_off = meta[2 * (n_groups + 1):]
         g_arg = n_groups
     else:  # one member of m_total rows: no table
         cw_total = _roundup(m_total, _B)
@@ -244,6 +248,9 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
     flags = ((_FLAG_ROWWISE if rowwise else 0) | (_FLAG_COLWISE if columnwise else 0)
              | (_FLAG_ROW_SCALED if row_scaled else 0) | (_FLAG_BLOCK2D if block_2d else 0)
              | (_FLAG_RHT if rht else 0) | (_FLAG_SR if sr else 0))
+    tile_sums = None
+    if column_sums and n_tiles:  # grouped only: the caller checks
+        tile_sums = cp.empty((n_tiles // n_ct, k), dtype=cp.float32)
     if n_tiles:
         if sr or rht:
             fn = H.kernel(EXT_MODULE, f"lpm_nvfp4_quantize_ext_{sfx}")
@@ -253,9 +260,16 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
            (x, _i64(k), m_single, meta, _i32(g_arg), _i32(n_ct), _i32(flags),
             np.uint32(int(member_base) & 0xFFFFFFFF), np.uint64(int(seed) & 0xFFFFFFFFFFFFFFFF), amax_row, amax_col, tabs,
             row_data if rowwise else _NULL, row_scale if rowwise else _NULL,
-            col_data if columnwise else _NULL, col_scale if columnwise else _NULL))
+            col_data if columnwise else _NULL, col_scale if columnwise else _NULL,
+            _NULL if tile_sums is None else tile_sums, _NULL if probs is None else probs))
+    sums = None
+    if column_sums:
+        sums = H.zeros(n_groups * k, cp.float32).reshape(n_groups, k)
+        if tile_sums is not None:
+            segment_sum_tiles(tile_sums, tile_off, sums)
     return dict(row_data=row_data, row_scale=row_scale, col_data=col_data, col_scale=col_scale,
-                amax_row=amax_row, amax_col=amax_col, cw_prefix=cw_prefix, row_off=row_off)
+                amax_row=amax_row, amax_col=amax_col, cw_prefix=cw_prefix, row_off=row_off,
+                column_sums=sums)
 
 
 def quantize_nvfp4(x2d, *, rowwise: bool = True, columnwise: bool = False,
@@ -287,7 +301,8 @@ def quantize_nvfp4(x2d, *, rowwise: bool = True, columnwise: bool = False,
 def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: bool = False,
                            row_scaled: bool = False, block_2d: bool = False, rht: bool = False,
                            stochastic_rounding: bool = False, seed: int = 0,
-                           amax=None, first_member: int = 0) -> dict:
+                           amax=None, first_member: int = 0, column_sums: bool = False,
+                           probs=None) -> dict:
     """Quantize every member of ``x2d`` ``[M_total, K]`` (rows split by ``splits``).
 
     One launch per kernel stage covers all members. The result holds the fields of
@@ -303,9 +318,20 @@ def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: boo
     equal to what the amax pass would compute; the amax pass over ``x`` is then skipped and the
     arrays are returned as the result's amax fields (a producer kernel fusing the amax, e.g. the
     GroupedMLP activation).
+
+    ``column_sums``: the same pass also sums every member's columns (the bias gradient when
+    ``x`` is dy): ``column_sums`` float32 ``[G, K]``, ``sum over member g's rows of x`` (each
+    value times ``probs[row]`` first when ``probs``, float32 ``[M_total]``, is given), fp32 in a
+    fixed order (the rows of each 64-row tile in order, then the tiles in order), equal to
+    :func:`lowprec_moe.backends.numpy.reduce.grouped_colsum` to rounding.
     """
     x = _prep_input(x2d)
     m_total, k = (int(s) for s in x.shape)
+    if probs is not None:
+        _require_cupy(probs, "probs")
+        if tuple(probs.shape) != (m_total,):
+            raise ValueError(f"probs.shape={tuple(probs.shape)} must be ({m_total},)")
+        probs = H.cupy().ascontiguousarray(probs.astype(H.cupy().float32, copy=False))
     device = not isinstance(splits, (list, tuple, np.ndarray)) and hasattr(splits, "device")
     if device:
         if block_2d:
@@ -321,8 +347,11 @@ def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: boo
         amax = _check_amax(amax, x, n_groups, row_scaled)
     r = _quantize_core(x, splits, grouped=True, member_base=first_member, rowwise=rowwise,
                        columnwise=columnwise, row_scaled=row_scaled, block_2d=block_2d, rht=rht,
-                       stochastic_rounding=stochastic_rounding, seed=seed, amax=amax)
+                       stochastic_rounding=stochastic_rounding, seed=seed, amax=amax,
+                       column_sums=column_sums, probs=probs)
     out: dict = {}
+    if column_sums:
+        out["column_sums"] = r["column_sums"]
     if device:
         out["offsets"] = r["row_off"]
     if rowwise:

@@ -6,7 +6,9 @@ rounding), the products summed in float64 and the sum rounded once to float32. A
 rows gets zeros. The CUDA twin (``raw_kernels/reduce/reduce.cu``) computes the same products and sums
 them in float32 in a fixed order (rows of 128-row tiles in order, then the tiles in order), so the
 two agree to float32 summation error, not bit for bit; each is deterministic, and an expert's
-sums depend on its own rows only. NaN / inf propagate as in IEEE arithmetic.
+sums depend on its own rows only. NaN / inf propagate as in IEEE arithmetic. The GPU quantizers
+also sum the columns of dy while they quantize it (``GroupedTensor.quantize_with_column_sums``,
+the quantized layers' bias gradients), each in its own fixed order, to the same accuracy.
 """
 
 from __future__ import annotations
