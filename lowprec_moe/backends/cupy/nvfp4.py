@@ -21,13 +21,13 @@ fp32 -> E4M3 conversion instead of ``cvt.rn.satfinite.e4m3x2.f32`` (the tests co
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from lowprec_moe import formats as F
 from lowprec_moe.backends.cupy import launch_helpers as H
 from lowprec_moe.backends.cupy import splits_kernels, tables
+from lowprec_moe.backends.cupy.nvfp4_layout import TILE_ROWS as _TILE_ROWS
+from lowprec_moe.backends.cupy.nvfp4_layout import member_table
 from lowprec_moe.backends.cupy.reduce import segment_sum_tiles
 from lowprec_moe.backends.cupy.splits import max_row_tiles
 
@@ -54,7 +54,6 @@ _FLAG_BLOCK2D = 8
 _FLAG_RHT = 16
 _FLAG_SR = 32
 _Q_THREADS = 128
-_TILE_ROWS = 64
 _TILE_COLS = {"float32": 64, "float16": 128, "bfloat16": 128}
 _SUFFIX = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}
 _AMAX_THREADS = 256
@@ -117,31 +116,6 @@ def _i32(v) -> np.int32:
     return np.int32(int(v))
 
 
-def _member_table(splits, k: int, padded_tiles: bool):
-    """Host int64 arrays of a grouped layout.
-
-    Returns ``(offsets, cw_prefix, tile_prefix)``: row offsets ``[G+1]``; prefix sums of the
-    member row counts rounded up to 16 (columnwise storage unit); prefix sums of the number of
-    64-row tiles per member (over the padded rows when ``padded_tiles``). Read-only arrays,
-    memoized per (splits, padded_tiles): a training step asks for the same layouts again.
-    """
-    return _member_table_of(tuple(splits), bool(padded_tiles))  # ints or NumPy ints: hashable
-
-
-@functools.lru_cache(maxsize=256)
-def _member_table_of(splits: tuple, padded_tiles: bool):
-    s = np.asarray(splits, dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum(s)]).astype(np.int64)
-    mp = -(-s // _B) * _B
-    cw_prefix = np.concatenate([[0], np.cumsum(mp)]).astype(np.int64)
-    rows = mp if padded_tiles else s
-    tiles = -(-rows // _TILE_ROWS)
-    tile_prefix = np.concatenate([[0], np.cumsum(tiles)]).astype(np.int64)
-    for a in (offsets, cw_prefix, tile_prefix):
-        a.setflags(write=False)
-    return offsets, cw_prefix, tile_prefix
-
-
 # ------------------------------------------------------------------------------------------
 # Quantization core (single tensor: grouped=False, one member of m rows)
 
@@ -175,7 +149,7 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
         n_tiles = max_row_tiles(m_total, n_groups, _TILE_ROWS) * n_ct
         g_arg = n_groups
     elif grouped:
-        offsets, cw_prefix, tile_prefix = _member_table(splits, k, padded_tiles=columnwise)
+        offsets, cw_prefix, tile_prefix = member_table(splits, padded_tiles=columnwise)
         cw_total = int(cw_prefix[-1])
         n_tiles = int(tile_prefix[-1]) * n_ct
         (meta,) = tables.upload(np.concatenate([offsets, cw_prefix, tile_prefix]))
@@ -503,7 +477,7 @@ def grouped_dequantize_nvfp4(gt, direction: str):
     data = _prep_bytes(gt.columnwise_data, "columnwise_data")
     scale = _prep_bytes(gt.columnwise_scale, "columnwise_scale", align=1)
     amax = _prep_amax(gt.amax_columnwise)
-    offsets, cw_prefix, tile_prefix = _member_table(splits, k, padded_tiles=False)
+    offsets, cw_prefix, tile_prefix = member_table(splits, padded_tiles=False)
     if int(cw_prefix[-1]) * k // 2 != data.size or int(cw_prefix[-1]) * k // _B != scale.size:
         raise ValueError("columnwise buffers do not match the splits and K of this GroupedTensor")
     (meta,) = tables.upload(np.concatenate([offsets, cw_prefix, tile_prefix]))
