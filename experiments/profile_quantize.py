@@ -102,7 +102,8 @@ def main() -> int:
         def f():
             q_fn((n_tiles,), (128,), (x, np.int64(k), np.int64(m), NULL, np.int32(0),
                                       np.int32(k // 128), np.int32(flags), np.uint32(0),
-                                      np.uint64(0), amax_f, amax_f, tabs, rd, rs, cd, cs))
+                                      np.uint64(0), amax_f, amax_f, tabs, rd, rs, cd, cs,
+                                      NULL, NULL))
         return f
 
     add("nvfp4 raw amax kernel (+memset)", xb + 8, gpu(amax_raw))
@@ -143,7 +144,8 @@ def main() -> int:
     def mx_raw(flags):
         def f():
             mq(grid, (128,), (x, np.int64(m), np.int64(k), NULL, NULL, np.int32(1),
-                              np.int64(tiles), r_d, r_s, c_d, c_s, np.int32(flags)))
+                              np.int64(tiles), r_d, r_s, c_d, c_s, np.int32(flags), NULL,
+                              NULL))
         return f
 
     add("mxfp8 raw quantize row+col", xb + mx_out, gpu(mx_raw(3)))

@@ -339,9 +339,10 @@ def grouped_linear_backward(dy, ctx: GroupedLinearContext, *, seed: int | None =
 
     dx = dweight = None
     need_dx, need_dw = ctx.input_requires_grad, ctx.weight_requires_grad
-    # dbias comes out of the pass that quantizes dy when there is one
+    # dbias comes out of the pass that quantizes dy when there is one; otherwise it is summed in
+    # that pass's order (recipe.format), so it has the same bits on every path
     fused_dbias = recipe.quantized and not wire and ctx.bias is not None and (need_dx or need_dw)
-    dbias, dprobs = _bias_grads(dy_hp, ctx, want_dbias=not fused_dbias)
+    dbias, dprobs = _bias_grads(dy_hp, ctx, want_dbias=not fused_dbias, like=recipe.format)
     if not recipe.quantized:
         if wire:
             dy = dy_hp
@@ -390,9 +391,10 @@ def expert_index(splits, xp, m: int):
     return xp.asarray(np.repeat(np.arange(len(splits), dtype=np.int64), splits))
 
 
-def _bias_grads(dy_hp, ctx: GroupedLinearContext, *, want_dbias: bool = True):
+def _bias_grads(dy_hp, ctx: GroupedLinearContext, *, want_dbias: bool = True, like=None):
     """``dbias_g = sum_rows dy_g (* p)`` (unless ``want_dbias=False``: the caller takes it from dy's
-    quantize pass) and ``dprobs_i = sum_j dy_ij b_{g(i), j}`` in fp32."""
+    quantize pass; ``like``: summed in the order of that format's quantize pass, so dbias has the
+    same bits either way) and ``dprobs_i = sum_j dy_ij b_{g(i), j}`` in fp32."""
     if ctx.bias is None:
         if ctx.probs is None:
             return None, None
@@ -405,7 +407,7 @@ def _bias_grads(dy_hp, ctx: GroupedLinearContext, *, want_dbias: bool = True):
             from lowprec_moe.backends.numpy.reduce import grouped_colsum as colsum
         else:
             from lowprec_moe.backends.cupy.reduce import grouped_colsum as colsum
-        dbias = colsum(dy_hp, ctx.splits, ctx.probs).astype(ctx.bias.dtype)
+        dbias = colsum(dy_hp, ctx.splits, ctx.probs, like=like).astype(ctx.bias.dtype)
     dprobs = None
     if ctx.probs is not None:
         dy32 = dy_hp.astype(xp.float32)

@@ -358,14 +358,15 @@ def grouped_mlp_backward(dy, ctx: GroupedMLPContext, *, seed: int | None = None)
     probs = ctx.probs
 
     # fc2's scaled bias: dbias2_g = sum dy_g * p (out of the pass that quantizes dy when there
-    # is one), dprobs_i = sum_j dy_ij b2_j (fp32)
+    # is one, else in that pass's order), dprobs_i = sum_j dy_ij b2_j (fp32)
     dfc2_bias = dprobs_fc2 = None
     fused_dbias = (recipe.quantized and not wire and ctx.fc2_bias is not None
                    and (ctx.need_dz or need_dw))
     if ctx.fc2_bias is not None:
         ns = SimpleNamespace(bias=ctx.fc2_bias, splits=splits, m=ctx.m, n=ctx.n2,
                              probs=None if probs is None else probs.astype(xp.float32))
-        dfc2_bias, dprobs_fc2 = _bias_grads(dy_hp, ns, want_dbias=not fused_dbias)
+        dfc2_bias, dprobs_fc2 = _bias_grads(dy_hp, ns, want_dbias=not fused_dbias,
+                                            like=recipe.format)
 
     # fc2 dgrad / wgrad
     dz = dfc2_weight = None

@@ -173,11 +173,13 @@ def test_expert_of_rows_and_colsum_tiles_match_the_host():
             _, rows = DS.clamped_rows(np, s, m)
             np.testing.assert_array_equal(expert_of_rows(np, rows, m),
                                           np.repeat(np.arange(g), s))
-            tiles, tile_off = _tiles(s)
-            d_tiles, d_off = device_tiles(np, s, m)
-            np.testing.assert_array_equal(d_off, tile_off)
-            np.testing.assert_array_equal(d_tiles[:len(tiles)], tiles)
-            assert not d_tiles[len(tiles):].any()
+            for tile_rows in (32, 64, 128):  # the quantizers' orders and the default
+                tiles, tile_off = _tiles(s, tile_rows)
+                d_tiles, d_off = device_tiles(np, s, m, tile_rows)
+                np.testing.assert_array_equal(d_off, tile_off)
+                np.testing.assert_array_equal(d_tiles[:len(tiles)], tiles)
+                assert not d_tiles[len(tiles):].any()
+                assert (np.diff(tiles.reshape(-1, 2), axis=1) <= tile_rows).all()
 
 
 def test_layer_refuses_device_splits_with_host_tokens(monkeypatch):

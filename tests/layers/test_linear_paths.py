@@ -22,9 +22,12 @@ from test_linear import (BF16, RECIPES, SEED, SPLITS, assert_close, emulate, for
 
 @pytest.mark.parametrize("which", ["x", "dy", "both"])
 @pytest.mark.parametrize("fp8_format", ["e4m3", "hybrid"])
-def test_wire_equals_dequantized(xp, fp8_format, which):
+@pytest.mark.parametrize("bias_dtype", ["bf16", "fp32"])  # an fp32 dbias shows every bit
+def test_wire_equals_dequantized(xp, fp8_format, which, bias_dtype):
     recipe = Recipe.mxfp8(fp8_format=fp8_format)
     d = make_data(BF16)
+    if bias_dtype == "fp32":
+        d["b"] = d["b"].astype(np.float32)
     a = on(xp, d)
     x, dy = a["x"], a["dy"]
     x_in = x_plain = x
@@ -67,6 +70,20 @@ def test_wire_x_keeps_columnwise_only(xp):
 
 # ============================================================================================
 # what the context keeps
+
+
+@pytest.mark.parametrize("rname", list(RECIPES))
+def test_dbias_same_bits_whatever_needs_a_gradient(xp, rname):
+    """dbias is summed in the order of dy's quantize pass whether or not that pass runs (it
+    does not when neither x nor W needs a gradient)."""
+    recipe = RECIPES[rname]
+    d = make_data()
+    d["b"] = d["b"].astype(np.float32)
+    _, full, _ = forward_backward(xp, d, recipe)
+    for kw in (dict(weight_requires_grad=False), dict(input_requires_grad=False),
+               dict(input_requires_grad=False, weight_requires_grad=False)):
+        _, grads, _ = forward_backward(xp, d, recipe, **kw)
+        assert_bytes_equal(grads.dbias, full.dbias, f"dbias with {kw}")
 
 
 @pytest.mark.parametrize("rname", list(RECIPES))

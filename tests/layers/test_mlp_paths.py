@@ -29,10 +29,13 @@ def _wire(xp, t, fp8_dtype="e4m3"):
 
 @pytest.mark.parametrize("which", ["x", "dy", "both"])
 @pytest.mark.parametrize("fp8_format", ["e4m3", "hybrid"])
-def test_wire_equals_dequantized(xp, fp8_format, which):
+@pytest.mark.parametrize("bias_dtype", ["bf16", "fp32"])  # an fp32 dbias shows every bit
+def test_wire_equals_dequantized(xp, fp8_format, which, bias_dtype):
     recipe = Recipe.mxfp8(fp8_format=fp8_format)
     act = make_activation("swiglu", 32)
     d = make_data(act, dtype=BF16)
+    if bias_dtype == "fp32":
+        d["b2"] = d["b2"].astype(np.float32)
     a = on(xp, d)
     x_in = x_plain = a["x"]
     dy_in = dy_plain = a["dy"]

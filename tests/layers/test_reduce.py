@@ -27,13 +27,16 @@ def _data(m, n, dtype, seed=0):
 
 @pytest.mark.parametrize("dtype", list(_DTYPES))
 @pytest.mark.parametrize("with_probs", [False, True])
-def test_matches_float64_sums(xp, dtype, with_probs):
-    # skewed splits: an empty expert, one shorter than the unroll, several 128-row tiles
+@pytest.mark.parametrize("like", [None, "mxfp8", "nvfp4"])
+def test_matches_float64_sums(xp, dtype, with_probs, like):
+    # skewed splits: an empty expert, one shorter than the unroll, several 128-row tiles, odd
+    # row counts (the MXFP8 order's even / odd rows)
     splits = [0, 5, 300, 131, 0, 64]
     m, n = sum(splits), 333
     a = _data(m, n, dtype)
     p = np.random.default_rng(1).random(m).astype(np.float32) if with_probs else None
-    out = to_host(_colsum(xp)(xp.asarray(a), splits, None if p is None else xp.asarray(p)))
+    out = to_host(_colsum(xp)(xp.asarray(a), splits, None if p is None else xp.asarray(p),
+                              like=like))
     assert out.dtype == np.float32 and out.shape == (len(splits), n)
     offs = np.concatenate([[0], np.cumsum(splits)])
     a32 = a.astype(np.float32)
@@ -80,3 +83,8 @@ def test_reference_formula():
     w = w.astype(np.float64)
     exp = np.stack([w[:3].sum(axis=0), np.zeros(5), w[3:].sum(axis=0)]).astype(np.float32)
     assert_bytes_equal(ref_colsum(a, splits, p), exp, "reference")
+
+
+def test_unknown_order_refused(xp):
+    with pytest.raises(ValueError, match="like="):
+        _colsum(xp)(xp.ones((4, 2), dtype=xp.float32), [4], like="fp8")

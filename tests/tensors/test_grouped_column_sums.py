@@ -139,3 +139,23 @@ def test_gpu_device_splits_equal_host_splits(cp, case):
         a = getattr(gt_h, f)
         if a is not None:
             assert_bytes_equal(getattr(gt_d, f), a, f"{case} {f}")
+
+
+@requires_gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float16"])
+@pytest.mark.parametrize("device_splits", [False, True], ids=["host", "device"])
+def test_gpu_equal_to_the_reduce_kernel_in_the_quantizer_order(cp, fmt, dtype, device_splits):
+    """grouped_colsum(like=fmt) sums in the quantize kernel's order: the same bits, so a layer's
+    dbias does not depend on whether dy went through a quantize pass."""
+    from lowprec_moe.backends.cupy.reduce import grouped_colsum
+
+    m = sum(SPLITS)
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    x, p = cp.asarray(_dy(m, K, seed=8, dtype=dt)), cp.asarray(_probs(m, seed=9))
+    splits = cp.asarray(SPLITS, dtype=cp.int64) if device_splits else SPLITS
+    for probs in (None, p):
+        _, fused = GroupedTensor.quantize_with_column_sums(x, splits, fmt, probs=probs)
+        assert_bytes_equal(grouped_colsum(x, splits, probs, like=fmt), fused,
+                           f"{fmt} {dtype} probs={probs is not None}")

@@ -237,10 +237,11 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
             col_data if columnwise else _NULL, col_scale if columnwise else _NULL,
             _NULL if tile_sums is None else tile_sums, _NULL if probs is None else probs))
     sums = None
-    if column_sums:
+    if tile_sums is not None:  # segment_sum_tiles writes every element
+        sums = cp.empty((n_groups, k), dtype=cp.float32)
+        segment_sum_tiles(tile_sums, tile_off, sums)
+    elif column_sums:
         sums = H.zeros(n_groups * k, cp.float32).reshape(n_groups, k)
-        if tile_sums is not None:
-            segment_sum_tiles(tile_sums, tile_off, sums)
     return dict(row_data=row_data, row_scale=row_scale, col_data=col_data, col_scale=col_scale,
                 amax_row=amax_row, amax_col=amax_col, cw_prefix=cw_prefix, row_off=row_off,
                 column_sums=sums)

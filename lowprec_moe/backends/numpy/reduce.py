@@ -18,7 +18,12 @@ import numpy as np
 __all__ = ["grouped_colsum"]
 
 
-def grouped_colsum(a: np.ndarray, splits, probs: np.ndarray | None = None) -> np.ndarray:
+#: The GPU backend's summation orders (``like``); the float64 sums here need none.
+ORDERS = (None, "mxfp8", "nvfp4")
+
+
+def grouped_colsum(a: np.ndarray, splits, probs: np.ndarray | None = None, *,
+                   like=None) -> np.ndarray:
     """float32 ``[G, N]``: per expert, the column sums of ``a`` (times ``probs``).
 
     Parameters
@@ -28,7 +33,12 @@ def grouped_colsum(a: np.ndarray, splits, probs: np.ndarray | None = None) -> np
     splits : sequence of int, length ``G``, summing to ``M``
     probs : ndarray ``[M]`` or None
         Per-row factor (converted to float32).
+    like : None, "mxfp8" or "nvfp4"
+        The GPU twin's summation order (that format's quantize kernel's); checked, and
+        otherwise without effect here (float64 sums, one rounding to float32).
     """
+    if like not in ORDERS:
+        raise ValueError(f"like={like!r} must be one of {list(ORDERS)}")
     offs = np.concatenate([[0], np.cumsum(np.asarray(splits, dtype=np.int64))])
     a32 = a.astype(np.float32)
     if probs is not None:
