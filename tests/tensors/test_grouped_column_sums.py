@@ -20,6 +20,8 @@ CASES = {
     "mxfp8-row+col": dict(format="mxfp8", columnwise=True),
     "mxfp8-e5m2-col": dict(format="mxfp8", rowwise=False, columnwise=True, fp8_dtype="e5m2"),
     "nvfp4-row": dict(format="nvfp4"),
+    "nvfp4-row+col": dict(format="nvfp4", columnwise=True),
+    "nvfp4-row-scaled-col": dict(format="nvfp4", rowwise=False, columnwise=True, row_scaled=True),
     "nvfp4-row+col-rht-sr": dict(format="nvfp4", columnwise=True, rht=True,
                                  stochastic_rounding=True, seed=11),
 }
@@ -90,9 +92,10 @@ def test_sums_deterministic_and_per_member(xp, case):
 
 @pytest.mark.parametrize("fmt", ["mxfp8", "nvfp4"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_other_input_dtypes(xp, fmt, dtype):
+@pytest.mark.parametrize("k", [K, 96])  # 96: a partial column tile for every input type
+def test_other_input_dtypes(xp, fmt, dtype, k):
     m = sum(SPLITS)
-    x = _dy(m, K, seed=5, dtype=np.dtype(dtype))
+    x = _dy(m, k, seed=5, dtype=np.dtype(dtype))
     _, sums = GroupedTensor.quantize_with_column_sums(xp.asarray(x), SPLITS, fmt)
     _check_sums(sums, x, SPLITS, None)
 
