@@ -10,7 +10,12 @@ def grouped_quantize(x2d, splits, format, *, rowwise, columnwise, row_scaled, bl
                      stochastic_rounding, seed, fp8_dtype, first_member: int = 0,
                      column_sums: bool = False, probs=None) -> dict:
     """Quantize every member of ``x2d`` ``[M_total, K]`` in one launch per kernel stage
-    (``column_sums``: also each member's column sums of ``x`` times ``probs``, same pass)."""
+    (``column_sums``: also each member's column sums of ``x`` times ``probs``, same pass;
+    ``probs`` validated by the caller)."""
+    if probs is not None:
+        import cupy as cp  # noqa: PLC0415
+
+        probs = cp.ascontiguousarray(probs.astype(cp.float32, copy=False))
     return quant_formats.get(format).grouped_quantize(
         x2d, splits, rowwise=rowwise, columnwise=columnwise, row_scaled=row_scaled,
         block_2d=block_2d, rht=rht, stochastic_rounding=stochastic_rounding, seed=seed,

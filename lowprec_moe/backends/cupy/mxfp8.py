@@ -30,7 +30,7 @@ import numpy as np
 from lowprec_moe import formats as F
 from lowprec_moe.backends.cupy import launch_helpers as H
 from lowprec_moe.backends.cupy import splits_kernels, tables
-from lowprec_moe.backends.cupy.reduce import segment_sum_tiles
+from lowprec_moe.backends.cupy.reduce import member_sums
 from lowprec_moe.backends.cupy.splits import max_row_tiles
 
 __all__ = [
@@ -220,16 +220,17 @@ def grouped_quantize_mxfp8(x2d, splits, *, rowwise: bool = True, columnwise: boo
 
     ``column_sums``: the same pass also sums every member's columns (the bias gradient when
     ``x`` is dy): ``column_sums`` float32 ``[G, K]``, ``sum over member g's rows of x`` (each
-    value times ``probs[row]`` first when ``probs``, float32 ``[M_total]``, is given), fp32 in a
-    fixed order (per 32-row tile the even rows, the odd rows, their sum; then the tiles in
+    value times ``probs[row]`` first when ``probs``, a C-contiguous float32 CuPy array
+    ``[M_total]``, is given), fp32 in a fixed
+    order (per 32-row tile the even rows, the odd rows, their sum; then the tiles in
     order), equal to :func:`lowprec_moe.backends.numpy.reduce.grouped_colsum` to rounding.
     """
     flags = _flags(rowwise, columnwise, block_2d, fp8_dtype)
     with _check_cupy(x2d, "x").device:
         x2, m, k = _check_x(x2d, False)
-        sums = _ColumnSums(m, k, probs) if column_sums else None
         if not isinstance(splits, np.ndarray) and hasattr(splits, "device"):
-            return _grouped_quantize_device(x2, m, k, splits, rowwise, columnwise, flags, sums)
+            return _grouped_quantize_device(x2, m, k, splits, rowwise, columnwise, flags,
+                                            column_sums, probs)
         s = np.asarray(splits, dtype=np.int64).reshape(-1)
         if s.size == 0 or (s < 0).any() or int(s.sum()) != m:
             raise ValueError(f"splits={s.tolist()} must be non-negative and sum to M={m}")
@@ -239,48 +240,27 @@ def grouped_quantize_mxfp8(x2d, splits, *, rowwise: bool = True, columnwise: boo
         rows, tiles = tile_offsets(s)
         num_tiles = int(tiles[-1])
         out = grouped_outputs(m, k, num_tiles, rowwise, columnwise)
+        tile_sums = tile_off = None
         if num_tiles and k:
             row_off, tile_off = _upload(rows, tiles)
+            tile_sums = _tile_sums(num_tiles, k) if column_sums else None
             _launch_quantize(x2, m, k, num_tiles, row_off, tile_off, int(s.size), out, flags,
-                             sums and sums.tile_buffer(num_tiles), sums and sums.probs)
-        if sums:
-            out["column_sums"] = sums.totals(tile_off if num_tiles and k else None, int(s.size))
+                             tile_sums, probs)
+        if column_sums:
+            out["column_sums"] = member_sums(tile_sums, tile_off, int(s.size), k)
         if columnwise:
             out["columnwise_data_offsets"] = tiles * (_B * k)
             out["columnwise_scale_offsets"] = tiles * k
     return out
 
 
-class _ColumnSums:
-    """Column sums requested with a grouped quantize: the per-tile sums the quantize launch
-    writes (``tiles``, float32 ``[num_row_tiles, K]``), then their per-member totals."""
-
-    def __init__(self, m: int, k: int, probs):
-        cp = H.cupy()
-        self.k = k
-        self.probs = None
-        if probs is not None:
-            p = _check_cupy(probs, "probs")
-            if tuple(p.shape) != (m,):
-                raise ValueError(f"probs.shape={tuple(p.shape)} must be ({m},)")
-            self.probs = cp.ascontiguousarray(p.astype(cp.float32, copy=False))
-        self.tiles = None
-
-    def tile_buffer(self, num_tiles: int):
-        self.tiles = H.cupy().empty((num_tiles, self.k), dtype=H.cupy().float32)
-        return self.tiles
-
-    def totals(self, tile_off, num_groups: int):
-        """float32 ``[G, K]``: the tiles of each member summed in order (zeros without tiles)."""
-        if self.tiles is None:
-            return H.zeros(num_groups * self.k, H.cupy().float32).reshape(num_groups, self.k)
-        out = H.cupy().empty((num_groups, self.k), dtype=H.cupy().float32)
-        segment_sum_tiles(self.tiles, tile_off, out)
-        return out
+def _tile_sums(num_tiles: int, k: int):
+    """The float32 ``[num_tiles, K]`` buffer of a launch's per-tile column sums."""
+    return H.cupy().empty((num_tiles, k), dtype=H.cupy().float32)
 
 
 def _grouped_quantize_device(x2, m: int, k: int, splits, rowwise: bool, columnwise: bool,
-                             flags: int, sums=None) -> dict:
+                             flags: int, column_sums: bool = False, probs=None) -> dict:
     if flags & _FLAG_BLOCK_2D:
         raise NotImplementedError("block_2d=True with device splits is not implemented (the "
                                   "splits must be multiples of 32, which needs their values "
@@ -289,11 +269,12 @@ def _grouped_quantize_device(x2, m: int, k: int, splits, rowwise: bool, columnwi
     row_off, tile_off = splits_kernels.offsets(splits, m, _B)
     num_tiles = max_row_tiles(m, g, _B)
     out = grouped_outputs(m, k, num_tiles, rowwise, columnwise)
+    tile_sums = _tile_sums(num_tiles, k) if column_sums and num_tiles and k else None
     if num_tiles and k:
-        _launch_quantize(x2, m, k, num_tiles, row_off, tile_off, g, out, flags,
-                         sums and sums.tile_buffer(num_tiles), sums and sums.probs)
-    if sums:
-        out["column_sums"] = sums.totals(tile_off, g)
+        _launch_quantize(x2, m, k, num_tiles, row_off, tile_off, g, out, flags, tile_sums,
+                         probs)
+    if column_sums:
+        out["column_sums"] = member_sums(tile_sums, tile_off, g, k)
     out["offsets"] = row_off
     if columnwise:
         out["columnwise_data_offsets"] = tile_off * (_B * k)

@@ -28,7 +28,7 @@ from lowprec_moe.backends.cupy import launch_helpers as H
 from lowprec_moe.backends.cupy import splits_kernels, tables
 from lowprec_moe.backends.cupy.nvfp4_layout import TILE_ROWS as _TILE_ROWS
 from lowprec_moe.backends.cupy.nvfp4_layout import member_table
-from lowprec_moe.backends.cupy.reduce import segment_sum_tiles
+from lowprec_moe.backends.cupy.reduce import member_sums
 from lowprec_moe.backends.cupy.splits import max_row_tiles
 
 __all__ = [
@@ -236,12 +236,7 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
             row_data if rowwise else _NULL, row_scale if rowwise else _NULL,
             col_data if columnwise else _NULL, col_scale if columnwise else _NULL,
             _NULL if tile_sums is None else tile_sums, _NULL if probs is None else probs))
-    sums = None
-    if tile_sums is not None:  # segment_sum_tiles writes every element
-        sums = cp.empty((n_groups, k), dtype=cp.float32)
-        segment_sum_tiles(tile_sums, tile_off, sums)
-    elif column_sums:
-        sums = H.zeros(n_groups * k, cp.float32).reshape(n_groups, k)
+    sums = member_sums(tile_sums, tile_off, n_groups, k) if column_sums else None
     return dict(row_data=row_data, row_scale=row_scale, col_data=col_data, col_scale=col_scale,
                 amax_row=amax_row, amax_col=amax_col, cw_prefix=cw_prefix, row_off=row_off,
                 column_sums=sums)
@@ -296,17 +291,13 @@ def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: boo
 
     ``column_sums``: the same pass also sums every member's columns (the bias gradient when
     ``x`` is dy): ``column_sums`` float32 ``[G, K]``, ``sum over member g's rows of x`` (each
-    value times ``probs[row]`` first when ``probs``, float32 ``[M_total]``, is given), fp32 in a
-    fixed order (the rows of each 64-row tile in order, then the tiles in order), equal to
+    value times ``probs[row]`` first when ``probs``, a C-contiguous float32 CuPy array
+    ``[M_total]``, is given), fp32 in a fixed
+    order (the rows of each 64-row tile in order, then the tiles in order), equal to
     :func:`lowprec_moe.backends.numpy.reduce.grouped_colsum` to rounding.
     """
     x = _prep_input(x2d)
     m_total, k = (int(s) for s in x.shape)
-    if probs is not None:
-        _require_cupy(probs, "probs")
-        if tuple(probs.shape) != (m_total,):
-            raise ValueError(f"probs.shape={tuple(probs.shape)} must be ({m_total},)")
-        probs = H.cupy().ascontiguousarray(probs.astype(H.cupy().float32, copy=False))
     device = not isinstance(splits, (list, tuple, np.ndarray)) and hasattr(splits, "device")
     if device:
         if block_2d:

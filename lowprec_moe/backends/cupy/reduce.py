@@ -19,7 +19,7 @@ from lowprec_moe.backends.cupy import tables
 from lowprec_moe.backends.cupy.nvfp4_layout import TILE_ROWS as _NVFP4_TILE_ROWS
 from lowprec_moe.backends.cupy.splits import clamped_rows, row_tiles
 
-__all__ = ["MODULE", "ORDERS", "TILE_ROWS", "grouped_colsum", "segment_sum_tiles"]
+__all__ = ["MODULE", "ORDERS", "TILE_ROWS", "grouped_colsum", "member_sums", "segment_sum_tiles"]
 
 #: Kernel module (``raw_kernels/reduce/reduce.cu``).
 MODULE = "reduce"
@@ -113,3 +113,14 @@ def segment_sum_tiles(part, tile_off, out) -> None:
     H.kernel(MODULE, "lpm_segment_sum_tiles")(
         (-(-num_groups * n // _THREADS),), (_THREADS,),
         (part, np.int64(n), tile_off, np.int32(num_groups), out))
+
+
+def member_sums(tile_sums, tile_off, num_groups: int, n: int):
+    """float32 ``[G, N]``: the per-tile column sums a quantize launch wrote (``tile_sums``
+    ``[T, N]``, or None when it had no tiles) totalled per member in tile order."""
+    cp = H.cupy()
+    if tile_sums is None:
+        return H.zeros(num_groups * n, cp.float32).reshape(num_groups, n)
+    out = cp.empty((num_groups, n), dtype=cp.float32)  # every element written
+    segment_sum_tiles(tile_sums, tile_off, out)
+    return out
