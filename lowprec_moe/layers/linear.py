@@ -376,10 +376,16 @@ def _quantize_dy(dy, ctx: GroupedLinearContext, wire: bool, *, rowwise: bool, co
     options = recipe.grad_options(rowwise=rowwise, columnwise=columnwise,
                                   rht=ctx.x_rht and columnwise, seed=seed,
                                   first_member=ctx.first_expert)
+    return quantize_grad(dy, ctx.splits, options, column_sums=column_sums, probs=ctx.probs)
+
+
+def quantize_grad(dy, splits, options: dict, *, column_sums: bool, probs=None):
+    """``(GroupedTensor.quantize(dy, splits, **options), its per-expert column sums (* probs)
+    from the same pass, or None without column_sums)``: the quantized dy and the bias
+    gradient of a layer's backward (GroupedLinear, GroupedMLP's fc2)."""
     if column_sums:
-        return GroupedTensor.quantize_with_column_sums(dy, ctx.splits, probs=ctx.probs,
-                                                       **options)
-    return GroupedTensor.quantize(dy, ctx.splits, **options), None
+        return GroupedTensor.quantize_with_column_sums(dy, splits, probs=probs, **options)
+    return GroupedTensor.quantize(dy, splits, **options), None
 
 
 def expert_index(splits, xp, m: int):

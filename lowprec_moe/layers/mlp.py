@@ -53,7 +53,7 @@ from lowprec_moe.gemm import grouped_gemm_dgrad, grouped_gemm_fprop, grouped_gem
 from lowprec_moe.tensors.grouped_tensor import GroupedTensor
 from lowprec_moe.layers.linear import (_bias_grads, _check_recipe, _columnwise_only, _np_dtype, _quantize_x,
                      check_backward_dy, check_layer_splits, check_wire, claim_context,
-                     quantize_weight, saved_arrays)
+                     quantize_grad, quantize_weight, saved_arrays)
 from lowprec_moe.layers.recipe import Recipe
 
 __all__ = [
@@ -383,12 +383,9 @@ def grouped_mlp_backward(dy, ctx: GroupedMLPContext, *, seed: int | None = None)
             q = recipe.grad_options(rowwise=ctx.need_dz, columnwise=need_dw,
                                     rht=ctx.z_rht and need_dw, seed=seed,
                                     first_member=ctx.first_expert)
+            dyq, sums = quantize_grad(dy, splits, q, column_sums=fused_dbias, probs=probs)
             if fused_dbias:
-                dyq, sums = GroupedTensor.quantize_with_column_sums(dy, splits, probs=probs,
-                                                                    **q)
                 dfc2_bias = sums.astype(ctx.fc2_bias.dtype)
-            else:
-                dyq = GroupedTensor.quantize(dy, splits, **q)
         if ctx.need_dz:
             dz = grouped_gemm_dgrad(dyq, ctx.w2_saved, splits, out_dtype=dt)
         if need_dw:

@@ -26,7 +26,7 @@ from lowprec_moe import formats as F
 from lowprec_moe.backends.cupy import launch_helpers as H
 from lowprec_moe.backends.cupy import tables
 from lowprec_moe.backends.cupy.mxfp8 import tile_offsets, grouped_outputs
-from lowprec_moe.backends.cupy.reduce import segment_sum_tiles
+from lowprec_moe.backends.cupy.reduce import member_sums
 from lowprec_moe.backends.cupy import splits_kernels as SK
 from lowprec_moe.backends.cupy.splits import max_row_tiles
 
@@ -68,7 +68,7 @@ def _upload(rows, tiles):
     return tables.upload(rows, tiles)
 
 
-def _layout(cp, splits, m: int, mxfp8, amax):
+def _layout(cp, splits, m: int):
     """``(g_count, num_tiles, host rows / tiles or None, device row_off / tile_off or None)``.
 
     Device splits (a CuPy array): the tables are built on the device and the launch covers the
@@ -173,7 +173,7 @@ def activation_forward(h, splits, act, probs, f: int, *, mxfp8: dict | None = No
         h = cp.ascontiguousarray(h)
         name = _dtype(h)
         m, width = (int(v) for v in h.shape)
-        g_count, num_tiles, host, dev = _layout(cp, splits, m, mxfp8, amax)
+        g_count, num_tiles, host, dev = _layout(cp, splits, m)
         z = None
         if mxfp8 is not None and amax is not None:
             raise ValueError("amax applies to the layer-dtype output, not with mxfp8")
@@ -226,7 +226,7 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
         if _dtype(dz) != name:
             raise TypeError(f"dz.dtype={_dtype(dz)} must match h.dtype={name}")
         m, width = (int(v) for v in h.shape)
-        g_count, num_tiles, host, dev = _layout(cp, splits, m, mxfp8, amax)
+        g_count, num_tiles, host, dev = _layout(cp, splits, m)
         f_tiles = H.cdiv(f, 16 * _VEC[name]) if f else 0
         dh = cp.empty((m, width), dtype=h.dtype) if want_dh else None
         parts, flags = {}, 0
@@ -265,11 +265,10 @@ def activation_backward(dz, h, splits, act, probs, f: int, *, want_dh: bool,
                     (dprobs_part, np.int64(f_tiles), np.int64(m), dprobs))
         dbias = None
         if want_dbias:
-            dbias = cp.zeros((g_count, width), dtype=cp.float32)
-            if num_tiles and width:
-                if tile_off is None:
-                    tile_off = dev[1] if dev is not None else _upload(*host)[1]
-                segment_sum_tiles(colsum_part, tile_off, dbias)
+            has_tiles = bool(num_tiles and width)
+            if has_tiles and tile_off is None:
+                tile_off = dev[1] if dev is not None else _upload(*host)[1]
+            dbias = member_sums(colsum_part if has_tiles else None, tile_off, g_count, width)
         if mxfp8 is not None:
             _mx_offsets(parts, width, host[1] if dev is None else dev[1])
             if dev is not None:

@@ -149,7 +149,7 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
         n_tiles = max_row_tiles(m_total, n_groups, _TILE_ROWS) * n_ct
         g_arg = n_groups
     elif grouped:
-        offsets, cw_prefix, tile_prefix = member_table(splits, padded_tiles=columnwise)
+        offsets, cw_prefix, tile_prefix = member_table(splits)
         cw_total = int(cw_prefix[-1])
         n_tiles = int(tile_prefix[-1]) * n_ct
         (meta,) = tables.upload(np.concatenate([offsets, cw_prefix, tile_prefix]))
@@ -158,7 +158,7 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
     else:  # one member of m_total rows: no table
         cw_total = _roundup(m_total, _B)
         cw_prefix = None
-        n_tiles = H.cdiv(cw_total if columnwise else m_total, _TILE_ROWS) * n_ct
+        n_tiles = H.cdiv(m_total, _TILE_ROWS) * n_ct  # (padding to 16 adds no 64-row tile)
         meta = _NULL
         g_arg = 0
     m_single = _i64(m_total)
@@ -469,7 +469,7 @@ def grouped_dequantize_nvfp4(gt, direction: str):
     data = _prep_bytes(gt.columnwise_data, "columnwise_data")
     scale = _prep_bytes(gt.columnwise_scale, "columnwise_scale", align=1)
     amax = _prep_amax(gt.amax_columnwise)
-    offsets, cw_prefix, tile_prefix = member_table(splits, padded_tiles=False)
+    offsets, cw_prefix, tile_prefix = member_table(splits)
     if int(cw_prefix[-1]) * k // 2 != data.size or int(cw_prefix[-1]) * k // _B != scale.size:
         raise ValueError("columnwise buffers do not match the splits and K of this GroupedTensor")
     (meta,) = tables.upload(np.concatenate([offsets, cw_prefix, tile_prefix]))

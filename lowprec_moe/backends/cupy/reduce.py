@@ -85,9 +85,8 @@ def grouped_colsum(a, splits, probs=None, *, like=None):
         else:
             tiles, tile_off = _tiles(splits, tile_rows)
             num_groups, num_tiles = len(tile_off) - 1, len(tiles) // 2
-        out = cp.zeros((num_groups, n), dtype=cp.float32)
         if num_tiles == 0 or n == 0:
-            return out
+            return member_sums(None, None, num_groups, n)
         if not isinstance(splits, cp.ndarray):
             d_tiles, d_tile_off = tables.upload(tiles, tile_off)
         part = cp.empty((num_tiles, n), dtype=cp.float32)
@@ -95,8 +94,7 @@ def grouped_colsum(a, splits, probs=None, *, like=None):
             (num_tiles, -(-n // _THREADS)), (_THREADS,),
             (a, np.uint64(0) if probs is None else probs, np.int64(n), d_tiles, part,
              np.int32(interleave)))
-        segment_sum_tiles(part, d_tile_off, out)
-        return out
+        return member_sums(part, d_tile_off, num_groups, n)
 
 
 def segment_sum_tiles(part, tile_off, out) -> None:
