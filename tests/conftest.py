@@ -92,6 +92,27 @@ def assert_quantized_equal(a, b, what: str = "") -> None:
         assert_bytes_equal(getattr(a, f), getattr(b, f), f"{what} {f}")
 
 
+def assert_colsums_close(sums, x, splits, probs=None, what: str = "") -> None:
+    """Per-member column sums of ``x`` (times ``probs``) within float32 summation error of the
+    float64 sums of the float32 products (any fp32 order: |error| <= rows * 2^-24 * sum |w|);
+    members without rows give exact zeros."""
+    sums = to_host(sums)
+    assert sums.dtype == np.float32 and sums.shape == (len(splits), x.shape[1]), what
+    w = np.asarray(x).astype(np.float32)
+    if probs is not None:
+        w = w * np.asarray(probs, np.float32)[:, None]  # the fp32 products both backends sum
+    offs = np.concatenate([[0], np.cumsum(splits)]).astype(np.int64)
+    for g in range(len(splits)):
+        part = w[offs[g]:offs[g + 1]].astype(np.float64)
+        if part.shape[0] == 0:
+            assert not sums[g].any(), f"{what} member {g} has no rows: its sums must be zeros"
+            continue
+        bound = part.shape[0] * 2.0**-24 * np.abs(part).sum(axis=0)
+        err = np.abs(sums[g].astype(np.float64) - part.sum(axis=0))
+        assert (err <= bound).all(), f"{what} member {g}: max error {err.max()} (first bad " \
+                                     f"column {int(np.argmax(err > bound))})"
+
+
 # ------------------------------------------------------------------ host data for GPU tests
 def host_dtype(name: str):
     """NumPy dtype of a layer-dtype name ("float32", "float16", "bfloat16")."""

@@ -6,7 +6,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from conftest import assert_bytes_equal, to_host
+from conftest import assert_bytes_equal, assert_colsums_close, to_host
 from lowprec_moe.backends.numpy.reduce import grouped_colsum as ref_colsum
 
 _DTYPES = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}
@@ -35,20 +35,9 @@ def test_matches_float64_sums(xp, dtype, with_probs, like):
     m, n = sum(splits), 333
     a = _data(m, n, dtype)
     p = np.random.default_rng(1).random(m).astype(np.float32) if with_probs else None
-    out = to_host(_colsum(xp)(xp.asarray(a), splits, None if p is None else xp.asarray(p),
-                              like=like))
-    assert out.dtype == np.float32 and out.shape == (len(splits), n)
-    offs = np.concatenate([[0], np.cumsum(splits)])
-    a32 = a.astype(np.float32)
-    w = a32 if p is None else (a32 * p[:, None])  # the fp32 products both backends sum
-    for g in range(len(splits)):
-        exact = w[offs[g]:offs[g + 1]].astype(np.float64).sum(axis=0)
-        # any fp32 summation order: |error| <= (rows - 1) * 2^-24 * sum |w|
-        rows = max(splits[g], 1)
-        bound = rows * 2.0**-24 * np.abs(w[offs[g]:offs[g + 1]]).astype(np.float64).sum(axis=0)
-        err = np.abs(out[g].astype(np.float64) - exact)
-        assert (err <= bound).all(), f"expert {g}: max error {err.max()} (first bad column " \
-                                      f"{int(np.argmax(err > bound))})"
+    out = _colsum(xp)(xp.asarray(a), splits, None if p is None else xp.asarray(p), like=like)
+    assert_colsums_close(out, a, splits, p)
+    out = to_host(out)
     assert not out[0].any() and not out[4].any(), "empty experts must give exact zeros"
 
 

@@ -10,7 +10,8 @@ import pytest
 
 import lowprec_moe as lpm
 
-from conftest import assert_bytes_equal, capture_graph, random_splits, requires_gpu
+from conftest import (assert_bytes_equal, assert_quantized_equal, capture_graph, random_splits,
+                      requires_gpu)
 
 pytestmark = [pytest.mark.gpu, requires_gpu]
 
@@ -23,18 +24,12 @@ _OPTIONS = [
                    first_member=3)),
     ("nvfp4", dict(rowwise=True, columnwise=True, row_scaled=True)),
 ]
-_FIELDS = ("rowwise_data", "rowwise_scale", "columnwise_data", "columnwise_scale",
-           "columnwise_data_offsets", "columnwise_scale_offsets", "amax_rowwise",
-           "amax_columnwise", "offsets")
-
-
 def _assert_same(got, want, what):
+    """Every stored array (conftest's assert_quantized_equal) and the layout fields."""
     assert got.splits == want.splits, what
-    for f in _FIELDS:
-        a, b = getattr(got, f), getattr(want, f)
-        assert (a is None) == (b is None), f"{what}: {f}"
-        if a is not None:
-            assert_bytes_equal(a, b, f"{what}: {f}")
+    assert_quantized_equal(got, want, what)
+    for f in ("columnwise_data_offsets", "columnwise_scale_offsets", "offsets"):
+        assert_bytes_equal(getattr(got, f), getattr(want, f), f"{what}: {f}")
 
 
 def _x(cp, rng, m, k, dtype):
