@@ -175,7 +175,7 @@ def grouped_linear_forward(x, splits, weight, bias=None, *, recipe: Recipe, prob
         V.check_array("x", x)
         x = V.as_2d(x)
         m, k = x.shape
-        splits = check_layer_splits(splits, m, recipe, x)
+        splits = check_layer_splits(splits, m, x)
         x_dtype = V.dtype_name(x.dtype)
         arrays = [x, weight, bias, probs]
     _check_weight(weight, bias, probs, len(splits), m, k, arrays)
@@ -216,7 +216,7 @@ def grouped_linear_forward(x, splits, weight, bias=None, *, recipe: Recipe, prob
     return y, ctx
 
 
-def check_layer_splits(splits, m: int, recipe: Recipe, x):
+def check_layer_splits(splits, m: int, x):
     """Host splits checked against ``m`` (a tuple), or device splits of a GPU layer (the
     layer's own int64 copy, which its backward reads even if the caller refills its buffer;
     their values are not read, NUMERICS §7.5)."""

@@ -259,7 +259,7 @@ def grouped_mlp_forward(x, splits, fc1_weight, fc2_weight, fc1_bias=None, fc2_bi
         V.check_array("x", x)
         x = V.as_2d(x)
         m, k = (int(v) for v in x.shape)
-        splits = check_layer_splits(splits, m, recipe, x)
+        splits = check_layer_splits(splits, m, x)
         dtype = V.dtype_name(x.dtype)
         x_arrays = [x]
     n1, n2, f = _check_weights(fc1_weight, fc2_weight, fc1_bias, fc2_bias, probs, act,

@@ -5,10 +5,12 @@
 // lowprec_moe/backends/cupy/splits_kernels.py.
 //
 // lpm_splits_offsets (one CTA): the splits clamped so that no row outside [0, M) is ever
-// addressed -- each count cut to [0, M], the running end cut at M -- as row offsets row_off
-// [G+1] (expert g owns rows row_off[g] .. row_off[g+1]-1) and tile offsets tile_off [G+1] of
-// tiles of `rows_per_tile` rows (expert g owns tiles tile_off[g] .. tile_off[g+1]-1). Two block
-// scans over G; G may exceed the CTA's threads (each thread takes a run of experts).
+// addressed -- each count cut to [0, M], the running end cut at M -- as row offsets out[0]
+// [G+1] (expert g owns rows out[0][g] .. out[0][g+1]-1) and up to kMaxTileTables tile-offset
+// tables out[j+1] [G+1]: the offsets of tiles of rows_j rows (expert g owns tiles
+// out[j+1][g] / unit_j .. out[j+1][g+1] / unit_j - 1), times unit_j (the tiles' size in the
+// caller's units: rows, bytes). One launch writes every table a call needs. Block scans over G;
+// G may exceed the CTA's threads (each thread takes a run of experts).
 //
 // lpm_gemm_split_tables: from those offsets, the grouped GEMM's descriptor table desc [G, 16] =
 // static + row0 * coef[0] + rows * coef[1] (per word), plus blk0 * coef[2] + blks * coef[3] when
@@ -24,6 +26,7 @@ namespace {
 
 constexpr int kSplitsThreads = 256;
 constexpr int kDescWords = 16;
+constexpr int kMaxTileTables = 4;  // tile-offset tables of one lpm_splits_offsets launch
 
 // Exclusive scan of one value per thread over the CTA (serial over the partials: the CTA is
 // small and this runs once per call). Every thread of the CTA must call it.
@@ -56,8 +59,9 @@ __device__ __forceinline__ long long clamped_split(const void* splits, int is64,
 
 extern "C" __global__ void __launch_bounds__(kSplitsThreads)
     lpm_splits_offsets(const void* __restrict__ splits, int is64, long long G, long long M,
-                       long long rows_per_tile, long long* __restrict__ row_off,
-                       long long* __restrict__ tile_off) {
+                       int n_tables, long long rows0, long long unit0, long long rows1,
+                       long long unit1, long long rows2, long long unit2, long long rows3,
+                       long long unit3, long long* __restrict__ out) {
     // thread t takes experts g0 .. g1 - 1
     const long long per = (G + kSplitsThreads - 1) / kSplitsThreads;
     const long long g0 = static_cast<long long>(threadIdx.x) * per;
@@ -65,29 +69,33 @@ extern "C" __global__ void __launch_bounds__(kSplitsThreads)
     long long local = 0;
     for (long long g = g0; g < g1; ++g) local += clamped_split(splits, is64, g, M);
     const long long first = block_exclusive_scan(local);  // rows before g0, before the cut
-    // row offsets (the running end cut at M) and this thread's tile count
-    long long run = first, prev = first < M ? first : M, tiles_local = 0;
+    const long long start = first < M ? first : M;         // where expert g0 starts
+    // row offsets: the running end cut at M
+    long long* row_off = out;
+    long long run = first;
     for (long long g = g0; g < g1; ++g) {
         run += clamped_split(splits, is64, g, M);
-        const long long end = run < M ? run : M;
-        row_off[g + 1] = end;
-        tiles_local += (end - prev + rows_per_tile - 1) / rows_per_tile;
-        prev = end;
+        row_off[g + 1] = run < M ? run : M;
     }
-    long long t = block_exclusive_scan(tiles_local);
-    run = first;
-    prev = first < M ? first : M;
-    for (long long g = g0; g < g1; ++g) {
-        run += clamped_split(splits, is64, g, M);
-        const long long end = run < M ? run : M;
-        t += (end - prev + rows_per_tile - 1) / rows_per_tile;
-        tile_off[g + 1] = t;
-        prev = end;
+    for (int j = 0; j < n_tables && j < kMaxTileTables; ++j) {  // n_tables is uniform
+        const long long rows = j == 0 ? rows0 : j == 1 ? rows1 : j == 2 ? rows2 : rows3;
+        const long long unit = j == 0 ? unit0 : j == 1 ? unit1 : j == 2 ? unit2 : unit3;
+        long long* tile_off = out + (j + 1) * (G + 1);
+        long long prev = start, tiles_local = 0;
+        for (long long g = g0; g < g1; ++g) {  // (this thread's own row_off writes)
+            tiles_local += (row_off[g + 1] - prev + rows - 1) / rows;
+            prev = row_off[g + 1];
+        }
+        long long t = block_exclusive_scan(tiles_local);
+        prev = start;
+        for (long long g = g0; g < g1; ++g) {
+            t += (row_off[g + 1] - prev + rows - 1) / rows;
+            tile_off[g + 1] = t * unit;
+            prev = row_off[g + 1];
+        }
+        if (threadIdx.x == 0) tile_off[0] = 0;
     }
-    if (threadIdx.x == 0) {
-        row_off[0] = 0;
-        tile_off[0] = 0;
-    }
+    if (threadIdx.x == 0) row_off[0] = 0;
 }
 
 extern "C" __global__ void __launch_bounds__(kSplitsThreads)

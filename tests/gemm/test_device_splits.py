@@ -183,9 +183,7 @@ def test_expert_of_rows_and_colsum_tiles_match_the_host():
 
 
 def test_layer_refuses_device_splits_with_host_tokens(monkeypatch):
-    """Device splits need device tokens, whatever the recipe; checked before any array is
-    touched."""
-    import lowprec_moe as lpm
+    """Device splits need device tokens; checked before any array is touched."""
     import lowprec_moe.layers.linear as L
 
     class DeviceSplits:  # stands for a cupy array: only is_cupy_array looks at it
@@ -193,9 +191,17 @@ def test_layer_refuses_device_splits_with_host_tokens(monkeypatch):
 
     monkeypatch.setattr(L, "is_cupy_array", lambda a: isinstance(a, DeviceSplits))
     x = np.zeros((4, 32), np.float32)
-    for recipe in (lpm.Recipe.nvfp4(), lpm.Recipe.mxfp8(), lpm.Recipe.bf16()):
-        with pytest.raises(TypeError, match="numpy"):
-            L.check_layer_splits(DeviceSplits(), 4, recipe, x)
+    with pytest.raises(TypeError, match="numpy"):
+        L.check_layer_splits(DeviceSplits(), 4, x)
+
+
+def test_one_offsets_launch_takes_one_to_four_tile_tables():
+    """The launcher refuses a table count the kernel cannot write, before touching the GPU."""
+    from lowprec_moe.backends.cupy import splits_kernels as SK
+
+    for tables in ((), (16, 32, 64, 128, 256)):
+        with pytest.raises(ValueError, match="one to 4 tile tables"):
+            SK.offsets(None, 10, *tables)
 
 
 def test_member_tables_match_the_activation_host_tables():

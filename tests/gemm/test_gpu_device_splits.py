@@ -243,13 +243,22 @@ def test_split_table_kernels_equal_their_twins(g, dtype):
         want_rows, want_tiles = member_tables(np, s, m, bm)
         assert_bytes_equal(row_off, want_rows, f"row offsets, case {case}")
         assert_bytes_equal(tile_off, want_tiles, f"tile offsets, case {case}")
+        # every table of one launch (the NVFP4 member table's four), with units
+        specs = ((16, 16), 64, (16, 8 * 96), (16, 96))
+        tabs = SK.offsets(ds, m, *specs)
+        assert tabs.shape == (5, g + 1) and tabs.flags.c_contiguous
+        assert_bytes_equal(tabs[0], want_rows, f"row offsets of four tables, case {case}")
+        for j, (rows, unit) in enumerate(sp if isinstance(sp, tuple) else (sp, 1)
+                                         for sp in specs):
+            assert_bytes_equal(tabs[j + 1], member_tables(np, s, m, rows)[1] * unit,
+                               f"tile table {j} ({rows} rows x {unit}), case {case}")
         entries = DS.max_row_tiles(m, g, bm)
         desc, tiles = SK.gemm_tables(row_off, tile_off, m, cp.asarray(static), cp.asarray(coef),
                                      bm, entries)
         row0, rows = DS.clamped_rows(np, s, m)
         assert_bytes_equal(desc, DS.device_descriptors(np, static, coef, row0, rows),
                            f"descriptors, case {case}")
-        _, blk_off = SK.offsets(ds, m, block)
+        blk_off = SK.offsets(ds, m, bm, block)[2]
         desc_b, _ = SK.gemm_tables(row_off, tile_off, m, cp.asarray(static), cp.asarray(coef),
                                    bm, None, blk_off=blk_off)
         blk0, blks = DS.block_counts(np, rows, block)

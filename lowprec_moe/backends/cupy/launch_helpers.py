@@ -26,13 +26,17 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def kernel(module: str, name: str):
+def kernel(module: str, name: str, source=None):
     """:func:`lowprec_moe.kernels.get_function` memoized per (device, module, kernel): the
-    loader's own lookup costs more on the hot path."""
+    loader's own lookup costs more on the hot path.
+
+    ``source``: for a generated module, a callable returning its text (called on a miss only);
+    a module's text must not change between calls in a process."""
     key = (cupy().cuda.runtime.getDevice(), module, name)
     fn = _kernels.get(key)
     if fn is None:
-        fn = _kernels[key] = kernels.get_function(module, name)
+        text = None if source is None else source(module)
+        fn = _kernels[key] = kernels.get_function(module, name, text)
     return fn
 
 

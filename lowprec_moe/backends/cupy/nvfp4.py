@@ -138,18 +138,21 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
     n_ct = H.cdiv(k, tile_cols)
     row_off = None
     if grouped and not isinstance(splits, (list, tuple, np.ndarray)):
-        # device splits: the member table built on the device, sizes for any split of M rows
-        row_off, tiles16 = splits_kernels.offsets(splits, m_total, _B)
-        _, tiles64 = splits_kernels.offsets(splits, m_total, _TILE_ROWS)
-        cw_prefix = tiles16 * _B
-        meta = cp.concatenate([row_off, cw_prefix, tiles64])
-        tile_off = tiles64
+        # device splits: the member table [row offsets, rows padded to 16, 64-row tiles] and
+        # the columnwise data / scale offsets, built on the device in one launch; sizes for
+        # any split of M rows
+        member = splits_kernels.offsets(splits, m_total, (_B, _B), _TILE_ROWS,
+                                        (_B, _B * k // 2), (_B, k))
+        row_off, tile_off = member[0], member[2]
+        meta = member[:3].reshape(-1)
+        col_offsets = (member[3], member[4])
         cw_total = _B * max_row_tiles(m_total, n_groups, _B)
         # a member's 64-row tiles cover its rows rounded up to 16 (or 64): at most this many
         n_tiles = max_row_tiles(m_total, n_groups, _TILE_ROWS) * n_ct
         g_arg = n_groups
     elif grouped:
         offsets, cw_prefix, tile_prefix = member_table(splits)
+        col_offsets = (cw_prefix * (k // 2), cw_prefix * (k // _B)) if columnwise else None
         cw_total = int(cw_prefix[-1])
         n_tiles = int(tile_prefix[-1]) * n_ct
         (meta,) = tables.upload(np.concatenate([offsets, cw_prefix, tile_prefix]))
@@ -157,7 +160,7 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
         g_arg = n_groups
     else:  # one member of m_total rows: no table
         cw_total = _roundup(m_total, _B)
-        cw_prefix = None
+        col_offsets = None
         n_tiles = H.cdiv(m_total, _TILE_ROWS) * n_ct  # (padding to 16 adds no 64-row tile)
         meta = _NULL
         g_arg = 0
@@ -238,7 +241,7 @@ def _quantize_core(x, splits, *, grouped: bool, member_base: int, rowwise: bool,
             _NULL if tile_sums is None else tile_sums, _NULL if probs is None else probs))
     sums = member_sums(tile_sums, tile_off, n_groups, k) if column_sums else None
     return dict(row_data=row_data, row_scale=row_scale, col_data=col_data, col_scale=col_scale,
-                amax_row=amax_row, amax_col=amax_col, cw_prefix=cw_prefix, row_off=row_off,
+                amax_row=amax_row, amax_col=amax_col, col_offsets=col_offsets, row_off=row_off,
                 column_sums=sums)
 
 
@@ -324,11 +327,9 @@ def grouped_quantize_nvfp4(x2d, splits, *, rowwise: bool = True, columnwise: boo
         out["rowwise_data"] = r["row_data"]
         out["rowwise_scale"] = r["row_scale"]
     if columnwise:
-        cwp = r["cw_prefix"]
         out["columnwise_data"] = r["col_data"]
         out["columnwise_scale"] = r["col_scale"]
-        out["columnwise_data_offsets"] = cwp * (k // 2)
-        out["columnwise_scale_offsets"] = cwp * (k // _B)
+        out["columnwise_data_offsets"], out["columnwise_scale_offsets"] = r["col_offsets"]
     if rowwise:
         out["amax_rowwise"] = r["amax_row"]
     if columnwise:

@@ -1,7 +1,8 @@
 """Launchers of ``raw_kernels/layouts/splits.cu``: the grouped GEMM's tables from device splits
 in two launches (NumPy / CuPy twins: :mod:`.splits`, :mod:`.gemm.device_splits`).
 
-* :func:`offsets` -- clamped row offsets and tile offsets ``[G+1]`` (one CTA);
+* :func:`offsets` -- clamped row offsets and up to four tile-offset tables ``[G+1]`` (one CTA,
+  one launch);
 * :func:`gemm_tables` -- the descriptor table (affine in each expert's first row, row count
   and, for block-padded quantized operands, block counts) and, for an M-grouped launch, the
   padded tile table.
@@ -20,11 +21,24 @@ MODULE = "splits"
 THREADS = 256
 #: words per descriptor (kDescWords)
 DESC_WORDS = 16
+#: tile-offset tables one offsets launch writes (kMaxTileTables)
+MAX_TILE_TABLES = 4
 
 
-def offsets(splits, m_total: int, rows_per_tile: int):
-    """``(row_off, tile_off)``: int64 device arrays ``[G+1]`` of the clamped splits (as
-    :func:`lowprec_moe.backends.cupy.splits.member_tables`)."""
+def offsets(splits, m_total: int, *tables):
+    """Row offsets and tile offsets of device splits, in one launch: int64 ``[1 + T, G+1]``.
+
+    Row 0 holds the clamped row offsets; row ``j + 1`` the tile offsets of ``tables[j]``, either
+    ``rows_per_tile`` or a pair ``(rows_per_tile, unit)``: the tile offsets times ``unit`` (1
+    when not given). Each row equals :func:`lowprec_moe.backends.cupy.splits.member_tables`'
+    (times the unit); the rows are one contiguous buffer.
+    """
+    if not 1 <= len(tables) <= MAX_TILE_TABLES:
+        raise ValueError(f"tables={tables!r}: one to {MAX_TILE_TABLES} tile tables per launch")
+    specs = [t if isinstance(t, tuple) else (t, 1) for t in tables]
+    words = []
+    for rows, unit in specs + [(1, 0)] * (MAX_TILE_TABLES - len(specs)):
+        words += [np.int64(rows), np.int64(unit)]
     import cupy as cp
 
     if splits.dtype == np.int64 or splits.dtype == np.int32:
@@ -32,12 +46,11 @@ def offsets(splits, m_total: int, rows_per_tile: int):
     else:
         s = cp.ascontiguousarray(splits.astype(cp.int64))
     g = int(s.size)
-    row_off = cp.empty(g + 1, dtype=cp.int64)
-    tile_off = cp.empty(g + 1, dtype=cp.int64)
+    out = cp.empty((1 + len(specs), g + 1), dtype=cp.int64)
     H.kernel(MODULE, "lpm_splits_offsets")(
         (1,), (THREADS,), (s, np.int32(s.dtype == np.int64), np.int64(g), np.int64(m_total),
-                           np.int64(rows_per_tile), row_off, tile_off))
-    return row_off, tile_off
+                           np.int32(len(specs)), *words, out))
+    return out
 
 
 def gemm_tables(row_off, tile_off, m_total: int, static_desc, coef, bm: int,

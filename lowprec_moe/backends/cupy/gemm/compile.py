@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
-from lowprec_moe import kernels
+from lowprec_moe.backends.cupy import launch_helpers
 from lowprec_moe.backends.cupy.gemm.configs import module_source, modules
 from lowprec_moe.backends.cupy.gemm.select import ALL_CONFIGS
 
@@ -26,23 +26,10 @@ def source(module: str) -> str:
     return module_source(module, ALL_CONFIGS)
 
 
-_handles: dict = kernels.handle_table()
-
-
 def kernel_function(module: str, name: str):
-    """The compiled kernel ``name`` of ``module`` on the current device, memoized per (device,
-    module, kernel): the loader's own lookup costs more on the hot path."""
-    import cupy as cp  # noqa: PLC0415
-
-    key = (cp.cuda.runtime.getDevice(), module, name)
-    fn = _handles.get(key)
-    if fn is None:
-        if module in GENERATED:
-            fn = kernels.get_function(module, name, source(module))
-        else:
-            fn = kernels.get_function(module, name)
-        _handles[key] = fn
-    return fn
+    """The compiled kernel ``name`` of ``module`` on the current device (memoized per device,
+    module and kernel by :func:`~lowprec_moe.backends.cupy.launch_helpers.kernel`)."""
+    return launch_helpers.kernel(module, name, source if module in GENERATED else None)
 
 
 def write_sources(directory: str | Path) -> list[Path]:

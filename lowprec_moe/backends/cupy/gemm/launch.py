@@ -269,8 +269,9 @@ def _device_tables_of_call(p, prep):
     device from ``p.device_splits`` in two launches (``raw_kernels/layouts/splits.cu``; NumPy
     twins in :mod:`.device_splits`); nothing is read back."""
     bm, block = prep["launch"].bm, prep["block"]
-    row_off, tile_off = SK.offsets(p.device_splits, p.m_total, bm)
-    blk_off = SK.offsets(p.device_splits, p.m_total, block)[1] if block else None
+    tabs = SK.offsets(p.device_splits, p.m_total, bm, *((block,) if block else ()))
+    row_off, tile_off = tabs[0], tabs[1]
+    blk_off = tabs[2] if block else None
     m_grouped = prep["tiles"] is None
     desc, tiles = SK.gemm_tables(row_off, tile_off, p.m_total, *prep["coefs"], bm,
                                  DS.max_row_tiles(p.m_total, p.num_groups, bm) if m_grouped
