@@ -33,12 +33,7 @@ def offsets(splits, m_total: int, *tables):
     when not given). Each row equals :func:`lowprec_moe.backends.cupy.splits.member_tables`'
     (times the unit); the rows are one contiguous buffer.
     """
-    if not 1 <= len(tables) <= MAX_TILE_TABLES:
-        raise ValueError(f"tables={tables!r}: one to {MAX_TILE_TABLES} tile tables per launch")
-    specs = [t if isinstance(t, tuple) else (t, 1) for t in tables]
-    words = []
-    for rows, unit in specs + [(1, 0)] * (MAX_TILE_TABLES - len(specs)):
-        words += [np.int64(rows), np.int64(unit)]
+    words = _table_words(tables)
     import cupy as cp
 
     if splits.dtype == np.int64 or splits.dtype == np.int32:
@@ -46,11 +41,30 @@ def offsets(splits, m_total: int, *tables):
     else:
         s = cp.ascontiguousarray(splits.astype(cp.int64))
     g = int(s.size)
-    out = cp.empty((1 + len(specs), g + 1), dtype=cp.int64)
+    out = cp.empty((len(tables) + 1, g + 1), dtype=cp.int64)
     H.kernel(MODULE, "lpm_splits_offsets")(
         (1,), (THREADS,), (s, np.int32(s.dtype == np.int64), np.int64(g), np.int64(m_total),
-                           np.int32(len(specs)), *words, out))
+                           *words, out))
     return out
+
+
+_words_of: dict = {}
+
+
+def _table_words(tables: tuple) -> tuple:
+    """The kernel's table arguments (count, then rows / unit pairs), memoized: a call's
+    host time is what device splits cost."""
+    words = _words_of.get(tables)
+    if words is None:
+        if not 1 <= len(tables) <= MAX_TILE_TABLES:
+            raise ValueError(f"tables={tables!r}: one to {MAX_TILE_TABLES} tile tables per "
+                             "launch")
+        specs = [t if isinstance(t, tuple) else (t, 1) for t in tables]
+        flat = [np.int32(len(specs))]
+        for rows, unit in specs + [(1, 0)] * (MAX_TILE_TABLES - len(specs)):
+            flat += [np.int64(rows), np.int64(unit)]
+        words = _words_of[tables] = tuple(flat)
+    return words
 
 
 def gemm_tables(row_off, tile_off, m_total: int, static_desc, coef, bm: int,
