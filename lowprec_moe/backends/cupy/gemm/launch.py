@@ -35,7 +35,6 @@ Which kernel runs is decided by :mod:`.select` over the config tables of :mod:`.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 from collections import OrderedDict
 
@@ -200,6 +199,23 @@ def _row_block(p) -> int:
     return 0 if p.fmt == "hp" else quant_formats.get(p.fmt).block
 
 
+def _device_splits_config(p, kernel: str):
+    """``(plan, probes, config)`` of a device-splits problem: the plan of an even split of M,
+    the ``(problem, plan)`` of every probe split, and the kernel config ranked on the even
+    split among those that compute every probe. Raises ``NotImplementedError`` for bf16 / fp16
+    token rows the device-split kernels cannot address."""
+    g, m = p.num_groups, p.m_total
+    p_even = DS.nominal_problem(p, [m // g] * (g - 1) + [m - (g - 1) * (m // g)])
+    pl = plan(p_even)
+    if p.fmt == "hp":
+        token_ops = (pl.a, pl.b) if p.mode == "wgrad" else (pl.a,)
+        if any(int(op.ld[0]) % 16 or _ptr(op.data) % 16 for op in token_ops):
+            raise NotImplementedError("device splits need token rows of whole 16-byte chunks "
+                                      "(row bytes and the array's address multiples of 16)")
+    probes = DS.probe_plans(p)
+    return pl, probes, choose_kernel(p_even, pl, kernel=kernel, probes=probes).config
+
+
 def _prepare_device_splits(p, arrays, kernel: str):
     """Launch configuration of a problem with device splits, cached by its signature: the
     kernel config (ranked on an even split of M among the configs that compute every probe
@@ -212,18 +228,8 @@ def _prepare_device_splits(p, arrays, kernel: str):
         hit = _prepared_device.get(key)
     if hit is not None:
         return hit
-    even = [m // g] * (g - 1) + [m - (g - 1) * (m // g)]
-    p_even = DS.nominal_problem(p, even)
-    pl = plan(p_even)
+    pl, probes, launch = _device_splits_config(p, kernel)
     a, b = pl.a, pl.b
-    if p.fmt == "hp":
-        token_ops = (a, b) if p.mode == "wgrad" else (a,)
-        if any(int(op.ld[0]) % 16 or _ptr(op.data) % 16 for op in token_ops):
-            raise NotImplementedError("device splits need token rows of whole 16-byte chunks "
-                                      "(row bytes and the array's address multiples of 16)")
-    probes = DS.probe_plans(p)
-    choice = choose_kernel(p_even, pl, kernel=kernel, probes=probes)
-    launch = choice.config
     block = _row_block(p)
     # the solve plans the same probe splits: reuse their plans
     planned = {tuple(q.splits): ql for q, ql in probes}
@@ -369,11 +375,8 @@ def kernel_info(p, kernel: str = "auto") -> dict:
     benchmarks."""
     if kernel == "auto":
         kernel = config.gemm_options().kernel
-    if p.device_splits is not None:  # chosen as the launch does (see _prepare_device_splits)
-        g, m = p.num_groups, p.m_total
-        probes = DS.probe_plans(p)
-        p = DS.nominal_problem(p, [m // g] * (g - 1) + [m - (g - 1) * (m // g)])
-        c = choose_kernel(p, plan(p), kernel=kernel, probes=probes).config
+    if p.device_splits is not None:  # chosen as the launch does
+        c = _device_splits_config(p, kernel)[2]
     else:
         c = choose_kernel(p, plan(p), kernel=kernel).config
     if c.simt:
