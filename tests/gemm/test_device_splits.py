@@ -138,6 +138,21 @@ def test_tile_table_lists_the_host_tiles_then_empty_entries(bm, g, m):
         assert np.all(pad[:, 1] * bm >= m) and np.all(pad[:, 0] == 0)
 
 
+@pytest.mark.parametrize("g,m", [(1, 37), (4, 512), (7, 300), (3, 0), (16, 1)])
+def test_probe_splits_are_the_edge_cases_once_then_random_splits(g, m):
+    """Every probe splits M among G experts; the edge cases (all rows in one expert, an even
+    split, a one-row expert) are planned once, then six solving and four checking splits."""
+    from lowprec_moe.backends.cupy.gemm.device_splits import probe_splits
+
+    probes = probe_splits(g, m)
+    n_edges = 4 if g == 1 else (5 if m >= 1 else 3)
+    assert len(probes) == n_edges + 6 + 4
+    for s in probes:
+        assert s.dtype == np.int64 and s.shape == (g,) and (s >= 0).all()
+        assert s.sum() == m or g == 1
+    assert [int(v) for v in probes[0]] == [m] + [0] * (g - 1)
+
+
 def test_max_row_tiles_is_the_worst_split():
     rng = np.random.default_rng(3)
     for g, m, bm in [(8, 1000, 128), (3, 5, 64), (16, 4096, 128), (1, 77, 32)]:

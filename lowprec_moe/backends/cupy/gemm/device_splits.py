@@ -37,21 +37,25 @@ __all__ = ["affine_descriptors", "block_counts", "clamped_rows", "device_descrip
            "probe_splits"]
 
 
-def _probe_splits(g: int, m_total: int, seed: int, count: int) -> list[np.ndarray]:
+def _probe_splits(g: int, m_total: int, seed: int, count: int, *,
+                  edges: bool = True) -> list[np.ndarray]:
     """Splits of ``m_total`` rows over ``g`` experts that vary every expert's first row, row
-    count and block count: the edge cases, then ``count`` random ones (a fixed seed). One
-    expert has one valid split, so its probes are counts up to ``m_total`` (device splits that
-    sum to less than M leave rows unowned, and its row count must still be read)."""
+    count and block count: the edge cases (with ``edges``), then ``count`` random ones (a fixed
+    seed). One expert has one valid split, so its probes are counts up to ``m_total`` (device
+    splits that sum to less than M leave rows unowned, and its row count must still be
+    read)."""
     rng = np.random.default_rng(seed)
     if g == 1:
-        counts = [m_total, max(m_total - 1, 0), min(m_total, 1), m_total // 2]
+        counts = [m_total, max(m_total - 1, 0), min(m_total, 1), m_total // 2] if edges else []
         counts += [int(v) for v in rng.integers(0, m_total + 1, count)]
         return [np.array([c], np.int64) for c in counts]
-    out = [np.array([m_total] + [0] * (g - 1)), np.array([0] * (g - 1) + [m_total]),
-           np.array([m_total // g] * (g - 1) + [m_total - (g - 1) * (m_total // g)])]
-    if m_total >= 1:
-        out.append(np.array([1, m_total - 1] + [0] * (g - 2)))
-        out.append(np.array([m_total - 1] + [0] * (g - 2) + [1]))
+    out = []
+    if edges:
+        out += [np.array([m_total] + [0] * (g - 1)), np.array([0] * (g - 1) + [m_total]),
+                np.array([m_total // g] * (g - 1) + [m_total - (g - 1) * (m_total // g)])]
+        if m_total >= 1:
+            out.append(np.array([1, m_total - 1] + [0] * (g - 2)))
+            out.append(np.array([m_total - 1] + [0] * (g - 2) + [1]))
     for _ in range(count):
         cuts = np.sort(rng.integers(0, m_total + 1, g - 1))
         out.append(np.diff(np.concatenate([[0], cuts, [m_total]])))
@@ -62,8 +66,12 @@ def probe_splits(g: int, m_total: int) -> list[np.ndarray]:
     """Every probe split :func:`affine_descriptors` plans (the solving and the checking sets):
     edge cases (a one-row expert, all rows in one expert, an even split) and random splits;
     also what the launcher plans to find the copy width every split allows."""
-    return _probe_splits(g, m_total, seed=1, count=6) + _probe_splits(
-        g, m_total, seed=2, count=4)[4 if g == 1 else 3:]
+    return _probe_splits(g, m_total, seed=1, count=6) + _check_splits(g, m_total)
+
+
+def _check_splits(g: int, m_total: int) -> list[np.ndarray]:
+    """The second set: random splits only (the edge cases are in the solving set)."""
+    return _probe_splits(g, m_total, seed=2, count=4, edges=False)
 
 
 def block_counts(xp, rows, block: int):
@@ -112,7 +120,7 @@ def affine_descriptors(desc_of, g: int, m_total: int, block: int = 0):
     static = descs[0] - terms[0] @ coef
     checks = list(zip(terms, descs)) + [
         (_terms(s, m_total, block), np.asarray(desc_of([int(v) for v in s]), np.int64))
-        for s in _probe_splits(g, m_total, seed=2, count=4)[4 if g == 1 else 3:]]
+        for s in _check_splits(g, m_total)]
     for t, d in checks:
         if not np.array_equal(static + t @ coef, d):
             raise NotImplementedError("device splits: this problem's descriptor table is not "
