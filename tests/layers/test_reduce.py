@@ -77,3 +77,13 @@ def test_reference_formula():
 def test_unknown_order_refused(xp):
     with pytest.raises(ValueError, match="like="):
         _colsum(xp)(xp.ones((4, 2), dtype=xp.float32), [4], like="fp8")
+
+
+def test_both_backends_know_the_same_orders():
+    """``like`` takes None or a quantized format on both backends (each GPU order is a
+    quantize kernel's)."""
+    from lowprec_moe import formats as F
+    from lowprec_moe.backends.cupy import reduce as gpu
+    from lowprec_moe.backends.numpy import reduce as cpu
+
+    assert set(gpu.ORDERS) == set(cpu.ORDERS) == {None, *F.FORMATS}

@@ -49,11 +49,16 @@ def test_tensor_as_quantize_and_sums_within_rounding(xp, case, with_probs):
     assert isinstance(sums, xp.ndarray)  # on x's backend
 
 
+def _dy_and_probs(xp, seed: int):
+    """dy ``[sum(SPLITS), K]`` and its probs on ``xp`` (seeds ``seed`` and ``seed + 1``)."""
+    m = sum(SPLITS)
+    return xp.asarray(_dy(m, K, seed=seed)), xp.asarray(_probs(m, seed=seed + 1))
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_sums_deterministic_and_per_member(xp, case):
     opts = CASES[case]
-    m = sum(SPLITS)
-    x, p = xp.asarray(_dy(m, K, seed=3)), xp.asarray(_probs(m, seed=4))
+    x, p = _dy_and_probs(xp, 3)
     _, full = GroupedTensor.quantize_with_column_sums(x, SPLITS, probs=p, **opts)
     _, again = GroupedTensor.quantize_with_column_sums(x, SPLITS, probs=p, **opts)
     assert_bytes_equal(again, full, "run to run")
@@ -107,8 +112,7 @@ def test_gpu_probs_on_the_host_refused(cp):
 @pytest.mark.parametrize("case", list(CASES))
 def test_gpu_device_splits_equal_host_splits(cp, case):
     opts = CASES[case]
-    m = sum(SPLITS)
-    x, p = cp.asarray(_dy(m, K, seed=6)), cp.asarray(_probs(m, seed=7))
+    x, p = _dy_and_probs(cp, 6)
     gt_h, sums_h = GroupedTensor.quantize_with_column_sums(x, SPLITS, probs=p, **opts)
     gt_d, sums_d = GroupedTensor.quantize_with_column_sums(
         x, cp.asarray(SPLITS, dtype=cp.int64), probs=p, **opts)

@@ -266,7 +266,10 @@ def _grouped_quantize_device(x2, m: int, k: int, splits, rowwise: bool, columnwi
                                   "splits must be multiples of 32, which needs their values "
                                   "on the host)")
     g = int(splits.size)
-    row_off, tile_off = splits_kernels.offsets(splits, m, _B)
+    # row and 32-row tile offsets, and the columnwise data / scale offsets, in one launch
+    member = splits_kernels.offsets(splits, m, _B, *(((_B, _B * k), (_B, k)) if columnwise
+                                                     else ()))
+    row_off, tile_off = member[0], member[1]
     num_tiles = max_row_tiles(m, g, _B)
     out = grouped_outputs(m, k, num_tiles, rowwise, columnwise)
     tile_sums = _tile_sums(num_tiles, k) if column_sums and num_tiles and k else None
@@ -277,8 +280,7 @@ def _grouped_quantize_device(x2, m: int, k: int, splits, rowwise: bool, columnwi
         out["column_sums"] = member_sums(tile_sums, tile_off, g, k)
     out["offsets"] = row_off
     if columnwise:
-        out["columnwise_data_offsets"] = tile_off * (_B * k)
-        out["columnwise_scale_offsets"] = tile_off * k
+        out["columnwise_data_offsets"], out["columnwise_scale_offsets"] = member[2], member[3]
     return out
 
 

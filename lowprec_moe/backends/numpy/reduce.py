@@ -15,11 +15,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from lowprec_moe import formats as F
+
 __all__ = ["grouped_colsum"]
 
 
-#: The GPU backend's summation orders (``like``); the float64 sums here need none.
-ORDERS = (None, "mxfp8", "nvfp4")
+#: ``like`` values (the GPU backend's summation orders: None or a quantized format); the
+#: float64 sums here need none.
+ORDERS = (None, *F.FORMATS)
 
 
 def grouped_colsum(a: np.ndarray, splits, probs: np.ndarray | None = None, *,
